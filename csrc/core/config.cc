@@ -1,0 +1,130 @@
+#include "core/config.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+extern char** environ;
+
+namespace reccl {
+
+const std::vector<ConfigVar>& configVars() {
+  static const std::vector<ConfigVar> kVars = {
+      {"RECCL_NICS", "(all up non-loopback IPv4 interfaces)",
+       "comma list of interface names or local IPv4 addresses; order is the rail order"},
+      {"RECCL_HEARTBEAT_MS", "1000",
+       "silence on a path (ms) after which it is declared dead; 10..60000"},
+      {"RECCL_NO_PATH_TIMEOUT_MS", "10000",
+       "how long a connection with no usable path waits for one before its operations fail; 100..600000"},
+      {"RECCL_CONNECT_TIMEOUT_MS", "5000", "bound on one dial attempt (ms); 100..120000"},
+      {"RECCL_NSOCKS", "4", "data sockets (and threads) per path; 1..16"},
+      {"RECCL_CHUNK_BYTES", "1048576",
+       "striping and resync unit in bytes; 4096..67108864"},
+      {"RECCL_FAILBACK", "1", "return to the primary path when it heals; 0 or 1"},
+      {"RECCL_BACKUP", "1", "open a backup path per connection; 0 or 1 (0 disables failover)"},
+      {"RECCL_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE"},
+  };
+  return kVars;
+}
+
+namespace {
+
+std::string validNames() {
+  std::string out;
+  for (const auto& var : configVars()) {
+    if (!out.empty()) out += ", ";
+    out += var.name;
+  }
+  return out;
+}
+
+int64_t parseInt(const std::string& name, const std::string& value, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long parsed = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
+    std::ostringstream msg;
+    msg << name << "=" << value << " is not valid: expected an integer in " << lo << ".." << hi;
+    throw ConfigError(msg.str());
+  }
+  return parsed;
+}
+
+bool parseBool(const std::string& name, const std::string& value) {
+  if (value == "1") return true;
+  if (value == "0") return false;
+  throw ConfigError(name + "=" + value + " is not valid: expected 0 or 1");
+}
+
+std::vector<std::string> splitList(const std::string& name, const std::string& value) {
+  std::vector<std::string> items;
+  std::stringstream stream(value);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (item.empty()) {
+      throw ConfigError(name + "=" + value +
+                        " is not valid: expected a comma list of interface names or IPv4 "
+                        "addresses without empty entries");
+    }
+    items.push_back(item);
+  }
+  return items;
+}
+
+}  // namespace
+
+Config Config::fromEnv(const std::map<std::string, std::string>& env) {
+  Config config;
+  for (const auto& [name, value] : env) {
+    if (name.rfind("RECCL_", 0) != 0) continue;
+    if (name == "RECCL_NICS") {
+      config.nics = splitList(name, value);
+    } else if (name == "RECCL_HEARTBEAT_MS") {
+      config.heartbeatMs = static_cast<int>(parseInt(name, value, 10, 60000));
+    } else if (name == "RECCL_NO_PATH_TIMEOUT_MS") {
+      config.noPathTimeoutMs = static_cast<int>(parseInt(name, value, 100, 600000));
+    } else if (name == "RECCL_CONNECT_TIMEOUT_MS") {
+      config.connectTimeoutMs = static_cast<int>(parseInt(name, value, 100, 120000));
+    } else if (name == "RECCL_NSOCKS") {
+      config.socketsPerPath = static_cast<int>(parseInt(name, value, 1, 16));
+    } else if (name == "RECCL_CHUNK_BYTES") {
+      config.chunkBytes = parseInt(name, value, 4096, 64 << 20);
+    } else if (name == "RECCL_FAILBACK") {
+      config.failback = parseBool(name, value);
+    } else if (name == "RECCL_BACKUP") {
+      config.backup = parseBool(name, value);
+    } else if (name == "RECCL_DEBUG") {
+      if (value != "NONE" && value != "WARN" && value != "INFO" && value != "TRACE") {
+        throw ConfigError(name + "=" + value +
+                          " is not valid: expected NONE, WARN, INFO or TRACE");
+      }
+      config.debug = value;
+    } else {
+      throw ConfigError("unknown setting " + name + "; valid RECCL_* variables are: " +
+                        validNames());
+    }
+  }
+  return config;
+}
+
+Config Config::fromProcessEnv() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string pair(*entry);
+    auto eq = pair.find('=');
+    if (eq == std::string::npos) continue;
+    env[pair.substr(0, eq)] = pair.substr(eq + 1);
+  }
+  return fromEnv(env);
+}
+
+void Config::applyLogLevel() const {
+  static const std::map<std::string, LogLevel> kLevels = {
+      {"NONE", LogLevel::kNone}, {"WARN", LogLevel::kWarn},
+      {"INFO", LogLevel::kInfo}, {"TRACE", LogLevel::kTrace}};
+  setLogLevel(kLevels.at(debug));
+}
+
+}  // namespace reccl

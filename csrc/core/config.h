@@ -1,0 +1,40 @@
+// RECCL_* settings. Every variable has a default, a meaning and a valid range;
+// an unknown RECCL_* name or a bad value is a ConfigError naming what is valid.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace reccl {
+
+struct Config {
+  std::vector<std::string> nics;   // RECCL_NICS; empty = auto-detect
+  int heartbeatMs = 1000;          // RECCL_HEARTBEAT_MS: silence that fails a path
+  int noPathTimeoutMs = 10000;     // RECCL_NO_PATH_TIMEOUT_MS: no path -> ops fail
+  int connectTimeoutMs = 5000;     // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
+  int socketsPerPath = 4;          // RECCL_NSOCKS: data sockets per path
+  int64_t chunkBytes = 1 << 20;    // RECCL_CHUNK_BYTES: unit of striping and resync
+  bool failback = true;            // RECCL_FAILBACK
+  bool backup = true;              // RECCL_BACKUP: 0 = no backup path (baseline runs)
+  std::string debug = "WARN";      // RECCL_DEBUG: NONE | WARN | INFO | TRACE
+
+  // Reads every RECCL_* variable from `env` (name -> value).
+  static Config fromEnv(const std::map<std::string, std::string>& env);
+  // Reads the process environment.
+  static Config fromProcessEnv();
+  // Sets the process log level from `debug`.
+  void applyLogLevel() const;
+};
+
+// The documented variables: name, default, meaning. Used by error messages and
+// by the Python docs helper.
+struct ConfigVar {
+  const char* name;
+  const char* defaultValue;
+  const char* meaning;
+};
+const std::vector<ConfigVar>& configVars();
+
+}  // namespace reccl

@@ -1,0 +1,313 @@
+#include "core/connection.h"
+
+#include <thread>
+
+#include "core/health.h"
+#include "core/log.h"
+
+namespace reccl {
+
+Connection::Connection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates)
+    : env_(std::move(env)), id_(id) {
+  for (const auto& candidate : candidates) {
+    Slot slot;
+    slot.nics = candidate;
+    slots_.push_back(std::move(slot));
+  }
+}
+
+Connection::~Connection() { destroyAllPaths(); }
+
+void Connection::destroyAllPaths() {
+  std::vector<std::shared_ptr<Path>> paths;
+  {
+    Lock lock(mutex_);
+    for (auto& slot : slots_) {
+      if (slot.path) {
+        slot.path->shutdown();
+        paths.push_back(std::move(slot.path));
+      }
+    }
+    for (auto& path : retired_) paths.push_back(std::move(path));
+    retired_.clear();
+  }
+  paths.clear();
+}
+
+std::string Connection::slotName(int index) const {
+  static const char* const kRoles[] = {"primary", "backup"};
+  const Slot& slot = slots_.at(index);
+  std::string role = slot.nics.upFront && index < 2 ? kRoles[index] : "rail";
+  std::string local = slot.nics.localNic < static_cast<int>(env_.localNicNames.size())
+                          ? env_.localNicNames[slot.nics.localNic]
+                          : "nic" + std::to_string(slot.nics.localNic);
+  std::string remote = slot.remoteAddress.empty() ? env_.peerName : slot.remoteAddress;
+  return role + " " + local + "->" + remote + "/nic" + std::to_string(slot.nics.remoteNic);
+}
+
+int Connection::slotOf(uint64_t pathId) const {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].path && slots_[i].pathId == pathId) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void Connection::emitPathEvent(EventKind kind, int index, Reason reason,
+                               const std::string& detail) {
+  Event event;
+  event.kind = kind;
+  event.reason = reason;
+  event.connectionId = id_;
+  event.fromPath = index;
+  event.nic = env_.localNicNames.at(slots_.at(index).nics.localNic);
+  event.peer = env_.peerName;
+  event.detail = slotName(index) + (detail.empty() ? "" : ": " + detail);
+  NicHealth::instance().emit(std::move(event));
+}
+
+void Connection::emitSwitchEvent(EventKind kind, int from, int to, Reason reason,
+                                 int64_t durationNs, int64_t bytesReplayed,
+                                 const std::string& detail) {
+  Event event;
+  event.kind = kind;
+  event.reason = reason;
+  event.connectionId = id_;
+  event.fromPath = from;
+  event.toPath = to;
+  event.durationNs = durationNs;
+  event.bytesReplayed = bytesReplayed;
+  int nicIndex = from >= 0 ? from : to;
+  event.nic = env_.localNicNames.at(slots_.at(nicIndex).nics.localNic);
+  event.peer = env_.peerName;
+  event.detail = detail;
+  NicHealth::instance().emit(std::move(event));
+}
+
+void Connection::failPathLocked(int index, Reason reason, const std::string& detail) {
+  Slot& slot = slots_.at(index);
+  if (slot.state != SlotState::kUp) return;
+  slot.state = SlotState::kFailed;
+  slot.lastFailure = reason;
+  slot.lastDetail = detail;
+  slot.path->shutdown();
+  if (!closed_ && !peerClosed_) {
+    NicHealth& health = NicHealth::instance();
+    health.counters(env_.localHealthIds.at(slot.nics.localNic)).pathsDown.fetch_add(1);
+    emitPathEvent(EventKind::kPathDown, index, reason, detail);
+    RECCL_LOG(kInfo, "path down: " + slotName(index) + " (" + reasonName(reason) + ") " + detail);
+  }
+  if (index == active_) {
+    active_ = -1;
+    onActiveLostLocked(index, reason);
+  }
+  env_.supervisor->poke();
+}
+
+uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path,
+                                       PathCandidate nics) {
+  slots_.at(index).nics = nics;
+  return installPathLocked(index, std::move(path));
+}
+
+uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
+  Slot& slot = slots_.at(index);
+  if (slot.path) {
+    if (slot.state == SlotState::kUp) failPathLocked(index, Reason::kError, "replaced by a new dial");
+    slot.path->shutdown();
+    retired_.push_back(std::move(slot.path));
+  }
+  bool reestablished = slot.everUp;
+  slot.remoteAddress = path->peer();
+  slot.path = std::move(path);
+  slot.pathId = nextPathId_++;
+  slot.state = SlotState::kUp;
+  slot.backoffMs = 0;
+  slot.everUp = true;
+  if (reestablished) emitPathEvent(EventKind::kPathUp, index, Reason::kHealed, "");
+  env_.supervisor->poke();
+  return slot.pathId;
+}
+
+void Connection::reapLocked() {
+  for (auto& slot : slots_) {
+    if (slot.state == SlotState::kFailed) {
+      retired_.push_back(std::move(slot.path));
+      slot.state = SlotState::kIdle;
+      slot.backoffMs = slot.backoffMs == 0 ? 50 : std::min(slot.backoffMs * 2, 2000);
+      slot.nextDial = Clock::now() + Millis(slot.backoffMs);
+    }
+  }
+}
+
+void Connection::destroyRetired() {
+  std::vector<std::shared_ptr<Path>> ready;
+  {
+    Lock lock(mutex_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      // use_count 1: no caller is mid-send on it, so joining cannot deadlock.
+      if (it->use_count() == 1) {
+        ready.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  ready.clear();  // joins the paths' threads, unlocked
+}
+
+bool Connection::anyUpLocked() const {
+  for (const auto& slot : slots_) {
+    if (slot.state == SlotState::kUp) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<Path> Connection::activePathLocked() const {
+  if (active_ < 0) return nullptr;
+  return slots_.at(active_).path;
+}
+
+std::string Connection::slotSummaryLocked() const {
+  std::string out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    if (!slot.everUp && !slot.nics.upFront && slot.state == SlotState::kIdle) continue;
+    if (!out.empty()) out += "; ";
+    out += slotName(static_cast<int>(i));
+    switch (slot.state) {
+      case SlotState::kUp: out += " up"; break;
+      case SlotState::kDialing: out += " dialing"; break;
+      default:
+        out += " down";
+        if (slot.lastFailure != Reason::kNone) {
+          out += std::string(" (") + reasonName(slot.lastFailure) +
+                 (slot.lastDetail.empty() ? "" : ": " + slot.lastDetail) + ")";
+        }
+    }
+  }
+  return out;
+}
+
+void Connection::failConnectionLocked(const std::string& why) {
+  if (!error_.empty()) return;
+  error_ = why;
+  RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName + " failed: " + why);
+  Event event;
+  event.kind = EventKind::kConnectionFailed;
+  event.reason = Reason::kTimeout;
+  event.connectionId = id_;
+  event.nic = env_.localNicNames.at(slots_.at(0).nics.localNic);
+  event.peer = env_.peerName;
+  event.detail = why;
+  NicHealth::instance().emit(std::move(event));
+  for (auto& slot : slots_) {
+    if (slot.path) {
+      slot.path->shutdown();
+      retired_.push_back(std::move(slot.path));
+    }
+    slot.state = SlotState::kIdle;
+  }
+  active_ = -1;
+  failPendingLocked(why);
+}
+
+void Connection::checkStalledLocked(bool stalled, const char* what) {
+  if (!stalled) {
+    stalled_ = false;
+    return;
+  }
+  Clock::time_point now = Clock::now();
+  if (!stalled_) {
+    stalled_ = true;
+    stalledSince_ = now;
+    return;
+  }
+  if (now - stalledSince_ > Millis(env_.config.noPathTimeoutMs)) {
+    failConnectionLocked(std::string(what) + " for " +
+                         std::to_string(env_.config.noPathTimeoutMs) +
+                         " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + slotSummaryLocked());
+  }
+}
+
+void Connection::onNicHealth(int healthId, bool up, Reason reason) {
+  Lock lock(mutex_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (env_.localHealthIds.at(slot.nics.localNic) != healthId) continue;
+    if (!up) {
+      failPathLocked(static_cast<int>(i), reason, "local NIC down");
+    } else if (slot.state == SlotState::kIdle) {
+      slot.backoffMs = 0;  // the NIC is back: dial now, not after a backoff
+      slot.nextDial = Clock::now();
+    }
+  }
+  env_.supervisor->poke();
+}
+
+void Connection::onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) {
+  Lock lock(mutex_);
+  int index = slotOf(pathId);
+  if (index >= 0) failPathLocked(index, reason, detail);
+}
+
+void Connection::close() {
+  std::shared_ptr<Path> active;
+  {
+    Lock lock(mutex_);
+    if (closed_) return;
+    closed_ = true;
+    if (error_.empty()) active = activePathLocked();
+  }
+  if (active) active->sendControl(encodeClose());
+  {
+    Lock lock(mutex_);
+    for (auto& slot : slots_) {
+      if (slot.path) {
+        slot.path->shutdown();
+        retired_.push_back(std::move(slot.path));
+      }
+      slot.state = SlotState::kIdle;
+    }
+    active_ = -1;
+    failPendingLocked("connection closed");
+  }
+  active.reset();
+  // Bounded: callers mid-send let go within one control-frame bound.
+  Clock::time_point deadline = Clock::now() + Millis(env_.config.heartbeatMs * 2 + 1000);
+  for (;;) {
+    destroyRetired();
+    {
+      Lock lock(mutex_);
+      if (retired_.empty() || Clock::now() > deadline) break;
+    }
+    std::this_thread::sleep_for(Millis(5));
+  }
+}
+
+std::string Connection::error() const {
+  Lock lock(mutex_);
+  return error_;
+}
+
+std::vector<std::string> Connection::describePaths() const {
+  Lock lock(mutex_);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    if (!slot.everUp && !slot.nics.upFront) continue;  // an unused last resort
+    std::string state = slot.state == SlotState::kUp        ? "up"
+                        : slot.state == SlotState::kDialing ? "dialing"
+                                                            : "down";
+    if (static_cast<int>(i) == active_) state += ",active";
+    out.push_back(slotName(static_cast<int>(i)) + " " + state);
+  }
+  return out;
+}
+
+int Connection::activePath() const {
+  Lock lock(mutex_);
+  return active_;
+}
+
+}  // namespace reccl

@@ -1,0 +1,113 @@
+// What the two ends of a connection share: a fixed list of candidate paths
+// (primary, backup, then last-resort rails), their states, the fence that keeps
+// a failed path's threads from outliving it, and the bound on having no path.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/config.h"
+#include "core/events.h"
+#include "core/path.h"
+#include "core/request.h"
+#include "core/supervisor.h"
+
+namespace reccl {
+
+// What a connection needs from the transport that made it.
+struct ConnectionEnv {
+  Config config;
+  Supervisor* supervisor = nullptr;
+  std::vector<std::string> localNicNames;  // by local NIC index
+  std::vector<int> localHealthIds;         // NicHealth id by local NIC index
+  std::string peerName;                    // for events and errors
+};
+
+struct PathCandidate {
+  int localNic = 0;
+  int remoteNic = 0;
+  bool upFront = false;  // dialed at connect time (primary, backup); else a last resort
+};
+
+class Connection : public PathOwner, public Serviced {
+ public:
+  Connection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates);
+  ~Connection() override;
+
+  uint64_t id() const { return id_; }
+  // A NIC changed health; paths on a dead local NIC fail at once.
+  void onNicHealth(int healthId, bool up, Reason reason);
+  void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) override;
+  // Orderly close: tells the peer, stops every path, fails what is pending.
+  void close();
+  // Empty while healthy; the reason the connection failed otherwise.
+  std::string error() const;
+  // Per path: "primary eth0->198.18.0.2 up" etc.
+  std::vector<std::string> describePaths() const;
+  int activePath() const;
+
+ protected:
+  enum class SlotState { kIdle, kDialing, kUp, kFailed };
+  struct Slot {
+    PathCandidate nics;
+    std::string remoteAddress;  // of the path last installed
+    SlotState state = SlotState::kIdle;
+    std::shared_ptr<Path> path;
+    uint64_t pathId = 0;
+    Reason lastFailure = Reason::kNone;
+    std::string lastDetail;
+    Clock::time_point nextDial{};
+    int backoffMs = 0;
+    bool everUp = false;
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  int slotOf(uint64_t pathId) const;  // -1 for a path no longer in a slot
+  // Stops and joins every path. Derived destructors call it first: path threads
+  // call the derived overrides, which must not run on a half-destroyed object.
+  void destroyAllPaths();
+  // Marks the slot failed and stops its I/O; the supervisor reaps it.
+  void failPathLocked(int index, Reason reason, const std::string& detail);
+  // Installs a freshly connected path in `index`, retiring any path there.
+  uint64_t installPathLocked(int index, std::shared_ptr<Path> path);
+  uint64_t installPathLocked(int index, std::shared_ptr<Path> path, PathCandidate nics);
+  // Moves failed paths out of their slots (to be destroyed unlocked).
+  void reapLocked();
+  // Destroys retired paths whose last user has let go; call unlocked.
+  void destroyRetired();
+  bool anyUpLocked() const;
+  // Fails the connection and everything pending on it.
+  void failConnectionLocked(const std::string& why);
+  // Enforces RECCL_NO_PATH_TIMEOUT_MS while `stalled` holds.
+  void checkStalledLocked(bool stalled, const char* what);
+  std::string slotSummaryLocked() const;
+  std::string slotName(int index) const;
+  void emitPathEvent(EventKind kind, int index, Reason reason, const std::string& detail);
+  void emitSwitchEvent(EventKind kind, int from, int to, Reason reason, int64_t durationNs,
+                       int64_t bytesReplayed, const std::string& detail);
+  std::shared_ptr<Path> activePathLocked() const;
+  // Fails every request still pending (connection failed or closed).
+  virtual void failPendingLocked(const std::string& why) = 0;
+  // Role-specific reaction to losing the active path.
+  virtual void onActiveLostLocked(int index, Reason reason) = 0;
+
+  const ConnectionEnv env_;
+  const uint64_t id_;
+  mutable std::mutex mutex_;
+  std::vector<Slot> slots_;
+  std::vector<std::shared_ptr<Path>> retired_;
+  uint64_t nextPathId_ = 1;
+  int active_ = -1;
+  uint64_t epoch_ = 0;
+  bool closed_ = false;
+  bool peerClosed_ = false;
+  std::string error_;
+  Clock::time_point stalledSince_{};
+  bool stalled_ = false;
+};
+
+}  // namespace reccl

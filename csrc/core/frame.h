@@ -1,0 +1,141 @@
+// The wire format. Every frame starts with a fixed header; control frames carry
+// a small typed body, data frames a DataHeader and a payload. Decoding validates
+// every length before anything is allocated or copied: nothing from the wire is
+// trusted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace reccl {
+
+constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kSecretBytes = 16;
+constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
+constexpr size_t kNicNameBytes = 32;
+constexpr uint32_t kMaxChunkBytes = 64u << 20;  // RECCL_CHUNK_BYTES upper bound
+
+enum class FrameType : uint8_t {
+  kHello = 1,      // first frame on every socket: who I am, which path, the secret
+  kHelloAck = 2,
+  kCts = 3,        // receiver -> sender: buffer `seq` of `bytes` is posted
+  kAck = 4,        // receiver -> sender: message `seq` is complete
+  kActivate = 5,   // sender -> receiver: use this path from epoch on; report state
+  kResync = 6,     // receiver -> sender: outstanding buffers and resume offsets
+  kNotify = 7,     // either way: path `index` failed, seen from my side
+  kHeartbeat = 8,
+  kData = 9,       // sender -> receiver on data sockets
+  kClose = 10,     // orderly close: the coming EOFs are not faults
+};
+const char* frameTypeName(FrameType type);
+
+#pragma pack(push, 1)
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t type;
+  uint8_t reserved[3];
+  uint32_t bodyBytes;
+};
+
+enum class SocketKind : uint8_t { kControl = 0, kData = 1 };
+
+struct HelloBody {
+  uint16_t version;
+  uint8_t socketKind;
+  uint8_t socketIndex;   // data sockets: 0..socketCount-1
+  uint8_t socketCount;   // data sockets in this path
+  uint8_t pathIndex;     // 0 primary, 1 backup, 2.. last-resort rails
+  uint8_t senderNic;     // the sender's NIC index (rail) for this path
+  uint8_t receiverNic;   // the receiver's NIC index the sender dialed
+  uint64_t listenId;
+  uint64_t connectionId;
+  uint64_t pathNonce;    // one dial attempt: groups a path's sockets
+  uint8_t secret[kSecretBytes];
+  char senderNicName[kNicNameBytes];
+};
+
+struct HelloAckBody {
+  uint8_t accepted;
+};
+
+struct CtsBody {
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+struct AckBody {
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+struct ActivateBody {
+  uint64_t epoch;
+  uint8_t pathIndex;
+  uint8_t reason;  // Reason of the switch, for the receiver's events
+};
+
+struct ResyncEntry {
+  uint64_t seq;
+  uint64_t capacity;      // posted buffer size
+  uint64_t resumeOffset;  // first byte not known to have landed
+};
+
+struct ResyncHeader {
+  uint64_t epoch;
+  uint64_t nextSeq;  // receives posted so far; below it and absent = complete
+  uint32_t count;    // ResyncEntry records that follow
+};
+
+struct NotifyBody {
+  uint8_t pathIndex;
+  uint8_t reason;
+};
+
+struct DataHeader {
+  uint64_t seq;
+  uint64_t epoch;
+  uint64_t messageBytes;
+  uint64_t offset;
+  uint32_t bytes;
+};
+#pragma pack(pop)
+
+constexpr size_t kMaxControlBody =
+    sizeof(ResyncHeader) + kMaxOutstanding * sizeof(ResyncEntry);
+
+// A decoded control frame (not kData).
+struct ControlFrame {
+  FrameType type = FrameType::kHeartbeat;
+  HelloBody hello{};
+  bool helloAccepted = false;
+  CtsBody cts{};
+  AckBody ack{};
+  ActivateBody activate{};
+  ResyncHeader resync{};
+  std::vector<ResyncEntry> entries;
+  NotifyBody notify{};
+};
+
+// Checks magic, type and body length against what `type` allows. Throws
+// ProtocolError with what was wrong. `bytes` must hold sizeof(FrameHeader).
+FrameHeader parseFrameHeader(const uint8_t* bytes, size_t length);
+
+// Decodes the body of a control frame whose header parseFrameHeader accepted.
+ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_t length);
+
+// Encoders return the whole frame, header included.
+std::vector<uint8_t> encodeHello(const HelloBody& body);
+std::vector<uint8_t> encodeHelloAck(bool accepted);
+std::vector<uint8_t> encodeCts(uint64_t seq, uint64_t bytes);
+std::vector<uint8_t> encodeAck(uint64_t seq, uint64_t bytes);
+std::vector<uint8_t> encodeActivate(uint64_t epoch, uint8_t pathIndex, uint8_t reason);
+std::vector<uint8_t> encodeResync(uint64_t epoch, uint64_t nextSeq,
+                                  const std::vector<ResyncEntry>& entries);
+std::vector<uint8_t> encodeNotify(uint8_t pathIndex, uint8_t reason);
+std::vector<uint8_t> encodeHeartbeat();
+std::vector<uint8_t> encodeClose();
+FrameHeader dataFrameHeader();
+
+}  // namespace reccl

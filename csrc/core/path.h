@@ -1,0 +1,53 @@
+// One path of a connection: a local NIC talking to a remote NIC. Transports
+// implement Path; connections implement PathOwner. Narrow on purpose: a transport
+// moves frames and payloads, the connection decides what they mean.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/events.h"
+#include "core/frame.h"
+
+namespace reccl {
+
+// A slice of a message queued on a sending path. The payload stays in the
+// caller's buffer, which outlives the request.
+struct DataChunk {
+  DataHeader header;
+  const uint8_t* payload;
+};
+
+class PathOwner {
+ public:
+  virtual ~PathOwner() = default;
+  // Called from the path's threads. None of them may block for long.
+  virtual void onControl(uint64_t pathId, const ControlFrame& frame) = 0;
+  // Where the payload of `header` goes; nullptr discards it. Throws ProtocolError
+  // for a frame that breaks the protocol (the path then fails).
+  virtual uint8_t* beginData(uint64_t pathId, const DataHeader& header) = 0;
+  // Pairs with beginData whatever it returned; `landed` = every payload byte arrived.
+  virtual void endData(uint64_t pathId, const DataHeader& header, bool landed) = 0;
+  // The path is broken; called at most once per path.
+  virtual void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) = 0;
+};
+
+class Path {
+ public:
+  virtual ~Path() = default;  // stops and joins every thread: a fence
+  // Starts I/O; callbacks go to `owner` until the path is destroyed.
+  virtual void start(PathOwner* owner, uint64_t pathId) = 0;
+  // Writes a whole control frame; bounded. False when the path is failing.
+  virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;
+  virtual void sendData(const DataChunk& chunk) = 0;  // queued, written by path threads
+  virtual void dropQueuedData() = 0;
+  // Stops all I/O at once (blocked calls return); threads exit soon after.
+  virtual void shutdown() = 0;
+  virtual int localNic() const = 0;
+  virtual int remoteNic() const = 0;
+  virtual std::string peer() const = 0;  // remote address for events and errors
+};
+
+}  // namespace reccl

@@ -1,0 +1,248 @@
+#include "core/recv_connection.h"
+
+#include "core/error.h"
+#include "core/health.h"
+#include "core/log.h"
+
+namespace reccl {
+
+RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
+                               std::vector<PathCandidate> candidates, uint64_t chunkBytes)
+    : Connection(std::move(env), id, std::move(candidates)),
+      chunkBytes_(chunkBytes) {}
+
+RecvConnection::~RecvConnection() { destroyAllPaths(); }
+
+std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity) {
+  std::shared_ptr<Path> path;
+  std::shared_ptr<Request> request;
+  uint64_t seq = 0;
+  {
+    Lock lock(mutex_);
+    if (!error_.empty()) throw Error("receive on a failed connection: " + error_);
+    if (closed_) throw Error("receive on a closed connection");
+    if (recvs_.size() >= kMaxOutstanding) {
+      throw Error("too many receives posted on one connection (" +
+                  std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+    }
+    seq = nextSeq_++;
+    request = std::make_shared<Request>(seq, data, capacity);
+    PostedRecv& recv = recvs_[seq];
+    recv.request = request;
+    path = activePathLocked();
+  }
+  // Without an active path the CTS travels in the next RESYNC instead.
+  if (path) path->sendControl(encodeCts(seq, capacity));
+  return request;
+}
+
+bool RecvConnection::attachPath(int index, PathCandidate nics, std::shared_ptr<Path> path) {
+  Lock lock(mutex_);
+  if (closed_ || !error_.empty() || index < 0 || index >= static_cast<int>(slots_.size())) {
+    return false;
+  }
+  uint64_t pathId = installPathLocked(index, path, nics);
+  path->start(this, pathId);
+  return true;
+}
+
+uint64_t RecvConnection::resumeOffsetLocked(const PostedRecv& recv) const {
+  size_t prefix = 0;
+  while (prefix < recv.landed.size() && recv.landed[prefix]) ++prefix;
+  uint64_t offset = prefix * chunkBytes_;
+  if (recv.messageBytes >= 0) offset = std::min<uint64_t>(offset, recv.messageBytes);
+  return offset;
+}
+
+void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
+  epoch_ = body.epoch;
+  int previous = active_;
+  active_ = index;
+  // Fence: no copy of the old epoch may land after we report what we have. A
+  // copy stuck on a dead socket is cut short by stopping that path.
+  const uint64_t activeId = slots_.at(index).pathId;
+  auto quiet = [&] {
+    for (const auto& [pathId, copies] : copying_) {
+      if (pathId != activeId && copies > 0) return false;
+    }
+    return true;
+  };
+  if (!copiesDone_.wait_for(lock, Millis(50), quiet)) {
+    for (const auto& [pathId, copies] : copying_) {
+      int slot = slotOf(pathId);
+      if (pathId != activeId && copies > 0 && slot >= 0) {
+        failPathLocked(slot, Reason::kError, "fenced during resync");
+      }
+    }
+    if (!copiesDone_.wait_for(lock, Millis(env_.config.heartbeatMs), quiet)) {
+      RECCL_LOG(kWarn, "resync fence: copies of the old epoch still running");
+    }
+  }
+  std::vector<ResyncEntry> entries;
+  for (const auto& [seq, recv] : recvs_) {
+    entries.push_back({seq, recv.request->capacity(), resumeOffsetLocked(recv)});
+  }
+  std::vector<uint8_t> frame = encodeResync(body.epoch, nextSeq_, entries);
+  std::shared_ptr<Path> path = slots_.at(index).path;
+  Reason reason = static_cast<Reason>(body.reason);
+  bool isSwitch = previous != index && (previous >= 0 || lostActiveFrom_ >= 0);
+  int from = previous >= 0 ? previous : lostActiveFrom_;
+  int64_t duration = lostActiveNs_ > 0 ? nowNs() - lostActiveNs_ : -1;
+  lostActiveFrom_ = -1;
+  lostActiveNs_ = 0;
+  lock.unlock();
+  path->sendControl(frame);
+  if (isSwitch) {
+    emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover,
+                    from, index, reason == Reason::kNone ? lostActiveReason_ : reason, duration,
+                    -1, "receiver: " + slotName(from) + " => " + slotName(index));
+  }
+  lock.lock();
+}
+
+void RecvConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
+  Lock lock(mutex_);
+  if (!error_.empty() || closed_) return;
+  int index = slotOf(pathId);
+  switch (frame.type) {
+    case FrameType::kActivate:
+      if (index >= 0 && frame.activate.epoch > epoch_) activate(index, frame.activate, lock);
+      return;
+    case FrameType::kNotify:
+      if (frame.notify.pathIndex < slots_.size()) {
+        failPathLocked(frame.notify.pathIndex, Reason::kPeer,
+                       std::string("peer saw ") +
+                           reasonName(static_cast<Reason>(frame.notify.reason)));
+      }
+      return;
+    case FrameType::kClose:
+      peerClosed_ = true;
+      return;
+    default:
+      throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +
+                          " frame at the receiving end");
+  }
+}
+
+uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header) {
+  Lock lock(mutex_);
+  int index = slotOf(pathId);
+  if (index < 0 || index != active_ || header.epoch != epoch_) return nullptr;  // stale
+  if (header.seq >= nextSeq_) {
+    throw ProtocolError("DATA for message " + std::to_string(header.seq) +
+                        ", for which no receive was posted");
+  }
+  auto it = recvs_.find(header.seq);
+  if (it == recvs_.end()) return nullptr;  // already complete
+  PostedRecv& recv = it->second;
+  const uint64_t capacity = recv.request->capacity();
+  if (header.messageBytes > capacity) {
+    recv.request->fail("message of " + std::to_string(header.messageBytes) +
+                       " bytes is larger than the posted receive of " +
+                       std::to_string(capacity) + " bytes");
+    recvs_.erase(it);
+    return nullptr;
+  }
+  if (recv.messageBytes >= 0 && static_cast<uint64_t>(recv.messageBytes) != header.messageBytes) {
+    throw ProtocolError("DATA for message " + std::to_string(header.seq) + " says " +
+                        std::to_string(header.messageBytes) + " bytes; earlier chunks said " +
+                        std::to_string(recv.messageBytes));
+  }
+  const uint64_t expected =
+      header.offset < header.messageBytes
+          ? std::min<uint64_t>(chunkBytes_, header.messageBytes - header.offset)
+          : 0;
+  bool aligned = header.offset % chunkBytes_ == 0;
+  bool inside = header.offset < header.messageBytes ||
+                (header.messageBytes == 0 && header.offset == 0);
+  if (!aligned || !inside || header.bytes != expected) {
+    throw ProtocolError("DATA chunk [" + std::to_string(header.offset) + ", +" +
+                        std::to_string(header.bytes) + ") is not a chunk of a " +
+                        std::to_string(header.messageBytes) + "-byte message in " +
+                        std::to_string(chunkBytes_) + "-byte chunks");
+  }
+  if (recv.messageBytes < 0) {
+    recv.messageBytes = static_cast<int64_t>(header.messageBytes);
+    size_t chunks = header.messageBytes == 0 ? 1 : (header.messageBytes + chunkBytes_ - 1) / chunkBytes_;
+    recv.landed.assign(chunks, 0);
+  }
+  if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
+  ++copying_[pathId];
+  return recv.request->data() + header.offset;
+}
+
+void RecvConnection::endData(uint64_t pathId, const DataHeader& header, bool landed) {
+  std::shared_ptr<Path> ackPath;
+  uint64_t ackBytes = 0;
+  {
+    Lock lock(mutex_);
+    auto copies = copying_.find(pathId);
+    if (copies != copying_.end() && --copies->second == 0) copying_.erase(copies);
+    copiesDone_.notify_all();
+    int index = slotOf(pathId);  // -1 if the path was retired meanwhile
+    if (!landed) return;
+    auto it = recvs_.find(header.seq);
+    if (it == recvs_.end()) return;
+    PostedRecv& recv = it->second;
+    size_t chunk = header.offset / chunkBytes_;
+    if (chunk >= recv.landed.size() || recv.landed[chunk]) return;
+    recv.landed[chunk] = 1;
+    ++recv.landedCount;
+    if (index >= 0) {
+      NicHealth::instance()
+          .counters(env_.localHealthIds.at(slots_[index].nics.localNic))
+          .bytesReceived.fetch_add(header.bytes);
+    }
+    if (recv.landedCount < recv.landed.size()) return;
+    ackBytes = static_cast<uint64_t>(recv.messageBytes);
+    recv.request->complete(ackBytes);
+    recvs_.erase(it);
+    ackPath = activePathLocked();
+  }
+  if (ackPath) ackPath->sendControl(encodeAck(header.seq, ackBytes));
+}
+
+void RecvConnection::onActiveLostLocked(int index, Reason reason) {
+  lostActiveNs_ = nowNs();
+  lostActiveFrom_ = index;
+  lostActiveReason_ = reason;
+  notifyQueue_.push_back({index, reason});
+}
+
+void RecvConnection::failPendingLocked(const std::string& why) {
+  for (auto& [seq, recv] : recvs_) recv.request->fail(why);
+  recvs_.clear();
+}
+
+void RecvConnection::service() {
+  std::vector<std::pair<std::shared_ptr<Path>, std::vector<uint8_t>>> notices;
+  {
+    Lock lock(mutex_);
+    reapLocked();
+    if (closed_ || !error_.empty()) {
+      lock.unlock();
+      destroyRetired();
+      return;
+    }
+    // Tell the sender about a lost active path over any path still up, so it
+    // fails over now rather than at its own timeout.
+    if (!notifyQueue_.empty()) {
+      for (const auto& slot : slots_) {
+        if (slot.state != SlotState::kUp) continue;
+        for (const auto& [index, reason] : notifyQueue_) {
+          notices.push_back({slot.path, encodeNotify(static_cast<uint8_t>(index),
+                                                     static_cast<uint8_t>(reason))});
+        }
+        break;
+      }
+      notifyQueue_.clear();
+    }
+    if (peerClosed_ && active_ < 0) failPendingLocked("the sender closed the connection");
+    checkStalledLocked(active_ < 0 && !peerClosed_, "no usable path");
+  }
+  for (auto& [path, frame] : notices) path->sendControl(frame);
+  notices.clear();
+  destroyRetired();
+}
+
+}  // namespace reccl

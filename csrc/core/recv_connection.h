@@ -1,0 +1,58 @@
+// The receiving end. It posts buffers (CTS), places arriving chunks, and on
+// ACTIVATE fences the old epoch and reports, per buffer still outstanding, the
+// first byte it does not have, so the sender resumes exactly there.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+
+#include "core/connection.h"
+
+namespace reccl {
+
+class RecvConnection : public Connection, public std::enable_shared_from_this<RecvConnection> {
+ public:
+  RecvConnection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates,
+                 uint64_t chunkBytes);
+
+  // Throws Error when the connection has failed or is closed, or too many
+  // receives are outstanding.
+  std::shared_ptr<Request> irecv(uint8_t* data, uint64_t capacity);
+  // A path the sender dialed. Returns false if the connection no longer takes paths.
+  bool attachPath(int index, PathCandidate nics, std::shared_ptr<Path> path);
+
+  ~RecvConnection() override;
+
+  void service() override;
+  void onControl(uint64_t pathId, const ControlFrame& frame) override;
+  uint8_t* beginData(uint64_t pathId, const DataHeader& header) override;
+  void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
+
+ protected:
+  void failPendingLocked(const std::string& why) override;
+  void onActiveLostLocked(int index, Reason reason) override;
+
+ private:
+  struct PostedRecv {
+    std::shared_ptr<Request> request;
+    int64_t messageBytes = -1;     // learned from the first chunk
+    std::vector<uint8_t> landed;   // per chunk
+    size_t landedCount = 0;
+  };
+  void activate(int index, const ActivateBody& body, Lock& lock);
+  uint64_t resumeOffsetLocked(const PostedRecv& recv) const;
+
+  const uint64_t chunkBytes_;
+  std::map<uint64_t, PostedRecv> recvs_;
+  uint64_t nextSeq_ = 0;
+  // Payload copies in progress, per path id: ACTIVATE waits for the old epoch's.
+  std::map<uint64_t, int> copying_;
+  std::condition_variable copiesDone_;
+  // Paths that failed while active, to tell the sender about over another path.
+  std::vector<std::pair<int, Reason>> notifyQueue_;
+  int64_t lostActiveNs_ = 0;
+  int lostActiveFrom_ = -1;
+  Reason lostActiveReason_ = Reason::kNone;
+};
+
+}  // namespace reccl

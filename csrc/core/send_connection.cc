@@ -1,0 +1,313 @@
+#include "core/send_connection.h"
+
+#include "core/error.h"
+#include "core/health.h"
+#include "core/log.h"
+
+namespace reccl {
+
+SendConnection::SendConnection(ConnectionEnv env, uint64_t id,
+                               std::vector<PathCandidate> candidates,
+                               std::unique_ptr<Dialer> dialer, uint64_t chunkBytes)
+    : Connection(std::move(env), id, std::move(candidates)),
+      dialer_(std::move(dialer)),
+      chunkBytes_(chunkBytes) {}
+
+SendConnection::~SendConnection() { destroyAllPaths(); }
+
+std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes) {
+  Lock lock(mutex_);
+  if (!error_.empty()) throw Error("send on a failed connection: " + error_);
+  if (closed_) throw Error("send on a closed connection");
+  if (sends_.size() >= kMaxOutstanding) {
+    throw Error("too many sends in flight on one connection (" +
+                std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+  }
+  uint64_t seq = nextSeq_++;
+  auto request = std::make_shared<Request>(seq, const_cast<uint8_t*>(data), bytes);
+  PendingSend& send = sends_[seq];
+  send.request = request;
+  auto early = earlyCts_.find(seq);
+  if (early != earlyCts_.end()) {
+    send.capacity = early->second;
+    send.capacityKnown = true;
+    earlyCts_.erase(early);
+    if (active_ >= 0 && !awaitingResync_ && !postLocked(seq, send)) sends_.erase(seq);
+  }
+  return request;
+}
+
+bool SendConnection::ready() const {
+  Lock lock(mutex_);
+  return everActive_ && error_.empty();
+}
+
+bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
+  const uint64_t bytes = send.request->capacity();
+  if (bytes > send.capacity) {
+    send.request->fail("send of " + std::to_string(bytes) +
+                       " bytes is larger than the posted receive of " +
+                       std::to_string(send.capacity) + " bytes");
+    return false;
+  }
+  const std::shared_ptr<Path>& path = slots_.at(active_).path;
+  uint64_t offset = send.resumeOffset - send.resumeOffset % chunkBytes_;
+  do {
+    DataChunk chunk{};
+    chunk.header.seq = seq;
+    chunk.header.epoch = epoch_;
+    chunk.header.messageBytes = bytes;
+    chunk.header.offset = offset;
+    chunk.header.bytes = static_cast<uint32_t>(std::min<uint64_t>(chunkBytes_, bytes - offset));
+    chunk.payload = send.request->data() + offset;
+    path->sendData(chunk);
+    offset += chunk.header.bytes;
+  } while (offset < bytes);
+  send.posted = true;
+  return true;
+}
+
+void SendConnection::postAllLocked() {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    PendingSend& send = it->second;
+    if (send.capacityKnown && !send.posted && !postLocked(it->first, send)) {
+      it = sends_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
+  Lock lock(mutex_);
+  if (!error_.empty() || closed_) return;
+  switch (frame.type) {
+    case FrameType::kCts: {
+      // Receives are truthful whichever path told us; duplicates are harmless.
+      auto it = sends_.find(frame.cts.seq);
+      if (it == sends_.end()) {
+        if (frame.cts.seq >= nextSeq_) earlyCts_[frame.cts.seq] = frame.cts.bytes;
+        return;
+      }
+      PendingSend& send = it->second;
+      if (send.capacityKnown) return;
+      send.capacity = frame.cts.bytes;
+      send.capacityKnown = true;
+      if (active_ >= 0 && !awaitingResync_ && !postLocked(it->first, send)) sends_.erase(it);
+      return;
+    }
+    case FrameType::kAck: {
+      auto it = sends_.find(frame.ack.seq);
+      if (it == sends_.end()) return;
+      NicHealth::instance()
+          .counters(env_.localHealthIds.at(slots_.at(std::max(active_, 0)).nics.localNic))
+          .bytesSent.fetch_add(frame.ack.bytes);
+      it->second.request->complete(frame.ack.bytes);
+      sends_.erase(it);
+      return;
+    }
+    case FrameType::kResync:
+      if (frame.resync.epoch == epoch_ && awaitingResync_ && slotOf(pathId) == active_) {
+        applyResyncLocked(frame);
+      }
+      return;
+    case FrameType::kNotify:
+      if (frame.notify.pathIndex < slots_.size()) {
+        failPathLocked(frame.notify.pathIndex, Reason::kPeer,
+                       std::string("peer saw ") +
+                           reasonName(static_cast<Reason>(frame.notify.reason)));
+      }
+      return;
+    case FrameType::kClose:
+      peerClosed_ = true;
+      return;
+    default:
+      throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +
+                          " frame at the sending end");
+  }
+}
+
+void SendConnection::applyResyncLocked(const ControlFrame& frame) {
+  std::map<uint64_t, const ResyncEntry*> outstanding;
+  for (const auto& entry : frame.entries) outstanding[entry.seq] = &entry;
+  int64_t replayed = 0;
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    auto found = outstanding.find(it->first);
+    if (it->first < frame.resync.nextSeq && found == outstanding.end()) {
+      // The receiver completed it; only the ACK was lost with the path.
+      it->second.request->complete(it->second.request->capacity());
+      it = sends_.erase(it);
+      continue;
+    }
+    PendingSend& send = it->second;
+    if (found != outstanding.end()) {
+      send.capacity = found->second->capacity;
+      send.capacityKnown = true;
+      send.resumeOffset = std::min(found->second->resumeOffset, send.request->capacity());
+      if (switchPending_) {
+        replayed += static_cast<int64_t>(send.request->capacity() - send.resumeOffset);
+      }
+    }
+    send.posted = false;
+    ++it;
+  }
+  for (const auto& [seq, entry] : outstanding) {
+    if (seq >= nextSeq_) earlyCts_[seq] = entry->capacity;
+  }
+  awaitingResync_ = false;
+  everActive_ = true;
+  postAllLocked();
+  if (switchPending_) {
+    switchPending_ = false;
+    NicHealth& health = NicHealth::instance();
+    if (switchIsFailback_) {
+      health.counters(env_.localHealthIds.at(slots_.at(active_).nics.localNic))
+          .failbacks.fetch_add(1);
+    } else if (switchFrom_ >= 0) {
+      health.counters(env_.localHealthIds.at(slots_.at(switchFrom_).nics.localNic))
+          .failovers.fetch_add(1);
+    }
+    emitSwitchEvent(switchIsFailback_ ? EventKind::kFailback : EventKind::kFailover,
+                    switchFrom_, active_, switchReason_, nowNs() - switchStartNs_, replayed,
+                    "sender: " + (switchFrom_ >= 0 ? slotName(switchFrom_) : std::string("?")) +
+                        " => " + slotName(active_));
+  }
+}
+
+uint8_t* SendConnection::beginData(uint64_t, const DataHeader&) {
+  throw ProtocolError("DATA frame arrived at the sending end");
+}
+
+void SendConnection::endData(uint64_t, const DataHeader&, bool) {}
+
+void SendConnection::onActiveLostLocked(int index, Reason reason) {
+  awaitingResync_ = false;
+  for (auto& [seq, send] : sends_) send.posted = false;
+  if (!switchPending_ && everActive_) {
+    switchPending_ = true;
+    switchIsFailback_ = false;
+    switchFrom_ = index;
+    switchReason_ = reason;
+    switchStartNs_ = nowNs();
+  }
+}
+
+void SendConnection::failPendingLocked(const std::string& why) {
+  for (auto& [seq, send] : sends_) send.request->fail(why);
+  sends_.clear();
+}
+
+void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::string& error) {
+  std::shared_ptr<Path> discard;
+  {
+    Lock lock(mutex_);
+    Slot& slot = slots_.at(index);
+    bool usable =
+        NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic));
+    if (closed_ || !error_.empty() || !path || !usable) {
+      slot.state = SlotState::kIdle;
+      slot.lastFailure = Reason::kError;
+      slot.lastDetail = path ? (usable ? "connection closed" : "local NIC down") : error;
+      slot.backoffMs = slot.backoffMs == 0 ? 50 : std::min(slot.backoffMs * 2, 2000);
+      slot.nextDial = Clock::now() + Millis(slot.backoffMs);
+      discard = std::move(path);
+      if (discard) discard->shutdown();
+    } else {
+      uint64_t pathId = installPathLocked(index, path);
+      path->start(this, pathId);
+    }
+  }
+  discard.reset();
+  env_.supervisor->poke();
+}
+
+void SendConnection::dialLocked() {
+  bool noneUp = !anyUpLocked();
+  Clock::time_point now = Clock::now();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (slot.state != SlotState::kIdle || now < slot.nextDial) continue;
+    // Rails past the backup are a last resort: dialed only when nothing is up.
+    if (!slot.nics.upFront && !(noneUp && env_.config.backup)) continue;
+    if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
+    slot.state = SlotState::kDialing;
+    std::weak_ptr<SendConnection> weak = shared_from_this();
+    int index = static_cast<int>(i);
+    dialer_->dial(index, slot.nics,
+                  [weak, index](std::shared_ptr<Path> path, const std::string& error) {
+                    if (auto self = weak.lock()) {
+                      self->onDialed(index, std::move(path), error);
+                    } else if (path) {
+                      path->shutdown();
+                    }
+                  });
+  }
+}
+
+std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* frame) {
+  int best = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == SlotState::kUp) {
+      best = static_cast<int>(i);
+      break;
+    }
+  }
+  if (best < 0) return nullptr;
+  if (!everActive_ && active_ < 0) {
+    // First activation: give a primary still dialing its chance, so a healthy
+    // connection starts on it rather than failing back to it moments later.
+    for (int i = 0; i < best; ++i) {
+      if (slots_[i].state == SlotState::kDialing) return nullptr;
+    }
+  }
+  bool failback = false;
+  if (active_ >= 0) {
+    // Return to a better path only between resyncs and when allowed.
+    if (awaitingResync_ || !env_.config.failback || best >= active_) return nullptr;
+    failback = true;
+    switchPending_ = true;
+    switchIsFailback_ = true;
+    switchFrom_ = active_;
+    switchReason_ = Reason::kHealed;
+    switchStartNs_ = nowNs();
+    slots_.at(active_).path->dropQueuedData();
+  }
+  if (!failback && switchPending_) switchIsFailback_ = false;
+  ++epoch_;
+  active_ = best;
+  awaitingResync_ = true;
+  resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
+  for (auto& [seq, send] : sends_) send.posted = false;
+  *frame = encodeActivate(epoch_, static_cast<uint8_t>(best),
+                          static_cast<uint8_t>(switchPending_ ? switchReason_ : Reason::kNone));
+  return slots_.at(best).path;
+}
+
+void SendConnection::service() {
+  std::shared_ptr<Path> activateOn;
+  std::vector<uint8_t> activateFrame;
+  {
+    Lock lock(mutex_);
+    reapLocked();
+    if (closed_ || !error_.empty()) {
+      lock.unlock();
+      destroyRetired();
+      return;
+    }
+    if (awaitingResync_ && Clock::now() > resyncDeadline_) {
+      failPathLocked(active_, Reason::kTimeout, "no RESYNC answer to ACTIVATE");
+      reapLocked();
+    }
+    dialLocked();
+    activateOn = maybeActivateLocked(&activateFrame);
+    checkStalledLocked(active_ < 0 || awaitingResync_,
+                       everActive_ ? "no usable path" : "could not connect");
+  }
+  if (activateOn && !activateOn->sendControl(activateFrame)) {
+    RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");
+  }
+  activateOn.reset();
+  destroyRetired();
+}
+
+}  // namespace reccl

@@ -1,0 +1,78 @@
+// The sending end. It dials the paths, picks the active one, and after any
+// switch probes the receiver (ACTIVATE) and resumes every unfinished message
+// from the first byte the receiver does not have (RESYNC). A send completes
+// only when the receiver acknowledges it, so nothing is lost with a path.
+#pragma once
+
+#include <map>
+
+#include "core/connection.h"
+
+namespace reccl {
+
+// Opens a path asynchronously; `done` runs on another thread with the path or
+// an error.
+class Dialer {
+ public:
+  using Done = std::function<void(std::shared_ptr<Path> path, const std::string& error)>;
+  virtual ~Dialer() = default;
+  virtual void dial(int pathIndex, PathCandidate nics, Done done) = 0;
+};
+
+class SendConnection : public Connection, public std::enable_shared_from_this<SendConnection> {
+ public:
+  SendConnection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates,
+                 std::unique_ptr<Dialer> dialer, uint64_t chunkBytes);
+
+  // Throws Error when the connection has failed or is closed.
+  std::shared_ptr<Request> isend(const uint8_t* data, uint64_t bytes);
+  // True once the receiver has answered an activation; false and `error()` set
+  // when it can no longer happen.
+  bool ready() const;
+
+  ~SendConnection() override;
+
+  void service() override;
+  void onControl(uint64_t pathId, const ControlFrame& frame) override;
+  uint8_t* beginData(uint64_t pathId, const DataHeader& header) override;
+  void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
+
+ protected:
+  void failPendingLocked(const std::string& why) override;
+  void onActiveLostLocked(int index, Reason reason) override;
+
+ private:
+  struct PendingSend {
+    std::shared_ptr<Request> request;
+    uint64_t capacity = 0;     // of the matching posted receive
+    bool capacityKnown = false;
+    bool posted = false;       // chunks queued on the active path this epoch
+    uint64_t resumeOffset = 0;
+  };
+
+  void onDialed(int index, std::shared_ptr<Path> path, const std::string& error);
+  // Queues the unsent part of `send` on the active path; false if it failed the send.
+  bool postLocked(uint64_t seq, PendingSend& send);
+  void postAllLocked();
+  void applyResyncLocked(const ControlFrame& frame);
+  // Picks the path to use now; fills `frame` with the ACTIVATE to send on it.
+  std::shared_ptr<Path> maybeActivateLocked(std::vector<uint8_t>* frame);
+  void dialLocked();
+
+  std::unique_ptr<Dialer> dialer_;
+  const uint64_t chunkBytes_;
+  std::map<uint64_t, PendingSend> sends_;
+  std::map<uint64_t, uint64_t> earlyCts_;  // receives posted before their send
+  uint64_t nextSeq_ = 0;
+  bool awaitingResync_ = false;
+  Clock::time_point resyncDeadline_{};
+  bool everActive_ = false;
+  // The switch in progress, for its event.
+  bool switchPending_ = false;
+  bool switchIsFailback_ = false;
+  int switchFrom_ = -1;
+  Reason switchReason_ = Reason::kNone;
+  int64_t switchStartNs_ = 0;
+};
+
+}  // namespace reccl

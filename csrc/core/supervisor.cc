@@ -1,0 +1,73 @@
+#include "core/supervisor.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+namespace reccl {
+
+Supervisor::Supervisor(Millis tick) : tick_(tick), thread_([this] { run(); }) {}
+
+Supervisor::~Supervisor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Supervisor::add(std::weak_ptr<Serviced> item) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.push_back(std::move(item));
+    poked_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Supervisor::poke() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    poked_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::vector<std::shared_ptr<Serviced>> Supervisor::live() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<Serviced>> out;
+  items_.erase(std::remove_if(items_.begin(), items_.end(),
+                              [&](const std::weak_ptr<Serviced>& weak) {
+                                auto strong = weak.lock();
+                                if (!strong) return true;
+                                out.push_back(std::move(strong));
+                                return false;
+                              }),
+               items_.end());
+  return out;
+}
+
+void Supervisor::forEach(const std::function<void(Serviced&)>& fn) {
+  for (auto& item : live()) fn(*item);
+}
+
+void Supervisor::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, tick_, [&] { return poked_ || stopping_; });
+      if (stopping_) return;
+      poked_ = false;
+    }
+    for (auto& item : live()) {
+      try {
+        item->service();
+      } catch (const std::exception& error) {
+        RECCL_LOG(kWarn, std::string("supervisor: ") + error.what());
+      }
+    }
+  }
+}
+
+}  // namespace reccl

@@ -1,0 +1,49 @@
+// The thread that drives connections through failover: it reaps failed paths,
+// starts dials, activates paths and enforces the no-path bound. Path threads and
+// health listeners only mark state and poke it, so they never block on a join.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/clock.h"
+
+namespace reccl {
+
+class Serviced {
+ public:
+  virtual ~Serviced() = default;
+  virtual void service() = 0;
+};
+
+class Supervisor {
+ public:
+  // `tick` bounds how long a deadline can be overlooked when nobody pokes.
+  explicit Supervisor(Millis tick = Millis(20));
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void add(std::weak_ptr<Serviced> item);
+  void poke();
+  // Runs `fn` on every live item (from the caller's thread).
+  void forEach(const std::function<void(Serviced&)>& fn);
+
+ private:
+  void run();
+  std::vector<std::shared_ptr<Serviced>> live();
+
+  const Millis tick_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::weak_ptr<Serviced>> items_;
+  bool poked_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace reccl

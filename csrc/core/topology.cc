@@ -1,0 +1,165 @@
+#include "core/topology.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+
+namespace reccl {
+
+namespace {
+
+// "/sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0" -> its components after /sys/devices.
+std::vector<std::string> pciComponents(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = path.find("/pci");
+  if (start == std::string::npos) return parts;
+  size_t pos = start + 1;
+  while (pos < path.size()) {
+    size_t next = path.find('/', pos);
+    if (next == std::string::npos) next = path.size();
+    parts.push_back(path.substr(pos, next - pos));
+    pos = next + 1;
+  }
+  return parts;
+}
+
+std::string readSysfs(const std::string& path) {
+  std::ifstream in(path);
+  std::string value;
+  std::getline(in, value);
+  return value;
+}
+
+bool isLoopbackAddress(const std::string& address) {
+  in_addr parsed{};
+  return inet_pton(AF_INET, address.c_str(), &parsed) == 1 &&
+         (ntohl(parsed.s_addr) >> 24) == 127;
+}
+
+void fillPciInfo(NicInfo& nic) {
+  char resolved[PATH_MAX];
+  std::string link = "/sys/class/net/" + nic.interface + "/device";
+  if (realpath(link.c_str(), resolved) != nullptr) {
+    nic.pciPath = resolved;
+    std::string numa = readSysfs(link + "/numa_node");
+    nic.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
+  }
+}
+
+}  // namespace
+
+int nicDistance(const NicInfo& a, const NicInfo& b) {
+  std::vector<std::string> pa = pciComponents(a.pciPath);
+  std::vector<std::string> pb = pciComponents(b.pciPath);
+  if (pa.empty() || pb.empty()) return -1;
+  int cost = 0;
+  if (a.numaNode >= 0 && b.numaNode >= 0 && a.numaNode != b.numaNode) cost += 200;
+  size_t common = 0;
+  while (common < pa.size() && common < pb.size() && pa[common] == pb[common]) ++common;
+  // Components: [root complex, root port, switch ports..., device]. Sharing more
+  // than the root complex and root port means a PCIe switch joins them.
+  cost += common >= 3 ? 1 : 100;
+  return cost;
+}
+
+void chooseBackups(std::vector<NicInfo>& nics) {
+  const int count = static_cast<int>(nics.size());
+  std::vector<int> timesChosen(count, 0);
+  for (int i = 0; i < count; ++i) {
+    nics[i].backup = -1;
+    nics[i].backupCost = -1;
+    int bestCost = INT_MAX;
+    for (int step = 1; step < count; ++step) {
+      int j = (i + step) % count;  // rail order after i breaks the last ties
+      int cost = nicDistance(nics[i], nics[j]);
+      int key = cost < 0 ? INT_MAX - 1 : cost;
+      if (nics[i].backup < 0 || key < bestCost ||
+          (key == bestCost && timesChosen[j] < timesChosen[nics[i].backup])) {
+        nics[i].backup = j;
+        nics[i].backupCost = cost;
+        bestCost = key;
+      }
+    }
+    if (nics[i].backup >= 0) ++timesChosen[nics[i].backup];
+  }
+}
+
+std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) throw Error("getifaddrs failed: cannot list network interfaces");
+  std::vector<NicInfo> all;
+  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text,
+              sizeof(text));
+    NicInfo nic;
+    nic.name = entry->ifa_name;
+    nic.interface = entry->ifa_name;
+    nic.address = text;
+    nic.ifindex = static_cast<int>(if_nametoindex(entry->ifa_name));
+    nic.linkUp = (entry->ifa_flags & IFF_UP) && (entry->ifa_flags & IFF_RUNNING);
+    if (entry->ifa_flags & IFF_LOOPBACK) nic.name = "lo:" + nic.address;
+    all.push_back(nic);
+  }
+  freeifaddrs(list);
+
+  std::vector<NicInfo> chosen;
+  if (selection.empty()) {
+    for (const auto& nic : all) {
+      if (nic.linkUp && !isLoopbackAddress(nic.address)) chosen.push_back(nic);
+    }
+    if (chosen.empty()) {
+      throw ConfigError(
+          "no usable NIC: no up, non-loopback IPv4 interface found; set RECCL_NICS to "
+          "interface names or local IPv4 addresses (127.0.0.x for a single host)");
+    }
+  } else {
+    for (const auto& wanted : selection) {
+      const NicInfo* match = nullptr;
+      for (const auto& nic : all) {
+        if (nic.interface == wanted || nic.address == wanted) {
+          match = &nic;
+          break;
+        }
+      }
+      if (match != nullptr) {
+        chosen.push_back(*match);
+      } else if (isLoopbackAddress(wanted)) {
+        // Every 127.x address reaches loopback; lets one host play several NICs.
+        NicInfo nic;
+        nic.interface = "lo";
+        nic.address = wanted;
+        nic.name = "lo:" + wanted;
+        nic.ifindex = static_cast<int>(if_nametoindex("lo"));
+        chosen.push_back(nic);
+      } else {
+        std::string available;
+        for (const auto& nic : all) available += " " + nic.interface + "(" + nic.address + ")";
+        throw ConfigError("RECCL_NICS entry '" + wanted +
+                          "' matches no local IPv4 interface or address; available:" +
+                          available);
+      }
+    }
+  }
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chosen[i].name == chosen[j].name) {
+        throw ConfigError("RECCL_NICS lists " + chosen[i].name + " twice");
+      }
+    }
+  }
+  for (auto& nic : chosen) fillPciInfo(nic);
+  chooseBackups(chosen);
+  return chosen;
+}
+
+}  // namespace reccl

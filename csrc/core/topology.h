@@ -1,0 +1,40 @@
+// Local NICs and their backups. A NIC is a local interface with an IPv4 address;
+// its position in the table is its rail. Each NIC gets the nearest other NIC as
+// its backup by the DESIGN distance cost.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace reccl {
+
+struct NicInfo {
+  std::string name;       // "eth0", or "lo:127.0.0.2" for an address on loopback
+  std::string interface;  // kernel interface name ("eth0", "lo")
+  std::string address;    // dotted IPv4
+  int ifindex = 0;
+  bool linkUp = true;
+  std::string pciPath;    // sysfs device path; empty for virtual interfaces
+  int numaNode = -1;
+  int backup = -1;        // index of the backup NIC, -1 when there is none
+  int backupCost = -1;    // distance cost to the backup; -1 = unknown (no PCI path)
+};
+
+// Distance between two NICs from their sysfs device paths and NUMA nodes:
+// +1 for crossing a shared PCIe switch, +100 for crossing the root complex,
+// +200 for crossing NUMA nodes. -1 when either has no PCI path.
+int nicDistance(const NicInfo& a, const NicInfo& b);
+
+// Fills `backup` and `backupCost` for every NIC: the cheapest other NIC; ties go
+// to the NIC serving as backup the fewest times so far (spreading load evenly),
+// then to the next NIC in rail order. Without PCI paths: the next NIC in order.
+void chooseBackups(std::vector<NicInfo>& nics);
+
+// The NICs selected by RECCL_NICS (interface names or local IPv4 addresses; an
+// address in 127.0.0.0/8 is allowed for single-host runs) or, when `selection`
+// is empty, every up, non-loopback IPv4 interface. Throws ConfigError naming the
+// available interfaces when an entry matches none.
+std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection);
+
+}  // namespace reccl

@@ -1,0 +1,353 @@
+// The Python module torch_reccl._C: the low-level connection API, NIC table,
+// health drills, events and stats. Blocking calls release the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/frame.h"
+#include "core/health.h"
+#include "core/topology.h"
+#include "transport/tcp/handle.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace py = pybind11;
+using namespace reccl;
+
+namespace {
+
+Millis toMillis(double seconds) {
+  if (!(seconds >= 0)) throw ConfigError("timeout must be a non-negative number of seconds");
+  return Millis(static_cast<int64_t>(seconds * 1000.0));
+}
+
+std::map<std::string, std::string> envFrom(const py::object& env) {
+  std::map<std::string, std::string> out;
+  if (env.is_none()) {
+    py::dict environ = py::module_::import("os").attr("environ").attr("copy")();
+    for (auto item : environ) out[py::str(item.first)] = py::str(item.second);
+  } else {
+    for (auto item : env.cast<py::dict>()) out[py::str(item.first)] = py::str(item.second);
+  }
+  return out;
+}
+
+py::dict nicDict(const NicInfo& nic, int index, const std::vector<NicInfo>& all) {
+  py::dict d;
+  d["index"] = index;
+  d["name"] = nic.name;
+  d["interface"] = nic.interface;
+  d["address"] = nic.address;
+  d["pci_path"] = nic.pciPath;
+  d["numa_node"] = nic.numaNode;
+  d["backup"] = nic.backup >= 0 ? py::object(py::str(all[nic.backup].name)) : py::none();
+  d["backup_index"] = nic.backup;
+  d["backup_cost"] = nic.backupCost;
+  int id = NicHealth::instance().idOf(nic.name);
+  d["up"] = id >= 0 ? NicHealth::instance().usable(id) : nic.linkUp;
+  return d;
+}
+
+// A writable or readable buffer held for the life of a request.
+struct HeldBuffer {
+  py::buffer owner;
+  py::buffer_info info;
+  HeldBuffer(py::buffer buffer, bool writable) : owner(buffer), info(buffer.request(writable)) {
+    bool contiguous = info.ndim <= 1 || [&] {
+      py::ssize_t expected = info.itemsize;
+      for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+        if (info.strides[d] != expected) return false;
+        expected *= info.shape[d];
+      }
+      return true;
+    }();
+    if (!contiguous || (info.ndim == 1 && info.strides[0] != info.itemsize)) {
+      throw ConfigError("buffer must be C-contiguous");
+    }
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(info.ptr); }
+  uint64_t bytes() const { return static_cast<uint64_t>(info.size * info.itemsize); }
+};
+
+class PyRequest {
+ public:
+  PyRequest(std::shared_ptr<Request> request, std::shared_ptr<HeldBuffer> buffer)
+      : request_(std::move(request)), buffer_(std::move(buffer)) {}
+  // (done, nbytes); raises on failure.
+  py::tuple test() {
+    uint64_t bytes = 0;
+    std::string error;
+    if (!request_->test(&bytes, &error)) return py::make_tuple(false, 0);
+    if (!error.empty()) throw Error(error);
+    return py::make_tuple(true, bytes);
+  }
+  uint64_t wait(double timeoutSeconds) {
+    Millis timeout = toMillis(timeoutSeconds);
+    bool done;
+    {
+      py::gil_scoped_release release;
+      done = request_->wait(timeout);
+    }
+    if (!done) {
+      throw TimeoutError("request not complete after " + std::to_string(timeoutSeconds) + " s");
+    }
+    py::tuple result = test();
+    return result[1].cast<uint64_t>();
+  }
+
+ private:
+  std::shared_ptr<Request> request_;
+  std::shared_ptr<HeldBuffer> buffer_;
+};
+
+void waitReady(SendConnection& connection, double timeoutSeconds) {
+  Clock::time_point deadline = Clock::now() + toMillis(timeoutSeconds);
+  {
+    py::gil_scoped_release release;
+    while (!connection.ready() && connection.error().empty() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(Millis(1));
+    }
+  }
+  std::string error = connection.error();
+  if (!error.empty()) throw Error("connect failed: " + error);
+  if (!connection.ready()) {
+    throw TimeoutError("connect not complete after " + std::to_string(timeoutSeconds) +
+                       " s; paths: " + [&] {
+                         std::string out;
+                         for (const auto& p : connection.describePaths()) out += p + "; ";
+                         return out;
+                       }());
+  }
+}
+
+py::dict eventDict(const Event& event) {
+  py::dict d;
+  d["kind"] = eventKindName(event.kind);
+  d["reason"] = reasonName(event.reason);
+  d["time"] = static_cast<double>(event.wallNs) / 1e9;
+  d["nic"] = event.nic;
+  d["peer"] = event.peer;
+  d["connection"] = event.connectionId;
+  d["from_path"] = event.fromPath;
+  d["to_path"] = event.toPath;
+  d["duration_s"] = event.durationNs >= 0 ? py::object(py::float_(event.durationNs / 1e9)) : py::none();
+  d["bytes_replayed"] = event.bytesReplayed >= 0 ? py::object(py::int_(event.bytesReplayed)) : py::none();
+  d["detail"] = event.detail;
+  return d;
+}
+
+int healthIdOrThrow(const std::string& nic) {
+  int id = NicHealth::instance().idOf(nic);
+  if (id < 0) {
+    std::string known;
+    for (const auto& name : NicHealth::instance().names()) known += " " + name;
+    throw ConfigError("unknown NIC '" + nic + "'; known NICs:" + (known.empty() ? " (none yet)" : known));
+  }
+  return id;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_reccl native core: bonded connections with failover";
+
+  static py::exception<Error> recclError(m, "RecclError", PyExc_RuntimeError);
+  static py::exception<ConfigError> configError(m, "ConfigError", PyExc_ValueError);
+  static py::exception<ProtocolError> protocolError(m, "ProtocolError", recclError.ptr());
+  static py::exception<TimeoutError> timeoutError(m, "TimeoutError", PyExc_TimeoutError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ConfigError& e) {
+      PyErr_SetString(configError.ptr(), e.what());
+    } catch (const ProtocolError& e) {
+      PyErr_SetString(protocolError.ptr(), e.what());
+    } catch (const TimeoutError& e) {
+      PyErr_SetString(timeoutError.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(recclError.ptr(), e.what());
+    }
+  });
+
+  py::class_<PyRequest>(m, "Request")
+      .def("test", &PyRequest::test, "(done, nbytes); raises RecclError if the request failed")
+      .def("wait", &PyRequest::wait, py::arg("timeout") = 60.0,
+           "Waits up to `timeout` seconds; returns the bytes moved");
+
+  py::class_<SendConnection, std::shared_ptr<SendConnection>>(m, "SendConnection")
+      .def("isend",
+           [](SendConnection& c, py::buffer buffer) {
+             auto held = std::make_shared<HeldBuffer>(buffer, false);
+             return PyRequest(c.isend(held->data(), held->bytes()), held);
+           })
+      .def("wait_ready", &waitReady, py::arg("timeout") = 30.0)
+      .def_property_readonly("ready", &SendConnection::ready)
+      .def_property_readonly("id", &SendConnection::id)
+      .def_property_readonly("error", &SendConnection::error)
+      .def_property_readonly("active_path", &SendConnection::activePath)
+      .def("paths", &SendConnection::describePaths)
+      .def("close", &SendConnection::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<RecvConnection, std::shared_ptr<RecvConnection>>(m, "RecvConnection")
+      .def("irecv",
+           [](RecvConnection& c, py::buffer buffer) {
+             auto held = std::make_shared<HeldBuffer>(buffer, true);
+             return PyRequest(c.irecv(held->data(), held->bytes()), held);
+           })
+      .def_property_readonly("id", &RecvConnection::id)
+      .def_property_readonly("error", &RecvConnection::error)
+      .def_property_readonly("active_path", &RecvConnection::activePath)
+      .def("paths", &RecvConnection::describePaths)
+      .def("close", &RecvConnection::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Listener, std::shared_ptr<Listener>>(m, "Listener")
+      .def_property_readonly("handle",
+                             [](const Listener& l) {
+                               const auto& h = l.handle();
+                               return py::bytes(reinterpret_cast<const char*>(h.data()), h.size());
+                             })
+      .def_property_readonly("nic", &Listener::nic)
+      .def(
+          "accept",
+          [](Listener& l, double timeout) {
+            std::shared_ptr<RecvConnection> c;
+            {
+              py::gil_scoped_release release;
+              c = l.accept(toMillis(timeout));
+            }
+            if (!c) throw TimeoutError("no connection within " + std::to_string(timeout) + " s");
+            return c;
+          },
+          py::arg("timeout") = 30.0, py::keep_alive<0, 1>())
+      .def("close", &Listener::close);
+
+  py::class_<TcpTransport, std::shared_ptr<TcpTransport>>(m, "Transport")
+      .def(py::init([](py::object env) {
+             Config config = Config::fromEnv(envFrom(env));
+             config.applyLogLevel();
+             return std::make_shared<TcpTransport>(config);
+           }),
+           py::arg("env") = py::none(),
+           "A TCP transport over the RECCL_NICS NICs. `env`: RECCL_* settings (default: os.environ)")
+      .def("nics",
+           [](const TcpTransport& t) {
+             py::list out;
+             for (size_t i = 0; i < t.nics().size(); ++i) out.append(nicDict(t.nics()[i], static_cast<int>(i), t.nics()));
+             return out;
+           })
+      .def("listen", &TcpTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def(
+          "connect",
+          [](TcpTransport& t, int nic, py::bytes handle) {
+            std::string bytes = handle;
+            return t.connect(nic, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+          },
+          py::arg("nic"), py::arg("handle"), py::keep_alive<0, 1>());
+
+  m.def("validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
+        py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
+  m.def("config_vars", [] {
+    py::list out;
+    for (const auto& var : configVars()) out.append(py::make_tuple(var.name, var.defaultValue, var.meaning));
+    return out;
+  });
+  m.def("discover_nics", [](py::object env) {
+    Config config = Config::fromEnv(envFrom(env));
+    std::vector<NicInfo> nics = discoverNics(config.nics);
+    py::list out;
+    for (size_t i = 0; i < nics.size(); ++i) out.append(nicDict(nics[i], static_cast<int>(i), nics));
+    return out;
+  }, py::arg("env") = py::none());
+  m.def("choose_backups", [](const std::vector<std::tuple<std::string, std::string, int>>& nics) {
+    std::vector<NicInfo> infos;
+    for (const auto& [name, pciPath, numa] : nics) {
+      NicInfo info;
+      info.name = name;
+      info.pciPath = pciPath;
+      info.numaNode = numa;
+      infos.push_back(info);
+    }
+    chooseBackups(infos);
+    std::vector<std::pair<int, int>> out;
+    for (const auto& info : infos) out.push_back({info.backup, info.backupCost});
+    return out;
+  }, "For tests: (name, sysfs PCI path, NUMA node) per NIC -> (backup index, cost) per NIC");
+
+  m.def("inject_fault", [](const std::string& nic, const std::string& kind) {
+    NicHealth& health = NicHealth::instance();
+    int id = healthIdOrThrow(nic);
+    if (kind == "down") {
+      health.setInjectedDown(id, true);
+    } else if (kind == "up") {
+      health.setInjectedDown(id, false);
+      health.setBlackhole(id, false);
+    } else if (kind == "blackhole") {
+      health.setBlackhole(id, true);
+    } else {
+      throw ConfigError("fault kind '" + kind + "' is not valid here; valid: down, up, blackhole");
+    }
+  }, py::arg("nic"), py::arg("kind"));
+  m.def("drain_events", [](size_t max) {
+    py::list out;
+    for (const auto& event : NicHealth::instance().events().drain(max)) out.append(eventDict(event));
+    return out;
+  }, py::arg("max") = 1024);
+  m.def("nic_stats", [] {
+    NicHealth& health = NicHealth::instance();
+    py::dict out;
+    std::vector<std::string> names = health.names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      NicCounters& c = health.counters(static_cast<int>(i));
+      py::dict d;
+      d["up"] = health.usable(static_cast<int>(i));
+      d["blackholed"] = health.blackholed(static_cast<int>(i));
+      d["bytes_sent"] = c.bytesSent.load();
+      d["bytes_received"] = c.bytesReceived.load();
+      d["failovers"] = c.failovers.load();
+      d["failbacks"] = c.failbacks.load();
+      d["paths_down"] = c.pathsDown.load();
+      out[py::str(names[i])] = d;
+    }
+    return out;
+  });
+  m.def("process_stats", [] {
+    py::dict d;
+    d["rejected_handshakes"] = NicHealth::instance().rejectedHandshakes();
+    d["events_dropped"] = NicHealth::instance().events().dropped();
+    return d;
+  });
+  m.def("parse_frame", [](py::bytes data) {
+    std::string bytes = data;
+    const auto* raw = reinterpret_cast<const uint8_t*>(bytes.data());
+    FrameHeader header = parseFrameHeader(raw, bytes.size());
+    if (header.type == static_cast<uint8_t>(FrameType::kData)) {
+      return std::string(frameTypeName(FrameType::kData));
+    }
+    ControlFrame frame = decodeControl(header, raw + sizeof(FrameHeader), bytes.size() - sizeof(FrameHeader));
+    return std::string(frameTypeName(frame.type));
+  }, "For tests: decodes one whole control frame; returns its type name or raises ProtocolError");
+  m.def("decode_handle", [](py::bytes data) {
+    std::string bytes = data;
+    ListenHandle handle = decodeHandle(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    py::dict d;
+    d["listener_nic"] = handle.listenerNic;
+    d["listener_backup"] = handle.listenerBackup;
+    d["chunk_bytes"] = handle.chunkBytes;
+    py::list nics;
+    for (const auto& nic : handle.nics) nics.append(py::make_tuple(nic.address, nic.port));
+    d["nics"] = nics;
+    return d;
+  });
+  m.def("encode_frame", [](const std::string& kind, uint64_t a, uint64_t b) {
+    std::vector<uint8_t> frame;
+    if (kind == "cts") frame = encodeCts(a, b);
+    else if (kind == "ack") frame = encodeAck(a, b);
+    else if (kind == "activate") frame = encodeActivate(a, static_cast<uint8_t>(b), 0);
+    else if (kind == "heartbeat") frame = encodeHeartbeat();
+    else if (kind == "close") frame = encodeClose();
+    else if (kind == "resync") frame = encodeResync(a, b, {});
+    else throw ConfigError("unknown frame kind " + kind);
+    return py::bytes(reinterpret_cast<const char*>(frame.data()), frame.size());
+  }, "For tests: a valid frame to mutate");
+  m.attr("HANDLE_BYTES") = kHandleBytes;
+}

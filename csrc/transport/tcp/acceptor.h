@@ -1,0 +1,56 @@
+// Accepts TCP connections on one NIC and admits only peers that complete a
+// valid HELLO with the secret of a live listener, within a bound. Everything
+// else is logged, counted and dropped without disturbing other peers.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/frame.h"
+#include "transport/tcp/socket.h"
+
+namespace reccl {
+
+class Acceptor {
+ public:
+  // Returns an empty string to admit, else why the peer is refused.
+  using Authenticate = std::function<std::string(const HelloBody& hello)>;
+  // Takes an admitted socket (already answered with HELLO_ACK).
+  using Admit = std::function<void(const HelloBody& hello, Fd socket, const std::string& peer)>;
+
+  Acceptor(std::string address, std::string nicName, Millis handshakeTimeout,
+           Authenticate authenticate, Admit admit);
+  ~Acceptor();
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  struct Pending {
+    Fd fd;
+    std::string peer;
+    std::vector<uint8_t> bytes;
+    Clock::time_point deadline;
+  };
+  void run();
+  // Reads what is available; true when the peer is finished (admitted or refused).
+  bool advance(Pending& pending);
+  void refuse(const Pending& pending, const std::string& why);
+
+  const std::string address_;
+  const std::string nicName_;
+  const Millis handshakeTimeout_;
+  Authenticate authenticate_;
+  Admit admit_;
+  Fd listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace reccl

@@ -1,0 +1,189 @@
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/health.h"
+
+namespace reccl {
+
+namespace {
+constexpr int kPollSliceMs = 50;  // how often a blocked transfer rechecks stop/blackhole
+
+bool parseAddress(const std::string& address, uint16_t port, sockaddr_in* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->sin_family = AF_INET;
+  out->sin_port = htons(port);
+  return inet_pton(AF_INET, address.c_str(), &out->sin_addr) == 1;
+}
+
+// Waits for `events` in slices; kOk when ready.
+IoResult waitReady(int fd, short events, const IoWatch& watch, Millis limit,
+                   Clock::time_point* lastProgress) {
+  for (;;) {
+    if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
+    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
+    if (limit.count() > 0 && Clock::now() - *lastProgress > limit) return {IoCode::kStalled, 0};
+    if (!blackholed) {
+      pollfd pfd{fd, events, 0};
+      int ready = ::poll(&pfd, 1, kPollSliceMs);
+      if (ready > 0) return {IoCode::kOk, 0};
+      if (ready < 0 && errno != EINTR) return {IoCode::kError, errno};
+    } else {
+      ::poll(nullptr, 0, kPollSliceMs);
+    }
+  }
+}
+}  // namespace
+
+void Fd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string IoResult::describe() const {
+  switch (code) {
+    case IoCode::kOk: return "ok";
+    case IoCode::kEof: return "connection closed by peer";
+    case IoCode::kError: return std::strerror(error);
+    case IoCode::kStopped: return "stopped";
+    case IoCode::kStalled: return "no progress (stalled)";
+  }
+  return "?";
+}
+
+IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, int flags) {
+  const auto* cursor = static_cast<const uint8_t*>(data);
+  Clock::time_point lastProgress = Clock::now();
+  while (bytes > 0) {
+    IoResult ready = waitReady(fd, POLLOUT, watch, watch.stallLimit, &lastProgress);
+    if (!ready.ok()) return ready;
+    ssize_t sent = ::send(fd, cursor, bytes, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
+    if (sent < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      return {IoCode::kError, errno};
+    }
+    cursor += sent;
+    bytes -= static_cast<size_t>(sent);
+    lastProgress = Clock::now();
+    if (watch.progressNs != nullptr) watch.progressNs->store(nowNs());
+  }
+  return {};
+}
+
+IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis midFrameLimit) {
+  auto* cursor = static_cast<uint8_t*>(data);
+  Clock::time_point lastProgress = Clock::now();
+  Millis limit = watch.stallLimit;
+  while (bytes > 0) {
+    IoResult ready = waitReady(fd, POLLIN, watch, limit, &lastProgress);
+    if (!ready.ok()) return ready;
+    ssize_t got = ::recv(fd, cursor, bytes, MSG_DONTWAIT);
+    if (got == 0) return {IoCode::kEof, 0};
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      return {IoCode::kError, errno};
+    }
+    cursor += got;
+    bytes -= static_cast<size_t>(got);
+    lastProgress = Clock::now();
+    limit = midFrameLimit;
+    if (watch.progressNs != nullptr) watch.progressNs->store(nowNs());
+  }
+  return {};
+}
+
+Fd connectFrom(const std::string& localAddress, const std::string& address, uint16_t port,
+               Millis timeout, std::string* error) {
+  sockaddr_in local{}, remote{};
+  if (!parseAddress(localAddress, 0, &local) || !parseAddress(address, port, &remote)) {
+    *error = "bad IPv4 address " + localAddress + " or " + address;
+    return Fd();
+  }
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    *error = std::string("socket: ") + std::strerror(errno);
+    return Fd();
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
+    *error = "bind to " + localAddress + ": " + std::strerror(errno);
+    return Fd();
+  }
+  setNonBlocking(fd.get(), true);
+  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), sizeof(remote));
+  if (rc != 0 && errno != EINPROGRESS) {
+    *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) + ": " +
+             std::strerror(errno);
+    return Fd();
+  }
+  if (rc != 0) {
+    pollfd pfd{fd.get(), POLLOUT, 0};
+    int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+    int soError = 0;
+    socklen_t len = sizeof(soError);
+    if (ready <= 0) {
+      *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) +
+               ": timed out after " + std::to_string(timeout.count()) + " ms";
+      return Fd();
+    }
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soError, &len);
+    if (soError != 0) {
+      *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) + ": " +
+               std::strerror(soError);
+      return Fd();
+    }
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+Fd listenOn(const std::string& address, uint16_t* port, std::string* error) {
+  sockaddr_in local{};
+  if (!parseAddress(address, *port, &local)) {
+    *error = "bad IPv4 address " + address;
+    return Fd();
+  }
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      ::listen(fd.get(), 512) != 0) {
+    *error = "listen on " + address + ": " + std::strerror(errno);
+    return Fd();
+  }
+  socklen_t len = sizeof(local);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
+  *port = ntohs(local.sin_port);
+  setNonBlocking(fd.get(), true);
+  return fd;
+}
+
+void tuneDataSocket(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void setNonBlocking(int fd, bool on) {
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+std::string peerAddress(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+  return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+}  // namespace reccl

@@ -1,0 +1,76 @@
+// Sockets for the TCP transport: an owning fd, bounded connects, and whole-buffer
+// I/O that returns promptly when the path is stopped and reports a stall when no
+// byte moves for too long (a silent drop looks exactly like that).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/clock.h"
+
+namespace reccl {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = other.release();
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+enum class IoCode { kOk, kEof, kError, kStopped, kStalled };
+
+struct IoResult {
+  IoCode code = IoCode::kOk;
+  int error = 0;  // errno for kError
+  bool ok() const { return code == IoCode::kOk; }
+  std::string describe() const;
+};
+
+// What a blocking transfer watches besides the socket.
+struct IoWatch {
+  const std::atomic<bool>* stop = nullptr;
+  int healthId = -1;            // while this NIC is blackholed no byte moves
+  Millis stallLimit{0};         // 0 = wait for the first byte indefinitely (idle is fine)
+  std::atomic<int64_t>* progressNs = nullptr;  // updated whenever bytes move
+};
+
+IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, int flags = 0);
+// With watch.stallLimit == 0 the wait for the first byte is unbounded but still
+// returns on stop; once a byte arrives the stall limit `midFrameLimit` applies.
+IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch,
+                 Millis midFrameLimit);
+
+// Opens a TCP connection from `localAddress` to `address:port` within `timeout`.
+Fd connectFrom(const std::string& localAddress, const std::string& address, uint16_t port,
+               Millis timeout, std::string* error);
+// A listening socket on `address` (port 0 = any); fills the chosen port.
+Fd listenOn(const std::string& address, uint16_t* port, std::string* error);
+void tuneDataSocket(int fd);
+void setNonBlocking(int fd, bool on);
+std::string peerAddress(int fd);
+
+}  // namespace reccl

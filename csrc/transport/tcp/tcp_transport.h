@@ -1,0 +1,100 @@
+// The TCP transport: one acceptor per local NIC, the dialer, the supervisor and
+// the link monitor. It makes listeners and connections; the core does the rest.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "core/recv_connection.h"
+#include "core/send_connection.h"
+#include "core/supervisor.h"
+#include "core/topology.h"
+#include "transport/link_monitor.h"
+#include "transport/tcp/acceptor.h"
+#include "transport/tcp/handle.h"
+
+namespace reccl {
+
+class TcpTransport;
+
+class Listener {
+ public:
+  const std::vector<uint8_t>& handle() const { return handle_; }
+  int nic() const { return nic_; }
+  // The next connection a peer opened, or nullptr after `timeout`.
+  std::shared_ptr<RecvConnection> accept(Millis timeout);
+  // Stops taking new connections; accepted ones keep working (and re-dialing).
+  void close();
+
+ private:
+  friend class TcpTransport;
+  uint64_t listenId_ = 0;
+  uint8_t secret_[kSecretBytes] = {};
+  int nic_ = 0;
+  std::vector<uint8_t> handle_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<RecvConnection>> ready_;
+  std::map<uint64_t, std::weak_ptr<RecvConnection>> connections_;
+  bool closed_ = false;
+};
+
+class TcpTransport {
+ public:
+  explicit TcpTransport(Config config);
+  ~TcpTransport();
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  const Config& config() const { return config_; }
+  const std::vector<NicInfo>& nics() const { return nics_; }
+  int healthId(int nic) const { return healthIds_.at(nic); }
+
+  std::shared_ptr<Listener> listen(int nic);
+  // Starts connecting at once; poll SendConnection::ready().
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle);
+
+ private:
+  friend class TcpDialer;
+  struct PartialPath {
+    HelloBody hello{};
+    std::string peer;
+    Fd control;
+    std::vector<Fd> data;
+    size_t have = 0;
+    Clock::time_point deadline;
+  };
+
+  void checkNic(int nic) const;
+  std::string authenticate(int nic, const HelloBody& hello);
+  void admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer);
+  void deliver(PartialPath partial, int nic);
+  void runDial(std::function<void()> job);
+  ConnectionEnv connectionEnv(const std::string& peer);
+  uint64_t randomId();
+
+  const Config config_;
+  std::vector<NicInfo> nics_;
+  std::vector<int> healthIds_;
+  std::unique_ptr<Supervisor> supervisor_;
+  std::vector<std::unique_ptr<Acceptor>> acceptors_;
+  std::unique_ptr<LinkMonitor> linkMonitor_;
+  uint64_t healthToken_ = 0;
+
+  std::mutex mutex_;
+  std::mt19937_64 random_;
+  std::map<uint64_t, std::weak_ptr<Listener>> listeners_;
+  std::map<std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>, PartialPath> partial_;
+  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> dials_;
+  bool stopping_ = false;
+};
+
+}  // namespace reccl

@@ -1,0 +1,13 @@
+"""torch_reccl: keep torch.distributed training alive through last-hop network faults.
+
+Importing the package is cheap: the C++ extension is loaded on first use of an
+API that needs it.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from torch_reccl._native import nics, stats, inject_fault  # noqa: E402
+from torch_reccl.events import on_event  # noqa: E402
+
+__all__ = ["nics", "stats", "inject_fault", "on_event", "__version__"]

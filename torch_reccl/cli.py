@@ -1,0 +1,54 @@
+"""The ``reccl`` command line.
+
+Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``;
+the parser it adds sets ``func`` to a callable taking the parsed arguments and
+returning an exit code. A subcommand whose module fails to import is still listed
+and reports the import error when used, so it never breaks the others.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module that implements it
+SUBCOMMANDS = {
+    "fabric": "torch_reccl.fabric.cli",
+    "sim": "torch_reccl.sim",
+    "topo": "torch_reccl.topo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reccl",
+        description="torch_reccl: NIC failover for torch.distributed",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module_name in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            broken = subparsers.add_parser(name, help=f"(unavailable: {error})")
+            broken.set_defaults(func=_unavailable(name, error))
+            continue
+        module.add_parser(subparsers)
+    return parser
+
+
+def _unavailable(name: str, error: ImportError):
+    def report(_args) -> int:
+        print(f"reccl {name} is unavailable: {error}", file=sys.stderr)
+        return 2
+
+    return report
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
