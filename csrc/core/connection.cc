@@ -156,13 +156,6 @@ void Connection::destroyRetired() {
   ready.clear();  // joins the paths' threads, unlocked
 }
 
-bool Connection::anyUpLocked() const {
-  for (const auto& slot : slots_) {
-    if (slot.state == SlotState::kUp) return true;
-  }
-  return false;
-}
-
 std::shared_ptr<Path> Connection::activePathLocked() const {
   if (active_ < 0) return nullptr;
   return slots_.at(active_).path;
@@ -259,7 +252,11 @@ void Connection::close() {
     closed_ = true;
     if (error_.empty()) active = activePathLocked();
   }
-  if (active) active->sendControl(encodeClose());
+  if (active && active->sendControl(encodeClose())) {
+    // Wait (bounded) for the peer's CLOSE, so it never mistakes our EOFs for a fault.
+    Lock lock(mutex_);
+    peerClosedCv_.wait_for(lock, Millis(env_.config.heartbeatMs), [&] { return peerClosed_; });
+  }
   {
     Lock lock(mutex_);
     for (auto& slot : slots_) {
@@ -283,6 +280,19 @@ void Connection::close() {
     }
     std::this_thread::sleep_for(Millis(5));
   }
+}
+
+void Connection::onPeerCloseLocked(uint64_t pathId, Lock& lock) {
+  if (peerClosed_) return;
+  peerClosed_ = true;
+  peerClosedCv_.notify_all();
+  if (closed_) return;
+  int index = slotOf(pathId);
+  if (index < 0) return;
+  std::shared_ptr<Path> path = slots_[index].path;
+  lock.unlock();
+  path->sendControl(encodeClose());
+  lock.lock();
 }
 
 std::string Connection::error() const {

@@ -3,6 +3,7 @@
 // a failed path's threads from outliving it, and the bound on having no path.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -79,7 +80,6 @@ class Connection : public PathOwner, public Serviced {
   void reapLocked();
   // Destroys retired paths whose last user has let go; call unlocked.
   void destroyRetired();
-  bool anyUpLocked() const;
   // Fails the connection and everything pending on it.
   void failConnectionLocked(const std::string& why);
   // Enforces RECCL_NO_PATH_TIMEOUT_MS while `stalled` holds.
@@ -90,6 +90,9 @@ class Connection : public PathOwner, public Serviced {
   void emitSwitchEvent(EventKind kind, int from, int to, Reason reason, int64_t durationNs,
                        int64_t bytesReplayed, const std::string& detail);
   std::shared_ptr<Path> activePathLocked() const;
+  // A CLOSE frame arrived: the EOFs that follow are not faults. Answers with a
+  // CLOSE of our own (unlocking to send) unless we are closing too.
+  void onPeerCloseLocked(uint64_t pathId, Lock& lock);
   // Fails every request still pending (connection failed or closed).
   virtual void failPendingLocked(const std::string& why) = 0;
   // Role-specific reaction to losing the active path.
@@ -105,6 +108,7 @@ class Connection : public PathOwner, public Serviced {
   uint64_t epoch_ = 0;
   bool closed_ = false;
   bool peerClosed_ = false;
+  std::condition_variable peerClosedCv_;
   std::string error_;
   Clock::time_point stalledSince_{};
   bool stalled_ = false;

@@ -116,7 +116,7 @@ void RecvConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
       }
       return;
     case FrameType::kClose:
-      peerClosed_ = true;
+      onPeerCloseLocked(pathId, lock);
       return;
     default:
       throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +

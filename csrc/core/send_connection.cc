@@ -119,7 +119,7 @@ void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
       }
       return;
     case FrameType::kClose:
-      peerClosed_ = true;
+      onPeerCloseLocked(pathId, lock);
       return;
     default:
       throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +
@@ -222,12 +222,15 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
 }
 
 void SendConnection::dialLocked() {
-  bool noneUp = !anyUpLocked();
+  // Last-resort rails are dialed only when every up-front path is down.
+  bool noneUp = true;
+  for (const auto& slot : slots_) {
+    if (slot.state == SlotState::kUp || slot.state == SlotState::kDialing) noneUp = false;
+  }
   Clock::time_point now = Clock::now();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     if (slot.state != SlotState::kIdle || now < slot.nextDial) continue;
-    // Rails past the backup are a last resort: dialed only when nothing is up.
     if (!slot.nics.upFront && !(noneUp && env_.config.backup)) continue;
     if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
     slot.state = SlotState::kDialing;
