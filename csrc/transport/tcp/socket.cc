@@ -64,12 +64,17 @@ IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, i
   const auto* cursor = static_cast<const uint8_t*>(data);
   Clock::time_point lastProgress = Clock::now();
   while (bytes > 0) {
-    IoResult ready = waitReady(fd, POLLOUT, watch, watch.stallLimit, &lastProgress);
-    if (!ready.ok()) return ready;
-    ssize_t sent = ::send(fd, cursor, bytes, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
+    if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
+    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
+    // Try first and poll only when the socket is full: the common case is one syscall.
+    ssize_t sent = blackholed ? -1 : ::send(fd, cursor, bytes, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
     if (sent < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      return {IoCode::kError, errno};
+      if (!blackholed && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return {IoCode::kError, errno};
+      }
+      IoResult ready = waitReady(fd, POLLOUT, watch, watch.stallLimit, &lastProgress);
+      if (!ready.ok()) return ready;
+      continue;
     }
     cursor += sent;
     bytes -= static_cast<size_t>(sent);
@@ -84,13 +89,17 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
   Clock::time_point lastProgress = Clock::now();
   Millis limit = watch.stallLimit;
   while (bytes > 0) {
-    IoResult ready = waitReady(fd, POLLIN, watch, limit, &lastProgress);
-    if (!ready.ok()) return ready;
-    ssize_t got = ::recv(fd, cursor, bytes, MSG_DONTWAIT);
+    if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
+    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
+    ssize_t got = blackholed ? -1 : ::recv(fd, cursor, bytes, MSG_DONTWAIT);
     if (got == 0) return {IoCode::kEof, 0};
     if (got < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-      return {IoCode::kError, errno};
+      if (!blackholed && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return {IoCode::kError, errno};
+      }
+      IoResult ready = waitReady(fd, POLLIN, watch, limit, &lastProgress);
+      if (!ready.ok()) return ready;
+      continue;
     }
     cursor += got;
     bytes -= static_cast<size_t>(got);
