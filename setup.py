@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def sources():
     # core/ and transport/ use no torch headers, so they compile quickly.
     files = []
-    for folder in ("core", "transport", "python"):
+    for folder in ("core", "transport", "nccl", "python"):
         files += glob.glob(os.path.join("csrc", folder, "**", "*.cc"), recursive=True)
     return sorted(files)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from torch_reccl._native import nics, stats, inject_fault  # noqa: E402
+from torch_reccl._native import nics, stats, inject_fault, plugin_path  # noqa: E402
 from torch_reccl.events import on_event  # noqa: E402
 
-__all__ = ["nics", "stats", "inject_fault", "on_event", "__version__"]
+__all__ = ["nics", "stats", "inject_fault", "on_event", "plugin_path", "__version__"]

@@ -14,6 +14,21 @@ def native():
     return importlib.import_module("torch_reccl._C")
 
 
+def plugin_path() -> str:
+    """Path of the library that exports the NCCL net plugin (``ncclNetPlugin_v8..v12``).
+
+    ``NCCL_NET_PLUGIN=$(python -m torch_reccl --plugin-path)`` gives an unmodified
+    ``backend="nccl"`` job failover (inside a Python process that imports torch).
+    """
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("torch_reccl._C")
+    if spec is None or spec.origin is None:
+        raise ImportError("torch_reccl._C is not built; run: pip install --no-build-isolation -e .")
+    return os.path.realpath(spec.origin)
+
+
 def nics(env: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
     """Local NICs selected by RECCL_NICS, each with its backup NIC and distance cost.
 

@@ -24,8 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reccl",
         description="torch_reccl: NIC failover for torch.distributed",
     )
+    parser.add_argument(
+        "--plugin-path", action="store_true",
+        help="print the path of the NCCL net plugin library (for NCCL_NET_PLUGIN) and exit",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
     for name, module_name in SUBCOMMANDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -46,7 +49,15 @@ def _unavailable(name: str, error: ImportError):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.plugin_path:
+        from torch_reccl._native import plugin_path
+
+        print(plugin_path())
+        return 0
+    if args.command is None:
+        parser.error("a command is required")
     return int(args.func(args) or 0)
 
 

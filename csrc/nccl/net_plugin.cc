@@ -1,0 +1,264 @@
+#include "nccl/net_plugin.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace reccl {
+
+namespace {
+
+struct ListenComm {
+  std::shared_ptr<Listener> listener;
+};
+struct SendComm {
+  std::shared_ptr<SendConnection> connection;
+};
+struct RecvComm {
+  std::shared_ptr<RecvConnection> connection;
+};
+struct PluginRequest {
+  std::shared_ptr<Request> request;
+};
+
+// NCCL calls connect() again with the same handle until it returns a comm; the
+// pending connection rides in the handle's unused tail, as NCCL's own socket
+// transport keeps its connection stage in the handle.
+constexpr size_t kPendingMarkerOffset = 112;
+constexpr size_t kPendingPointerOffset = 120;
+constexpr uint64_t kPendingMarker = 0x474E494E45505243ull;  // "CRPENING"
+static_assert(kPendingPointerOffset + sizeof(void*) <= RECCL_NCCL_NET_HANDLE_MAXSIZE, "tail fits");
+
+int interfaceSpeedMbps(const std::string& interface) {
+  std::ifstream in("/sys/class/net/" + interface + "/speed");
+  int speed = 0;
+  if (in >> speed && speed > 0) return speed;
+  return 10000;  // virtual interfaces report none; NCCL only uses it for its model
+}
+
+}  // namespace
+
+NetPlugin& NetPlugin::instance() {
+  static NetPlugin* plugin = new NetPlugin();  // leaked: NCCL may call it during exit
+  return *plugin;
+}
+
+void NetPlugin::warn(const std::string& message) {
+  if (logger_ != nullptr) {
+    logger_(NCCL_LOG_WARN, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s", message.c_str());
+  } else {
+    RECCL_LOG(kWarn, message);
+  }
+}
+
+void NetPlugin::info(const std::string& message) {
+  if (logger_ != nullptr) {
+    logger_(NCCL_LOG_INFO, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s", message.c_str());
+  }
+}
+
+TcpTransport* NetPlugin::transport() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!transport_) throw Error("plugin used before init()");
+  return transport_.get();
+}
+
+ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (logger != nullptr) logger_ = logger;
+  if (transport_) return ncclSuccess;  // NCCL calls init once per communicator
+  try {
+    Config config = Config::fromProcessEnv();
+    config.applyLogLevel();
+    transport_ = std::make_unique<TcpTransport>(config);
+    std::string nics;
+    for (const auto& nic : transport_->nics()) {
+      names_.push_back(nic.name);
+      speeds_.push_back(interfaceSpeedMbps(nic.interface));
+      nics += " " + nic.name + "(" + nic.address + ", backup " +
+              (nic.backup >= 0 ? transport_->nics()[nic.backup].name : std::string("none")) + ")";
+    }
+    if (logger_ != nullptr) {
+      logger_(NCCL_LOG_INFO, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__,
+              "ReCCL: failover net plugin using%s", nics.c_str());
+    }
+    return ncclSuccess;
+  } catch (const std::exception& error) {
+    std::string message = std::string("ReCCL plugin disabled: ") + error.what();
+    if (logger_ != nullptr) {
+      logger_(NCCL_LOG_WARN, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "%s", message.c_str());
+    } else {
+      RECCL_LOG(kWarn, message);
+    }
+    return ncclInternalError;
+  }
+}
+
+ncclResult_t NetPlugin::devices(int* count) {
+  return guard("devices", [&] {
+    *count = static_cast<int>(transport()->nics().size());
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
+  return guard("getProperties", [&] {
+    TcpTransport* t = transport();
+    if (dev < 0 || dev >= static_cast<int>(t->nics().size())) {
+      warn("getProperties: device " + std::to_string(dev) + " out of range");
+      return ncclInvalidArgument;
+    }
+    const NicInfo& nic = t->nics()[dev];
+    props->name = names_[dev].c_str();
+    props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
+    props->guid = static_cast<uint64_t>(dev);
+    props->speedMbps = speeds_[dev];
+    props->maxComms = 65536;
+    props->maxRecvs = kMaxRecvs;
+    props->maxTransferBytes = kMaxTransferBytes;
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::listen(int dev, void* handle, void** listenComm) {
+  return guard("listen", [&] {
+    auto listener = transport()->listen(dev);
+    const std::vector<uint8_t>& bytes = listener->handle();
+    std::memset(handle, 0, RECCL_NCCL_NET_HANDLE_MAXSIZE);
+    std::memcpy(handle, bytes.data(), std::min<size_t>(bytes.size(), kPendingMarkerOffset));
+    *listenComm = new ListenComm{std::move(listener)};
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::connect(int dev, void* handle, void** sendComm) {
+  return guard("connect", [&] {
+    *sendComm = nullptr;
+    auto* bytes = static_cast<uint8_t*>(handle);
+    uint64_t marker = 0;
+    std::memcpy(&marker, bytes + kPendingMarkerOffset, sizeof(marker));
+    SendComm* pending = nullptr;
+    if (marker == kPendingMarker) {
+      std::memcpy(&pending, bytes + kPendingPointerOffset, sizeof(pending));
+    } else {
+      std::vector<uint8_t> wire(bytes, bytes + kPendingMarkerOffset);
+      wire.resize(RECCL_NCCL_NET_HANDLE_MAXSIZE, 0);
+      pending = new SendComm{transport()->connect(dev, wire)};
+      std::memcpy(bytes + kPendingMarkerOffset, &kPendingMarker, sizeof(kPendingMarker));
+      std::memcpy(bytes + kPendingPointerOffset, &pending, sizeof(pending));
+    }
+    if (pending->connection->ready()) {
+      std::memset(bytes + kPendingMarkerOffset, 0, sizeof(kPendingMarker));
+      *sendComm = pending;
+      return ncclSuccess;
+    }
+    std::string error = pending->connection->error();
+    if (!error.empty()) {
+      std::memset(bytes + kPendingMarkerOffset, 0, sizeof(kPendingMarker));
+      delete pending;
+      warn("connect failed: " + error);
+      return ncclSystemError;
+    }
+    return ncclSuccess;  // not yet: NCCL calls again
+  });
+}
+
+ncclResult_t NetPlugin::accept(void* listenComm, void** recvComm) {
+  return guard("accept", [&] {
+    auto* listen = static_cast<ListenComm*>(listenComm);
+    auto connection = listen->listener->accept(Millis(0));
+    *recvComm = connection ? new RecvComm{std::move(connection)} : nullptr;
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::regMr(void* comm, int type, void** mhandle) {
+  if (type != RECCL_NCCL_PTR_HOST) {
+    warn("regMr: only host memory is supported (type " + std::to_string(type) + ")");
+    return ncclInternalError;
+  }
+  *mhandle = comm;  // TCP needs no registration; any non-null handle will do
+  return ncclSuccess;
+}
+
+ncclResult_t NetPlugin::deregMr(void*, void*) { return ncclSuccess; }
+
+ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void** request) {
+  return guard("isend", [&] {
+    auto* comm = static_cast<SendComm*>(sendComm);
+    *request = nullptr;
+    try {
+      *request = new PluginRequest{comm->connection->isend(static_cast<uint8_t*>(data), size)};
+    } catch (const Error&) {
+      // Too many in flight: a NULL request tells NCCL to retry later. A failed
+      // connection says so through error().
+      if (!comm->connection->error().empty()) throw;
+    }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request) {
+  return guard("irecv", [&] {
+    if (n != kMaxRecvs) {
+      warn("irecv: " + std::to_string(n) + " grouped receives; this plugin reports maxRecvs=1");
+      return ncclInvalidArgument;
+    }
+    auto* comm = static_cast<RecvComm*>(recvComm);
+    *request = nullptr;
+    try {
+      *request = new PluginRequest{comm->connection->irecv(static_cast<uint8_t*>(data[0]), sizes[0])};
+    } catch (const Error&) {
+      if (!comm->connection->error().empty()) throw;
+    }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::iflush(void*, void** request) {
+  *request = nullptr;  // host memory: nothing to flush
+  return ncclSuccess;
+}
+
+ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
+  return guard("test", [&] {
+    auto* pending = static_cast<PluginRequest*>(request);
+    uint64_t bytes = 0;
+    std::string error;
+    *done = 0;
+    if (!pending->request->test(&bytes, &error)) return ncclSuccess;
+    delete pending;
+    if (!error.empty()) {
+      warn("operation failed: " + error);
+      return ncclRemoteError;
+    }
+    *done = 1;
+    if (sizes != nullptr) *sizes = static_cast<int>(bytes);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::closeSend(void* sendComm) {
+  auto* comm = static_cast<SendComm*>(sendComm);
+  comm->connection->close();
+  delete comm;
+  return ncclSuccess;
+}
+
+ncclResult_t NetPlugin::closeRecv(void* recvComm) {
+  auto* comm = static_cast<RecvComm*>(recvComm);
+  comm->connection->close();
+  delete comm;
+  return ncclSuccess;
+}
+
+ncclResult_t NetPlugin::closeListen(void* listenComm) {
+  auto* comm = static_cast<ListenComm*>(listenComm);
+  comm->listener->close();
+  delete comm;
+  return ncclSuccess;
+}
+
+}  // namespace reccl

@@ -1,0 +1,74 @@
+// The version-independent NCCL net plugin: NCCL's listen/connect/accept/isend/
+// irecv/test mapped onto the transport's bonded connections. Everything that
+// makes failover work lives below this layer; this one only translates.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nccl/nccl_abi.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace reccl {
+
+struct NetDeviceProps {
+  const char* name;
+  const char* pciPath;  // nullptr for virtual interfaces
+  uint64_t guid;
+  int speedMbps;
+  int maxComms;
+  int maxRecvs;
+  size_t maxTransferBytes;
+};
+
+class NetPlugin {
+ public:
+  // One per process: NCCL's ABI gives v8/v10 entry points no context object.
+  static NetPlugin& instance();
+
+  ncclResult_t init(ncclDebugLogger_t logger);
+  ncclResult_t devices(int* count);
+  ncclResult_t properties(int dev, NetDeviceProps* props);
+  ncclResult_t listen(int dev, void* handle, void** listenComm);
+  ncclResult_t connect(int dev, void* handle, void** sendComm);
+  ncclResult_t accept(void* listenComm, void** recvComm);
+  ncclResult_t regMr(void* comm, int type, void** mhandle);
+  ncclResult_t deregMr(void* comm, void* mhandle);
+  ncclResult_t isend(void* sendComm, void* data, size_t size, void** request);
+  ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request);
+  ncclResult_t iflush(void* recvComm, void** request);
+  ncclResult_t test(void* request, int* done, int* sizes);
+  ncclResult_t closeSend(void* sendComm);
+  ncclResult_t closeRecv(void* recvComm);
+  ncclResult_t closeListen(void* listenComm);
+
+  static constexpr int kMaxRecvs = 1;           // no grouped receives
+  static constexpr size_t kMaxTransferBytes = 1ull << 30;  // NCCL's MAX_NET_SIZE
+
+ private:
+  NetPlugin() = default;
+  // Runs an entry point; an exception becomes a logged ncclSystemError, since
+  // nothing may propagate into NCCL.
+  template <typename Fn>
+  ncclResult_t guard(const char* what, Fn&& fn) {
+    try {
+      return fn();
+    } catch (const std::exception& error) {
+      warn(std::string(what) + ": " + error.what());
+      return ncclSystemError;
+    }
+  }
+  void warn(const std::string& message);
+  void info(const std::string& message);
+  TcpTransport* transport();
+
+  std::mutex mutex_;
+  ncclDebugLogger_t logger_ = nullptr;
+  std::unique_ptr<TcpTransport> transport_;
+  std::vector<std::string> names_;
+  std::vector<int> speeds_;
+};
+
+}  // namespace reccl
