@@ -10,8 +10,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def sources():
     # core/ and transport/ use no torch headers, so they compile quickly.
-    files = []
-    for folder in ("core", "transport", "nccl", "python"):
+    files = [os.path.join("csrc", "python", "bindings.cc")]
+    for folder in ("core", "transport", "nccl"):
         files += glob.glob(os.path.join("csrc", folder, "**", "*.cc"), recursive=True)
     return sorted(files)
 
@@ -26,7 +26,7 @@ setup(
     extras_require={
         "fabric": ["pyroute2>=0.7"],
         "plot": ["matplotlib"],
-        "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis"],
     },
     ext_modules=[
         CppExtension(

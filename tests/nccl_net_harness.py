@@ -298,10 +298,10 @@ def main() -> int:
                 f.write(handle)
             os.rename(handle_path + ".tmp", handle_path)
             comm = plugin.accept(listen_comm)
+            plugin.check(plugin.table.closeListen(listen_comm), "closeListen")  # as NCCL does
             open(progress_path, "w").close()
             result["good"] = receive_stream(plugin, comm, sizes, args.seed, 8, deadline)
             plugin.check(plugin.table.closeRecv(comm), "closeRecv")
-            plugin.check(plugin.table.closeListen(listen_comm), "closeListen")
         else:
             while not os.path.exists(handle_path):
                 if time.monotonic() > deadline:

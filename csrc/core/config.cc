@@ -1,7 +1,6 @@
 #include "core/config.h"
 
 #include <cstdlib>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -45,9 +44,8 @@ int64_t parseInt(const std::string& name, const std::string& value, int64_t lo, 
   errno = 0;
   long long parsed = std::strtoll(value.c_str(), &end, 10);
   if (value.empty() || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
-    std::ostringstream msg;
-    msg << name << "=" << value << " is not valid: expected an integer in " << lo << ".." << hi;
-    throw ConfigError(msg.str());
+    throw ConfigError(name + "=" + value + " is not valid: expected an integer in " +
+                      std::to_string(lo) + ".." + std::to_string(hi));
   }
   return parsed;
 }
@@ -59,16 +57,20 @@ bool parseBool(const std::string& name, const std::string& value) {
 }
 
 std::vector<std::string> splitList(const std::string& name, const std::string& value) {
+  // No iostreams here: this runs inside NCCL's dlopen of the library too.
   std::vector<std::string> items;
-  std::stringstream stream(value);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
+  size_t start = 0;
+  for (;;) {
+    size_t comma = value.find(',', start);
+    std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) {
       throw ConfigError(name + "=" + value +
                         " is not valid: expected a comma list of interface names or IPv4 "
                         "addresses without empty entries");
     }
     items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
   return items;
 }

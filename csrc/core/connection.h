@@ -40,6 +40,10 @@ class Connection : public PathOwner, public Serviced {
   ~Connection() override;
 
   uint64_t id() const { return id_; }
+  // Keeps `owner` alive as long as this connection: e.g. the listener that routes
+  // re-dialed paths here after the application closed it (NCCL closes its listen
+  // comm right after accept).
+  void keepAlive(std::shared_ptr<void> owner) { keepAlive_ = std::move(owner); }
   // A NIC changed health; paths on a dead local NIC fail at once.
   void onNicHealth(int healthId, bool up, Reason reason);
   void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) override;
@@ -110,6 +114,7 @@ class Connection : public PathOwner, public Serviced {
   bool peerClosed_ = false;
   std::condition_variable peerClosedCv_;
   std::string error_;
+  std::shared_ptr<void> keepAlive_;
   Clock::time_point stalledSince_{};
   bool stalled_ = false;
 };

@@ -292,7 +292,8 @@ void SendConnection::service() {
   {
     Lock lock(mutex_);
     reapLocked();
-    if (closed_ || !error_.empty()) {
+    // After the peer's CLOSE nothing is re-dialed: its listener is gone.
+    if (closed_ || peerClosed_ || !error_.empty()) {
       lock.unlock();
       destroyRetired();
       return;

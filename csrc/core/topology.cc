@@ -5,9 +5,11 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 
 #include "core/error.h"
@@ -31,11 +33,17 @@ std::vector<std::string> pciComponents(const std::string& path) {
   return parts;
 }
 
+// POSIX reads, not iostreams: this code also runs inside NCCL's dlopen of the
+// library, where a libstdc++ stream crashed on its locale facets.
 std::string readSysfs(const std::string& path) {
-  std::ifstream in(path);
-  std::string value;
-  std::getline(in, value);
-  return value;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buffer[256];
+  ssize_t got = ::read(fd, buffer, sizeof(buffer) - 1);
+  ::close(fd);
+  if (got <= 0) return "";
+  std::string value(buffer, static_cast<size_t>(got));
+  return value.substr(0, value.find('\n'));
 }
 
 bool isLoopbackAddress(const std::string& address) {
@@ -44,7 +52,9 @@ bool isLoopbackAddress(const std::string& address) {
          (ntohl(parsed.s_addr) >> 24) == 127;
 }
 
-void fillPciInfo(NicInfo& nic) {
+void fillSysfsInfo(NicInfo& nic) {
+  int speed = std::atoi(readSysfs("/sys/class/net/" + nic.interface + "/speed").c_str());
+  if (speed > 0) nic.speedMbps = speed;
   char resolved[PATH_MAX];
   std::string link = "/sys/class/net/" + nic.interface + "/device";
   if (realpath(link.c_str(), resolved) != nullptr) {
@@ -157,7 +167,7 @@ std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection) {
       }
     }
   }
-  for (auto& nic : chosen) fillPciInfo(nic);
+  for (auto& nic : chosen) fillSysfsInfo(nic);
   chooseBackups(chosen);
   return chosen;
 }

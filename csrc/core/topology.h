@@ -15,6 +15,7 @@ struct NicInfo {
   std::string address;    // dotted IPv4
   int ifindex = 0;
   bool linkUp = true;
+  int speedMbps = 10000;  // from sysfs; virtual interfaces report none
   std::string pciPath;    // sysfs device path; empty for virtual interfaces
   int numaNode = -1;
   int backup = -1;        // index of the backup NIC, -1 when there is none

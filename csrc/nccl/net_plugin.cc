@@ -1,7 +1,6 @@
 #include "nccl/net_plugin.h"
 
 #include <cstring>
-#include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -31,12 +30,6 @@ constexpr size_t kPendingPointerOffset = 120;
 constexpr uint64_t kPendingMarker = 0x474E494E45505243ull;  // "CRPENING"
 static_assert(kPendingPointerOffset + sizeof(void*) <= RECCL_NCCL_NET_HANDLE_MAXSIZE, "tail fits");
 
-int interfaceSpeedMbps(const std::string& interface) {
-  std::ifstream in("/sys/class/net/" + interface + "/speed");
-  int speed = 0;
-  if (in >> speed && speed > 0) return speed;
-  return 10000;  // virtual interfaces report none; NCCL only uses it for its model
-}
 
 }  // namespace
 
@@ -76,7 +69,6 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
     std::string nics;
     for (const auto& nic : transport_->nics()) {
       names_.push_back(nic.name);
-      speeds_.push_back(interfaceSpeedMbps(nic.interface));
       nics += " " + nic.name + "(" + nic.address + ", backup " +
               (nic.backup >= 0 ? transport_->nics()[nic.backup].name : std::string("none")) + ")";
     }
@@ -114,7 +106,7 @@ ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
     props->name = names_[dev].c_str();
     props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
     props->guid = static_cast<uint64_t>(dev);
-    props->speedMbps = speeds_[dev];
+    props->speedMbps = nic.speedMbps;
     props->maxComms = 65536;
     props->maxRecvs = kMaxRecvs;
     props->maxTransferBytes = kMaxTransferBytes;

@@ -68,7 +68,6 @@ class NetPlugin {
   ncclDebugLogger_t logger_ = nullptr;
   std::unique_ptr<TcpTransport> transport_;
   std::vector<std::string> names_;
-  std::vector<int> speeds_;
 };
 
 }  // namespace reccl

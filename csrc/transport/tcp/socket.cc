@@ -150,8 +150,7 @@ Fd connectFrom(const std::string& localAddress, const std::string& address, uint
       return Fd();
     }
   }
-  int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setNoDelay(fd.get());
   return fd;
 }
 
@@ -176,7 +175,7 @@ Fd listenOn(const std::string& address, uint16_t* port, std::string* error) {
   return fd;
 }
 
-void tuneDataSocket(int fd) {
+void setNoDelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }

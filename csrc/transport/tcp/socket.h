@@ -69,7 +69,7 @@ Fd connectFrom(const std::string& localAddress, const std::string& address, uint
                Millis timeout, std::string* error);
 // A listening socket on `address` (port 0 = any); fills the chosen port.
 Fd listenOn(const std::string& address, uint16_t* port, std::string* error);
-void tuneDataSocket(int fd);
+void setNoDelay(int fd);
 void setNonBlocking(int fd, bool on);
 std::string peerAddress(int fd);
 

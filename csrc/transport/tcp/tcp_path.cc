@@ -21,7 +21,10 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
       healthId_(healthId),
       peer_(std::move(peer)),
       heartbeat_(config.heartbeatMs) {
-  for (const auto& fd : data_) tuneDataSocket(fd.get());
+  // Every frame goes out at once: Nagle plus delayed ACKs would hold a small
+  // CTS or ACK for ~40 ms (seen as 44 ms steps under NCCL).
+  setNoDelay(control_.get());
+  for (const auto& fd : data_) setNoDelay(fd.get());
 }
 
 TcpPath::~TcpPath() {

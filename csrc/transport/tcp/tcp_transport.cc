@@ -238,6 +238,9 @@ std::shared_ptr<Listener> TcpTransport::listen(int nic) {
   }
   listener->handle_ = encodeHandle(handle);
   std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = listeners_.begin(); it != listeners_.end();) {
+    it = it->second.expired() ? listeners_.erase(it) : std::next(it);
+  }
   listeners_[handle.listenId] = listener;
   return listener;
 }
@@ -256,9 +259,17 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
     }
     candidates.push_back({local, remote, upFront});
   };
-  add(nic, handle.listenerNic, true);
+  // NIC i of every host sits on rail i, so the primary pairs the same rail on
+  // both ends (never a cross-rail hop, even when the caller listened elsewhere)
+  // and the backup pairs our backup NIC with the peer's NIC of that rail, which
+  // is its backup too on identically wired hosts. The listener's own NIC and
+  // backup stand in where the peer lacks the rail.
+  const int remoteNics = static_cast<int>(handle.nics.size());
+  const int backupNic = nics_[nic].backup;
+  add(nic, nic < remoteNics ? nic : handle.listenerNic, true);
   if (config_.backup) {
-    add(nics_[nic].backup, handle.listenerBackup, true);
+    add(backupNic, backupNic >= 0 && backupNic < remoteNics ? backupNic : handle.listenerBackup,
+        true);
     // Same-rail pairs on the remaining rails: a last resort when both are gone.
     for (int rail = 0; rail < static_cast<int>(std::min(nics_.size(), handle.nics.size())); ++rail) {
       add(rail, rail, false);
@@ -281,6 +292,9 @@ std::string TcpTransport::authenticate(int nic, const HelloBody& hello) {
     if (it != listeners_.end()) listener = it->second.lock();
   }
   if (!listener) return "unknown or closed listener";
+  // A NIC that is down (an injected fault included) accepts nothing, as a dead
+  // link would; otherwise a peer could fail back onto it.
+  if (!NicHealth::instance().usable(healthIds_.at(nic))) return "NIC is down";
   if (!secretsEqual(listener->secret_, hello.secret)) return "wrong handshake secret";
   if (hello.receiverNic != nic) {
     return "dialed NIC " + std::to_string(nic) + " but names NIC " +
@@ -363,6 +377,7 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
       std::vector<PathCandidate> slots(kMaxPaths, PathCandidate{nic, 0, false});
       connection = std::make_shared<RecvConnection>(connectionEnv(peerHost), hello.connectionId,
                                                     slots, config_.chunkBytes);
+      connection->keepAlive(listener);
       listener->connections_[hello.connectionId] = connection;
       fresh = true;
     }

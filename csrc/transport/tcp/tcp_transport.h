@@ -31,7 +31,8 @@ class Listener {
   int nic() const { return nic_; }
   // The next connection a peer opened, or nullptr after `timeout`.
   std::shared_ptr<RecvConnection> accept(Millis timeout);
-  // Stops taking new connections; accepted ones keep working (and re-dialing).
+  // Stops taking new connections; accepted ones keep working (and re-dialing),
+  // since each keeps its listener alive.
   void close();
 
  private:
