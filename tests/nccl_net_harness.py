@@ -280,13 +280,18 @@ def main() -> int:
     parser.add_argument("--max-bytes", type=int, default=8 << 20)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--deadline", type=float, default=60)
+    parser.add_argument("--inject-down", help="NIC to fail (inject_fault) before anything else")
     args = parser.parse_args()
     import torch_reccl
+
+    plugin_first = Plugin(args.version) if args.inject_down else None
+    if args.inject_down:
+        torch_reccl.inject_fault(args.inject_down, "down")
 
     events = []
     torch_reccl.on_event(lambda e: events.append(e.to_dict()))
     deadline = time.monotonic() + args.deadline
-    plugin = Plugin(args.version)
+    plugin = plugin_first or Plugin(args.version)
     sizes = message_sizes(args.seed, args.messages, args.max_bytes)
     result = {"role": args.role, "error": None}
     handle_path = os.path.join(args.dir, "handle")

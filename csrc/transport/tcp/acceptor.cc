@@ -75,9 +75,13 @@ bool Acceptor::advance(Pending& pending) {
     FrameHeader header = parseFrameHeader(pending.bytes.data(), pending.bytes.size());
     ControlFrame hello =
         decodeControl(header, pending.bytes.data() + sizeof(FrameHeader), sizeof(HelloBody));
-    std::string refusal = authenticate_(hello.hello);
-    if (!refusal.empty()) {
-      refuse(pending, refusal);
+    Verdict verdict = authenticate_(hello.hello);
+    if (verdict.kind == Verdict::kDecline) {
+      RECCL_LOG(kInfo, "declined a path from " + pending.peer + " on " + nicName_ + ": " + verdict.why);
+      return true;
+    }
+    if (verdict.kind == Verdict::kReject) {
+      refuse(pending, verdict.why);
       return true;
     }
     std::vector<uint8_t> ack = encodeHelloAck(true);

@@ -17,8 +17,13 @@ namespace reccl {
 
 class Acceptor {
  public:
-  // Returns an empty string to admit, else why the peer is refused.
-  using Authenticate = std::function<std::string(const HelloBody& hello)>;
+  // What to do with a complete HELLO. kDecline is for a genuine peer that cannot
+  // be served now (the NIC is down): logged quietly, not counted as an attack.
+  struct Verdict {
+    enum Kind { kAdmit, kDecline, kReject } kind = kAdmit;
+    std::string why;
+  };
+  using Authenticate = std::function<Verdict(const HelloBody& hello)>;
   // Takes an admitted socket (already answered with HELLO_ACK).
   using Admit = std::function<void(const HelloBody& hello, Fd socket, const std::string& peer)>;
 

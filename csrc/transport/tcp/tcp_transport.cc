@@ -284,25 +284,27 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
   return connection;
 }
 
-std::string TcpTransport::authenticate(int nic, const HelloBody& hello) {
+Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {
+  using Verdict = Acceptor::Verdict;
   std::shared_ptr<Listener> listener;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = listeners_.find(hello.listenId);
     if (it != listeners_.end()) listener = it->second.lock();
   }
-  if (!listener) return "unknown or closed listener";
+  if (!listener) return {Verdict::kReject, "unknown or closed listener"};
+  if (!secretsEqual(listener->secret_, hello.secret)) return {Verdict::kReject, "wrong handshake secret"};
+  if (hello.receiverNic != nic) {
+    return {Verdict::kReject, "dialed NIC " + std::to_string(nic) + " but names NIC " +
+                                  std::to_string(hello.receiverNic)};
+  }
+  if (hello.pathIndex >= kMaxPaths) {
+    return {Verdict::kReject, "path index " + std::to_string(hello.pathIndex) + " out of range"};
+  }
   // A NIC that is down (an injected fault included) accepts nothing, as a dead
   // link would; otherwise a peer could fail back onto it.
-  if (!NicHealth::instance().usable(healthIds_.at(nic))) return "NIC is down";
-  if (!secretsEqual(listener->secret_, hello.secret)) return "wrong handshake secret";
-  if (hello.receiverNic != nic) {
-    return "dialed NIC " + std::to_string(nic) + " but names NIC " +
-           std::to_string(hello.receiverNic);
-  }
-  if (hello.pathIndex >= kMaxPaths) return "path index " + std::to_string(hello.pathIndex) + " out of range";
-  if (hello.socketCount > 16) return "too many sockets per path";
-  return "";
+  if (!NicHealth::instance().usable(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is down"};
+  return {};
 }
 
 void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer) {

@@ -75,7 +75,7 @@ class TcpTransport {
   };
 
   void checkNic(int nic) const;
-  std::string authenticate(int nic, const HelloBody& hello);
+  Acceptor::Verdict authenticate(int nic, const HelloBody& hello);
   void admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer);
   void deliver(PartialPath partial, int nic);
   void runDial(std::function<void()> job);

@@ -1,0 +1,130 @@
+"""busbw of NCCL collectives between two GPUs forced through the network layer.
+
+Both ranks run on one machine but look like two hosts (NCCL_HOSTID, P2P and SHM
+off), so every byte crosses the net transport: NCCL's own socket transport
+(defaults, and tuned) or the ReCCL plugin (fault-free, and with rank 0's primary
+NIC down via inject_fault). All variants run in the same invocation.
+
+    python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+          "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
+LOOPBACK_NICS = "127.0.0.1,127.0.0.2"
+
+
+def variants(plugin: str):
+    reccl = {"NCCL_NET_PLUGIN": plugin, "NCCL_NET": "ReCCL", "RECCL_NICS": LOOPBACK_NICS}
+    return {
+        "nccl-socket": ({"NCCL_NET": "Socket"}, False),
+        "nccl-socket-tuned": ({"NCCL_NET": "Socket", "NCCL_SOCKET_NTHREADS": "4",
+                               "NCCL_NSOCKS_PERTHREAD": "4", "NCCL_MIN_NCHANNELS": "8",
+                               "NCCL_MAX_NCHANNELS": "8"}, False),
+        "reccl": (reccl, False),
+        "reccl-8ch": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
+        "reccl-nic-down": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
+    }
+
+
+def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload):
+    os.environ.update(env)
+    os.environ["NCCL_HOSTID"] = f"bench-host-{rank}"
+    import torch_reccl
+
+    if preload:
+        torch_reccl.nics()
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
+                            device_id=torch.device("cuda", rank))
+    warm = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(warm)  # connections exist before any fault
+    if nic_down and rank == 0:
+        torch_reccl.inject_fault(torch_reccl.nics()[0]["name"], "down")
+        dist.all_reduce(warm)
+    results = {}
+    for name in ("all_reduce", "all_gather", "reduce_scatter"):
+        for mib in sizes_mib:
+            numel = (mib << 20) // 4
+            x = torch.ones(numel, device="cuda")
+            out = torch.empty(numel * 2 if name == "all_gather" else numel // 2, device="cuda")
+
+            def op():
+                if name == "all_reduce":
+                    dist.all_reduce(x)
+                elif name == "all_gather":
+                    dist.all_gather_into_tensor(out, x)
+                else:
+                    dist.reduce_scatter_tensor(out, x)
+
+            op()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                op()
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1e3 / iters
+            # nccl-tests conventions, n = 2: allreduce busbw = algbw, (all)gather/scatter = algbw / 2
+            data = (mib << 20) * (2 if name == "all_gather" else 1)
+            factor = 1.0 if name == "all_reduce" else 0.5
+            results[f"{name}/{mib}"] = data / seconds * factor / 1e9
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--only", nargs="+", help="run only these variants")
+    parser.add_argument("--preload", action="store_true",
+                        help="import torch_reccl._C before NCCL loads it as a plugin")
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        print("needs 2 GPUs")
+        return 1
+    import torch_reccl
+
+    table = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, (env, nic_down) in variants(torch_reccl.plugin_path()).items():
+            if args.only and label not in args.only:
+                continue
+            out = os.path.join(tmp, f"{label}.json")
+            store = os.path.join(tmp, f"{label}.store")
+            mp.spawn(worker, args=({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out, store,
+                                   args.preload),
+                     nprocs=2, join=True)
+            with open(out) as f:
+                table[label] = json.load(f)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
+    labels = list(table)
+    print("busbw GB/s (2 ranks, 2xH200, network path forced)")
+    print(f"{'collective/MiB':22s}" + "".join(f"{l:>19s}" for l in labels))
+    for key in table[labels[0]]:
+        print(f"{key:22s}" + "".join(f"{table[l][key]:19.2f}" for l in labels))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
