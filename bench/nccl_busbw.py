@@ -86,6 +86,10 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
+    # No rank may tear down its communicator while the other's last receives are
+    # still in flight: a rank's kernel can finish before its own sends have landed.
+    dist.barrier()
+    torch.cuda.synchronize()
     dist.destroy_process_group()
 
 
@@ -110,19 +114,25 @@ def main() -> int:
                 continue
             out = os.path.join(tmp, f"{label}.json")
             store = os.path.join(tmp, f"{label}.store")
-            mp.spawn(worker, args=({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out, store,
-                                   args.preload),
-                     nprocs=2, join=True)
-            with open(out) as f:
-                table[label] = json.load(f)
+            try:
+                mp.spawn(worker, args=({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out,
+                                       store, args.preload),
+                         nprocs=2, join=True)
+                with open(out) as f:
+                    table[label] = json.load(f)
+            except Exception as error:  # one broken variant must not hide the others
+                print(f"variant {label} failed: {error}", file=sys.stderr)
+                table[label] = {}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
     labels = list(table)
     print("busbw GB/s (2 ranks, 2xH200, network path forced)")
     print(f"{'collective/MiB':22s}" + "".join(f"{l:>19s}" for l in labels))
-    for key in table[labels[0]]:
-        print(f"{key:22s}" + "".join(f"{table[l][key]:19.2f}" for l in labels))
+    keys = next((list(t) for t in table.values() if t), [])
+    for key in keys:
+        print(f"{key:22s}" + "".join(f"{table[l][key]:19.2f}" if key in table[l] else f"{'failed':>19s}"
+                                     for l in labels))
     return 0
 
 

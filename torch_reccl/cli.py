@@ -58,7 +58,11 @@ def main(argv=None) -> int:
         return 0
     if args.command is None:
         parser.error("a command is required")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as error:  # bad settings (ConfigError is a ValueError): no traceback
+        print(f"reccl {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -42,8 +43,10 @@ std::string validNames() {
 int64_t parseInt(const std::string& name, const std::string& value, int64_t lo, int64_t hi) {
   char* end = nullptr;
   errno = 0;
+  // strtoll skips leading blanks; accept exactly what we print: digits, maybe a sign.
+  bool clean = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
   long long parsed = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
+  if (!clean || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
     throw ConfigError(name + "=" + value + " is not valid: expected an integer in " +
                       std::to_string(lo) + ".." + std::to_string(hi));
   }

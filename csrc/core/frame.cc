@@ -19,6 +19,7 @@ const char* frameTypeName(FrameType type) {
     case FrameType::kHeartbeat: return "HEARTBEAT";
     case FrameType::kData: return "DATA";
     case FrameType::kClose: return "CLOSE";
+    case FrameType::kCancel: return "CANCEL";
   }
   return "UNKNOWN";
 }
@@ -37,6 +38,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
     case FrameType::kHeartbeat: *size = 0; return true;
     case FrameType::kClose: *size = 0; return true;
     case FrameType::kData: *size = sizeof(DataHeader); return true;
+    case FrameType::kCancel: *size = sizeof(CancelBody); return true;
     case FrameType::kResync: return false;
   }
   return false;
@@ -44,7 +46,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
 
 bool knownType(uint8_t type) {
   return type >= static_cast<uint8_t>(FrameType::kHello) &&
-         type <= static_cast<uint8_t>(FrameType::kClose);
+         type <= static_cast<uint8_t>(FrameType::kCancel);
 }
 
 std::vector<uint8_t> frame(FrameType type, const void* body, size_t bodyBytes) {
@@ -82,7 +84,7 @@ FrameHeader parseFrameHeader(const uint8_t* bytes, size_t length) {
   }
   if (!knownType(header.type)) {
     throw ProtocolError("unknown frame type " + std::to_string(header.type) +
-                        "; valid types are 1..10");
+                        "; valid types are 1..11");
   }
   FrameType type = static_cast<FrameType>(header.type);
   size_t expected = 0;
@@ -129,6 +131,7 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
     case FrameType::kAck: out.ack = readBody<AckBody>(body); break;
     case FrameType::kActivate: out.activate = readBody<ActivateBody>(body); break;
     case FrameType::kNotify: out.notify = readBody<NotifyBody>(body); break;
+    case FrameType::kCancel: out.cancel = readBody<CancelBody>(body); break;
     case FrameType::kResync: {
       out.resync = readBody<ResyncHeader>(body);
       size_t count = (length - sizeof(ResyncHeader)) / sizeof(ResyncEntry);
@@ -188,6 +191,10 @@ std::vector<uint8_t> encodeNotify(uint8_t pathIndex, uint8_t reason) {
 }
 std::vector<uint8_t> encodeHeartbeat() { return frame(FrameType::kHeartbeat, nullptr, 0); }
 std::vector<uint8_t> encodeClose() { return frame(FrameType::kClose, nullptr, 0); }
+std::vector<uint8_t> encodeCancel(uint64_t seq, uint64_t bytes) {
+  CancelBody body{seq, bytes};
+  return frame(FrameType::kCancel, &body, sizeof(body));
+}
 
 FrameHeader dataFrameHeader() {
   FrameHeader header{};

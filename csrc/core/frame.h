@@ -28,6 +28,7 @@ enum class FrameType : uint8_t {
   kHeartbeat = 8,
   kData = 9,       // sender -> receiver on data sockets
   kClose = 10,     // orderly close: the coming EOFs are not faults
+  kCancel = 11,    // sender -> receiver: message `seq` will never come (it was too large)
 };
 const char* frameTypeName(FrameType type);
 
@@ -88,6 +89,11 @@ struct ResyncHeader {
   uint32_t count;    // ResyncEntry records that follow
 };
 
+struct CancelBody {
+  uint64_t seq;
+  uint64_t bytes;  // the size the sender had
+};
+
 struct NotifyBody {
   uint8_t pathIndex;
   uint8_t reason;
@@ -116,6 +122,7 @@ struct ControlFrame {
   ResyncHeader resync{};
   std::vector<ResyncEntry> entries;
   NotifyBody notify{};
+  CancelBody cancel{};
 };
 
 // Checks magic, type and body length against what `type` allows. Throws
@@ -136,6 +143,7 @@ std::vector<uint8_t> encodeResync(uint64_t epoch, uint64_t nextSeq,
 std::vector<uint8_t> encodeNotify(uint8_t pathIndex, uint8_t reason);
 std::vector<uint8_t> encodeHeartbeat();
 std::vector<uint8_t> encodeClose();
+std::vector<uint8_t> encodeCancel(uint64_t seq, uint64_t bytes);
 FrameHeader dataFrameHeader();
 
 }  // namespace reccl

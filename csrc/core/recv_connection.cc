@@ -84,7 +84,15 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
   }
   std::vector<uint8_t> frame = encodeResync(body.epoch, nextSeq_, entries);
   std::shared_ptr<Path> path = slots_.at(index).path;
-  Reason reason = static_cast<Reason>(body.reason);
+  // Name the root cause (a link event, a drill, silence) whichever side saw it:
+  // a socket error or a peer notice is only its echo on the other side.
+  auto rootCause = [](Reason r) {
+    return r == Reason::kLinkDown || r == Reason::kInjected || r == Reason::kTimeout;
+  };
+  const Reason carried = static_cast<Reason>(body.reason);
+  const bool lostFirst = lostActiveFrom_ >= 0 && carried != Reason::kHealed;
+  Reason reason = carried;
+  if (lostFirst && (rootCause(lostActiveReason_) || !rootCause(carried))) reason = lostActiveReason_;
   bool isSwitch = previous != index && (previous >= 0 || lostActiveFrom_ >= 0);
   int from = previous >= 0 ? previous : lostActiveFrom_;
   int64_t duration = lostActiveNs_ > 0 ? nowNs() - lostActiveNs_ : -1;
@@ -94,7 +102,7 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
   path->sendControl(frame);
   if (isSwitch) {
     emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover,
-                    from, index, reason == Reason::kNone ? lostActiveReason_ : reason, duration,
+                    from, index, reason, duration,
                     -1, "receiver: " + slotName(from) + " => " + slotName(index));
   }
   lock.lock();
@@ -102,6 +110,11 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
 
 void RecvConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
   Lock lock(mutex_);
+  // The peer's CLOSE matters most while we are closing: close() waits for it.
+  if (frame.type == FrameType::kClose) {
+    onPeerCloseLocked(pathId, lock);
+    return;
+  }
   if (!error_.empty() || closed_) return;
   int index = slotOf(pathId);
   switch (frame.type) {
@@ -115,9 +128,15 @@ void RecvConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
                            reasonName(static_cast<Reason>(frame.notify.reason)));
       }
       return;
-    case FrameType::kClose:
-      onPeerCloseLocked(pathId, lock);
+    case FrameType::kCancel: {
+      auto it = recvs_.find(frame.cancel.seq);
+      if (it == recvs_.end()) return;
+      it->second.request->fail("the sender's message of " + std::to_string(frame.cancel.bytes) +
+                               " bytes is larger than this posted receive of " +
+                               std::to_string(it->second.request->capacity()) + " bytes");
+      recvs_.erase(it);
       return;
+    }
     default:
       throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +
                           " frame at the receiving end");

@@ -48,6 +48,8 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     send.request->fail("send of " + std::to_string(bytes) +
                        " bytes is larger than the posted receive of " +
                        std::to_string(send.capacity) + " bytes");
+    cancels_.push_back({seq, bytes});  // so the receive fails too, not hangs
+    env_.supervisor->poke();
     return false;
   }
   const std::shared_ptr<Path>& path = slots_.at(active_).path;
@@ -80,6 +82,11 @@ void SendConnection::postAllLocked() {
 
 void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
   Lock lock(mutex_);
+  // The peer's CLOSE matters most while we are closing: close() waits for it.
+  if (frame.type == FrameType::kClose) {
+    onPeerCloseLocked(pathId, lock);
+    return;
+  }
   if (!error_.empty() || closed_) return;
   switch (frame.type) {
     case FrameType::kCts: {
@@ -117,9 +124,6 @@ void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
                        std::string("peer saw ") +
                            reasonName(static_cast<Reason>(frame.notify.reason)));
       }
-      return;
-    case FrameType::kClose:
-      onPeerCloseLocked(pathId, lock);
       return;
     default:
       throw ProtocolError(std::string("unexpected ") + frameTypeName(frame.type) +
@@ -183,7 +187,9 @@ void SendConnection::endData(uint64_t, const DataHeader&, bool) {}
 void SendConnection::onActiveLostLocked(int index, Reason reason) {
   awaitingResync_ = false;
   for (auto& [seq, send] : sends_) send.posted = false;
-  if (!switchPending_ && everActive_) {
+  // A failback whose target dies before its RESYNC is abandoned: what follows is
+  // a failover away from that path.
+  if (everActive_ && (!switchPending_ || switchIsFailback_)) {
     switchPending_ = true;
     switchIsFailback_ = false;
     switchFrom_ = index;
@@ -232,7 +238,10 @@ void SendConnection::dialLocked() {
     Slot& slot = slots_[i];
     if (slot.state != SlotState::kIdle || now < slot.nextDial) continue;
     if (!slot.nics.upFront && !(noneUp && env_.config.backup)) continue;
-    if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
+    const int healthId = env_.localHealthIds.at(slot.nics.localNic);
+    // A blackholed NIC would complete no handshake for real; dialing it would
+    // only fail back onto a dead path.
+    if (!NicHealth::instance().usable(healthId) || NicHealth::instance().blackholed(healthId)) continue;
     slot.state = SlotState::kDialing;
     std::weak_ptr<SendConnection> weak = shared_from_this();
     int index = static_cast<int>(i);
@@ -289,6 +298,8 @@ std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* 
 void SendConnection::service() {
   std::shared_ptr<Path> activateOn;
   std::vector<uint8_t> activateFrame;
+  std::shared_ptr<Path> cancelOn;
+  std::vector<std::pair<uint64_t, uint64_t>> cancels;
   {
     Lock lock(mutex_);
     reapLocked();
@@ -304,6 +315,10 @@ void SendConnection::service() {
     }
     dialLocked();
     activateOn = maybeActivateLocked(&activateFrame);
+    if (!cancels_.empty() && active_ >= 0 && !awaitingResync_) {
+      cancelOn = slots_.at(active_).path;
+      cancels.swap(cancels_);
+    }
     checkStalledLocked(active_ < 0 || awaitingResync_,
                        everActive_ ? "no usable path" : "could not connect");
   }
@@ -311,6 +326,8 @@ void SendConnection::service() {
     RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");
   }
   activateOn.reset();
+  for (const auto& [seq, bytes] : cancels) cancelOn->sendControl(encodeCancel(seq, bytes));
+  cancelOn.reset();
   destroyRetired();
 }
 

@@ -63,6 +63,8 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   const uint64_t chunkBytes_;
   std::map<uint64_t, PendingSend> sends_;
   std::map<uint64_t, uint64_t> earlyCts_;  // receives posted before their send
+  // Oversized sends (seq, bytes) whose receive must be failed too: sent as CANCEL.
+  std::vector<std::pair<uint64_t, uint64_t>> cancels_;
   uint64_t nextSeq_ = 0;
   bool awaitingResync_ = false;
   Clock::time_point resyncDeadline_{};

@@ -57,7 +57,7 @@ std::vector<uint8_t> encodeHandle(const ListenHandle& handle) {
 }
 
 ListenHandle decodeHandle(const uint8_t* bytes, size_t length) {
-  if (length < sizeof(WireHandle)) {
+  if (length < kHandleBytes) {
     throw ProtocolError("connection handle of " + std::to_string(length) +
                         " bytes; a reccl handle has " + std::to_string(kHandleBytes));
   }

@@ -303,7 +303,9 @@ Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {
   }
   // A NIC that is down (an injected fault included) accepts nothing, as a dead
   // link would; otherwise a peer could fail back onto it.
-  if (!NicHealth::instance().usable(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is down"};
+  NicHealth& health = NicHealth::instance();
+  if (!health.usable(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is down"};
+  if (health.blackholed(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is blackholed"};
   return {};
 }
 

@@ -1,0 +1,348 @@
+"""Shared helpers for the transport, wire-fuzz and config tests.
+
+NIC health is process-global: a fault injected by one test would leak into the
+next, so every test module that injects faults uses ``healed_nics`` (it heals
+every NIC the process knows after the test). Events are collected with the
+``events`` fixture, which filters by connection id, so stale events from earlier
+tests never satisfy a later test's expectations.
+
+Tests that need the two ends of a connection in different processes use
+``spawn_peer``: a "spawn" child runs :func:`peer_main` (one end of one
+connection, streaming a deterministic plan, optionally injecting a fault in its
+own process) and talks to the test over two queues. The child loads only the
+native extension (not all of torch) to start fast.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import importlib
+import importlib.util
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import pytest
+
+PRIMARY = "lo:127.0.0.1"
+BACKUP = "lo:127.0.0.2"
+NICS = "127.0.0.1,127.0.0.2"
+
+
+def reccl_env(**overrides) -> Dict[str, str]:
+    """A RECCL_* settings dict for two loopback NICs; overrides use short names."""
+    env = {
+        "RECCL_NICS": NICS,
+        "RECCL_HEARTBEAT_MS": "300",
+        "RECCL_CONNECT_TIMEOUT_MS": "2000",
+        "RECCL_NO_PATH_TIMEOUT_MS": "5000",
+    }
+    for key, value in overrides.items():
+        env[key if key.startswith("RECCL_") else "RECCL_" + key] = str(value)
+    return env
+
+
+def native(fast: bool = False):
+    """torch_reccl._C. fast (spawned children): load only the libraries _C links
+    against instead of importing all of torch, which takes seconds."""
+    module = sys.modules.get("torch_reccl._C")
+    if module is not None:
+        return module
+    if fast and "torch" not in sys.modules:
+        try:
+            spec = importlib.util.find_spec("torch")
+            libdir = os.path.join(os.path.dirname(spec.origin), "lib")
+            for lib in ("libc10.so", "libtorch_cpu.so"):
+                ctypes.CDLL(os.path.join(libdir, lib), mode=ctypes.RTLD_GLOBAL)
+            return importlib.import_module("torch_reccl._C")
+        except (ImportError, OSError, AttributeError, TypeError):
+            pass
+    from torch_reccl._native import native as load
+
+    return load()
+
+
+def heal_all() -> None:
+    c = native()
+    for name in c.nic_stats():
+        c.inject_fault(name, "up")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def message(seed: int, index: int, size: int) -> bytes:
+    """Deterministic random contents of message `index` of a plan."""
+    import numpy as np
+
+    return np.random.default_rng([seed, index]).bytes(size)
+
+
+def plan_sizes(seed: int, count: int, max_bytes: int, big: int = 0) -> List[int]:
+    """`count` sizes, log-uniform in 1..max_bytes, with a 0-byte, a 1-byte and
+    `big` messages of exactly max_bytes*8 spread through the plan."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 999])
+    sizes = [int(s) for s in np.exp(rng.uniform(0, np.log(max_bytes), count)).astype(np.int64)]
+    if count > 2:
+        sizes[1] = 0
+        sizes[2] = 1
+    for k in range(big):
+        sizes[(k + 1) * count // (big + 1)] = max_bytes * 8
+    return sizes
+
+
+def run_sender(conn, sizes, seed, window=8, timeout=30.0,
+               on_done: Optional[Callable[[int], None]] = None) -> int:
+    """Streams the plan; every send must complete with its exact size."""
+    pending = collections.deque()
+    total = 0
+
+    def finish():
+        index, request, data = pending.popleft()
+        got = request.wait(timeout)
+        assert got == len(data), f"send {index}: completed with {got} of {len(data)} bytes"
+        if on_done is not None:
+            on_done(index)
+
+    for index, size in enumerate(sizes):
+        while len(pending) >= window:
+            finish()
+        data = message(seed, index, size)
+        pending.append((index, conn.isend(data), data))
+        total += size
+    while pending:
+        finish()
+    return total
+
+
+def run_receiver(conn, sizes, seed, window=8, timeout=30.0, slack=0,
+                 on_done: Optional[Callable[[int], None]] = None) -> int:
+    """Receives the plan into buffers `slack` bytes larger than each message and
+    checks size, order and every byte."""
+    pending = collections.deque()
+    total = 0
+
+    def finish():
+        index, request, buf = pending.popleft()
+        got = request.wait(timeout)
+        expected = message(seed, index, sizes[index])
+        assert got == len(expected), f"message {index}: {got} bytes, expected {len(expected)}"
+        if bytes(buf[:got]) != expected:
+            diff = next(i for i in range(got) if buf[i] != expected[i])
+            raise AssertionError(f"message {index} ({got} bytes) differs from byte {diff}")
+        if on_done is not None:
+            on_done(index)
+
+    for index, size in enumerate(sizes):
+        while len(pending) >= window:
+            finish()
+        buf = bytearray(size + slack)
+        pending.append((index, conn.irecv(buf), buf))
+        total += size
+    while pending:
+        finish()
+    return total
+
+
+# --------------------------------------------------------------------------- child
+
+
+def peer_main(role: str, env: Dict[str, str], plan: dict, fault: Optional[dict],
+              inq, outq) -> None:
+    """One end of a connection in its own process.
+
+    role "recv": listens on NIC 0, sends ("handle", bytes), accepts, receives the plan.
+    role "send": waits for ("handle", bytes), connects from NIC 0, sends the plan.
+    fault: {"at": k, "nic": name, "kind": "down"|"blackhole"} is injected in this
+    process when k messages are complete here. Reports ("done", result) and
+    waits for ("finish",), then heals, closes and reports ("closed", threads).
+    """
+    result = {"ok": False, "error": None}
+    conn = listener = transport = None
+    c = native(fast=True)
+    try:
+        transport = c.Transport(env)
+        if role == "recv":
+            listener = transport.listen(0)
+            outq.put(("handle", listener.handle))
+            conn = listener.accept(20)
+        else:
+            kind, handle = inq.get(timeout=60)
+            assert kind == "handle"
+            conn = transport.connect(0, handle)
+            conn.wait_ready(20)
+        result["connection"] = conn.id
+        injected = {}
+
+        def on_done(index):
+            if fault is not None and index + 1 == fault["at"] and not injected:
+                injected["t"] = time.time()
+                c.inject_fault(fault["nic"], fault["kind"])
+
+        start = time.time()
+        run = run_receiver if role == "recv" else run_sender
+        result["bytes"] = run(conn, plan["sizes"], plan["seed"], plan.get("window", 8),
+                              plan.get("timeout", 30.0), on_done=on_done)
+        result["elapsed"] = time.time() - start
+        result["fault_time"] = injected.get("t")
+        time.sleep(plan.get("settle", 0.0))
+        result["active_path"] = conn.active_path
+        result["paths"] = conn.paths()
+        result["nic_stats"] = c.nic_stats()
+        result["events"] = c.drain_events(4096)
+        result["ok"] = True
+    except BaseException as error:  # reported to the test, which fails with it
+        result["error"] = f"{type(error).__name__}: {error}"
+    outq.put(("done", result))
+    try:
+        inq.get(timeout=60)
+    except Exception:
+        pass
+    for name in c.nic_stats():
+        c.inject_fault(name, "up")
+    if conn is not None:
+        conn.close()
+    if listener is not None:
+        listener.close()
+    outq.put(("closed", len(os.listdir("/proc/self/task"))))
+
+
+class Peer:
+    """A spawned peer_main child and its queues."""
+
+    def __init__(self, role, env, plan, fault=None):
+        ctx = multiprocessing.get_context("spawn")
+        self.inq = ctx.Queue()
+        self.outq = ctx.Queue()
+        self.process = ctx.Process(target=peer_main, args=(role, env, plan, fault, self.inq, self.outq),
+                                   daemon=True)
+        self.process.start()
+
+    def get(self, kind, timeout):
+        got, value = self.outq.get(timeout=timeout)
+        assert got == kind, f"peer sent {got!r}, expected {kind!r}: {value!r}"
+        return value
+
+    def put(self, *item):
+        self.inq.put(item)
+
+    def stop(self, timeout=10.0):
+        try:
+            self.put("finish")
+        except Exception:
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+@pytest.fixture
+def spawn_peer():
+    peers: List[Peer] = []
+
+    def make(role, env, plan, fault=None) -> Peer:
+        peer = Peer(role, env, plan, fault)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.stop()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def healed_nics():
+    """Heals every NIC of this process after the test (faults are process-global)."""
+    native()
+    heal_all()
+    yield
+    heal_all()
+
+
+class EventLog:
+    """Every event delivered by torch_reccl.on_event while the fixture is active."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._events = []
+
+    def __call__(self, event):
+        with self._lock:
+            self._events.append(event)
+
+    def all(self):
+        with self._lock:
+            return list(self._events)
+
+    def of(self, kind=None, connection=None, **fields):
+        out = []
+        for event in self.all():
+            if kind is not None and event.kind != kind:
+                continue
+            if connection is not None and event.connection != connection:
+                continue
+            if any(getattr(event, k) != v for k, v in fields.items()):
+                continue
+            out.append(event)
+        return out
+
+    def wait_for(self, timeout, kind=None, connection=None, count=1, **fields):
+        """Polls until `count` matching events arrived or `timeout` passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.of(kind, connection, **fields)
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def events():
+    import torch_reccl
+    from torch_reccl.events import flush_events
+
+    flush_events()  # old events go to old handles, not to this log
+    log = EventLog()
+    handle = torch_reccl.on_event(log)
+    yield log
+    handle.remove()
+
+
+@pytest.fixture
+def pair_factory():
+    """make(env, nic=0) -> (transport, listener, send, recv), all closed after the test."""
+    from torch_reccl.transport import Transport
+
+    made = []
+
+    def make(env=None, nic=0):
+        transport = Transport(env or reccl_env())
+        listener = transport.listen(nic)
+        send = transport.connect(nic, listener.handle)
+        send.wait_ready(10)
+        recv = listener.accept(10)
+        made.append((send, recv, listener))
+        return transport, listener, send, recv
+
+    yield make
+    heal_all()
+    for send, recv, listener in made:
+        close_both(send, recv)
+        listener.close()
+
+
+def close_both(send, recv) -> None:
+    """Closes both ends at once: each close waits (bounded) for the peer's CLOSE."""
+    closer = threading.Thread(target=send.close, daemon=True)
+    closer.start()
+    recv.close()
+    closer.join(30)

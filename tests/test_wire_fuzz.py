@@ -1,0 +1,775 @@
+"""Nothing from the wire is trusted (csrc/core/frame.h, transport/tcp/handle.h).
+
+Offline: _C.parse_frame and _C.decode_handle on random, truncated, bit-flipped
+and oversized inputs raise ProtocolError and nothing else. Live: junk, bad
+handshakes and silent sockets thrown at a transport's acceptors while a good
+connection streams; and an authenticated raw-socket peer that speaks the
+protocol by hand (the layouts below are the packed structs of frame.h).
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torch_reccl
+from torch_reccl.events import flush_events
+from torch_reccl.transport import ProtocolError, RecclError, Transport, _C
+
+from conftest import close_both, plan_sizes, reccl_env, run_receiver, run_sender
+
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
+
+FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True,
+                suppress_health_check=list(HealthCheck))
+
+MAGIC = 0x4C434552
+HEADER = struct.Struct("<IB3xI")               # FrameHeader
+HELLO = struct.Struct("<HBBBBBBQQQ16s32s")      # HelloBody
+CTS = ACK = struct.Struct("<QQ")
+ACTIVATE = struct.Struct("<QBB")
+RESYNC_HEADER = struct.Struct("<QQI")
+RESYNC_ENTRY = struct.Struct("<QQQ")
+NOTIFY = struct.Struct("<BB")
+DATA = struct.Struct("<QQQQI")                  # DataHeader
+MAX_CONTROL_BODY = RESYNC_HEADER.size + 1024 * RESYNC_ENTRY.size
+
+TYPES = {1: "HELLO", 2: "HELLO_ACK", 3: "CTS", 4: "ACK", 5: "ACTIVATE", 6: "RESYNC",
+         7: "NOTIFY", 8: "HEARTBEAT", 9: "DATA", 10: "CLOSE"}
+
+
+def frame(type_, body=b"", body_bytes=None):
+    return HEADER.pack(MAGIC, type_, len(body) if body_bytes is None else body_bytes) + body
+
+
+def hello(listen_id=0, secret=b"\0" * 16, kind=0, index=0, count=1, path=0, sender_nic=0,
+          receiver_nic=0, connection=1, nonce=1, version=1, name=b"fuzz"):
+    return frame(1, HELLO.pack(version, kind, index, count, path, sender_nic, receiver_nic,
+                               listen_id, connection, nonce, secret, name))
+
+
+def resync(epoch, next_seq, entries):
+    body = RESYNC_HEADER.pack(epoch, next_seq, len(entries))
+    return frame(6, body + b"".join(RESYNC_ENTRY.pack(*e) for e in entries))
+
+
+VALID = [
+    ("CTS", _C.encode_frame("cts", 7, 4096)),
+    ("ACK", _C.encode_frame("ack", 2**64 - 1, 0)),
+    ("ACTIVATE", _C.encode_frame("activate", 3, 1)),
+    ("HEARTBEAT", _C.encode_frame("heartbeat", 0, 0)),
+    ("CLOSE", _C.encode_frame("close", 0, 0)),
+    ("RESYNC", _C.encode_frame("resync", 5, 9)),
+    ("RESYNC", resync(5, 9, [(1, 100, 0), (2, 4096, 4096)])),
+    ("RESYNC", resync(1, 1024, [(i, 1, 0) for i in range(1024)])),
+    ("HELLO", hello(count=4)),
+    ("HELLO", hello(kind=1, index=15, count=16)),
+    ("HELLO_ACK", frame(2, b"\x01")),
+    ("NOTIFY", frame(7, NOTIFY.pack(0, 4))),
+]
+
+
+def parse(data):
+    """parse_frame's answer, or None for a ProtocolError; anything else fails the test."""
+    try:
+        name = _C.parse_frame(data)
+    except ProtocolError:
+        return None
+    assert name in TYPES.values(), name
+    return name
+
+
+# --------------------------------------------------------------------------- offline frames
+
+
+def test_valid_frames_parse():
+    assert HEADER.size == 12 and HELLO.size == 80 and DATA.size == 36
+    for name, data in VALID:
+        assert _C.parse_frame(data) == name
+    assert _C.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
+    assert _C.encode_frame("activate", 3, 1) == frame(5, ACTIVATE.pack(3, 1, 0))
+    assert _C.parse_frame(frame(9, DATA.pack(0, 1, 10, 0, 10))) == "DATA"
+
+
+def test_every_truncation_of_a_control_frame_is_rejected():
+    for name, data in VALID:
+        for cut in range(len(data)):
+            with pytest.raises(ProtocolError):
+                _C.parse_frame(data[:cut])
+        with pytest.raises(ProtocolError):
+            _C.parse_frame(data + b"\0")  # trailing byte: body longer than the header says
+
+
+def test_huge_and_wrong_length_fields_are_rejected():
+    for type_ in range(1, 12):  # every frame type, CANCEL (11) included
+        for length in (0xFFFFFFFF, 0x80000000, MAX_CONTROL_BODY + RESYNC_ENTRY.size,
+                       MAX_CONTROL_BODY + 1, 1 << 26):
+            with pytest.raises(ProtocolError):
+                _C.parse_frame(frame(type_, b"", body_bytes=length))
+    with pytest.raises(ProtocolError, match="RESYNC"):
+        _C.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 3)))          # says 3 entries, has 0
+    with pytest.raises(ProtocolError, match="RESYNC"):
+        _C.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 0) + b"\0" * 23))
+    with pytest.raises(ProtocolError, match="magic"):
+        _C.parse_frame(HEADER.pack(MAGIC ^ 1, 3, 16) + b"\0" * 16)
+    for bad_type in (0, 12, 255):
+        with pytest.raises(ProtocolError, match="type"):
+            _C.parse_frame(frame(bad_type, b""))
+    for bad in (hello(version=2), hello(kind=2), hello(count=0), hello(count=17),
+                hello(kind=1, index=4, count=4)):
+        with pytest.raises(ProtocolError, match="HELLO|version"):
+            _C.parse_frame(bad)
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_random_bytes_only_raise_protocol_error(data):
+    parse(data)
+
+
+@FUZZ
+@given(st.binary(max_size=120), st.sampled_from(sorted(TYPES)), st.integers(0, 2**32 - 1))
+def test_random_bodies_behind_a_valid_header(body, type_, length):
+    parse(frame(type_, body))
+    parse(frame(type_, body, body_bytes=length))
+
+
+@FUZZ
+@given(st.sampled_from(VALID), st.lists(st.integers(0, 10**6), min_size=1, max_size=6))
+def test_bit_flipped_frames(valid, flips):
+    name, data = valid
+    mutated = bytearray(data)
+    for flip in flips:
+        bit = flip % (len(mutated) * 8)
+        mutated[bit // 8] ^= 1 << (bit % 8)
+    got = parse(bytes(mutated))
+    if bytes(mutated[:4]) != data[:4]:
+        assert got is None  # bad magic is always refused
+
+
+# --------------------------------------------------------------------------- offline handles
+
+
+@pytest.fixture(scope="module")
+def good_handle():
+    t = Transport(reccl_env())
+    listener = t.listen(0)
+    handle = listener.handle
+    listener.close()
+    return handle
+
+
+def decode(data):
+    try:
+        decoded = _C.decode_handle(data)
+    except ProtocolError:
+        return None
+    nics = decoded["nics"]
+    assert 1 <= len(nics) <= 12
+    assert 0 <= decoded["listener_nic"] < len(nics)
+    assert decoded["listener_backup"] == -1 or 0 <= decoded["listener_backup"] < len(nics)
+    assert 4096 <= decoded["chunk_bytes"] <= 64 << 20
+    for address, port in nics:
+        socket.inet_aton(address)
+        assert 0 <= port < 65536
+    return decoded
+
+
+def test_good_handle_decodes(good_handle):
+    decoded = decode(good_handle)
+    assert decoded is not None and len(good_handle) == 128
+    assert [a for a, _p in decoded["nics"]] == ["127.0.0.1", "127.0.0.2"]
+    assert all(p > 0 for _a, p in decoded["nics"])
+    assert decoded["listener_nic"] == 0 and decoded["listener_backup"] == 1
+
+
+def test_truncated_handles_are_rejected(good_handle):
+    for cut in range(0, 128):  # a handle is the full 128 bytes NCCL passes
+        with pytest.raises(ProtocolError):
+            _C.decode_handle(good_handle[:cut])
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_random_handles(data):
+    decode(data)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 127), st.integers(0, 255)), min_size=1, max_size=8))
+def test_mutated_handles(good_handle, edits):
+    mutated = bytearray(good_handle)
+    for offset, value in edits:
+        mutated[offset] = value
+    decoded = decode(bytes(mutated))
+    if mutated[:4] != good_handle[:4]:
+        assert decoded is None
+
+
+# --------------------------------------------------------------------------- live junk
+
+
+def attack_socket(address, port, payload, hold=True):
+    """Connects, sends payload; returns the socket (kept open when hold)."""
+    s = socket.create_connection((address, port), timeout=2)
+    if payload:
+        s.sendall(payload)
+    if not hold:
+        s.close()
+        return None
+    return s
+
+
+def close_times(sockets, timeout):
+    """For each socket, seconds until the server closed it (EOF or reset); None if
+    it stayed open for `timeout`. A refusal never sends anything back."""
+    import selectors
+
+    start = time.monotonic()
+    out = [None] * len(sockets)
+    sel = selectors.DefaultSelector()
+    for i, s in enumerate(sockets):
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, i)
+    left = len(sockets)
+    while left and time.monotonic() - start < timeout:
+        for key, _mask in sel.select(0.05):
+            i = key.data
+            try:
+                data = key.fileobj.recv(4096)
+            except BlockingIOError:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                data = b""
+            assert data == b"", f"server answered a bad handshake: {data[:16]!r}"
+            out[i] = time.monotonic() - start
+            sel.unregister(key.fileobj)
+            left -= 1
+    sel.close()
+    return out
+
+
+@pytest.mark.timeout(40)
+def test_junk_at_the_acceptors_while_a_good_connection_streams(events):
+    env = reccl_env(RECCL_CONNECT_TIMEOUT_MS="500")
+    t = Transport(env)
+    listener = t.listen(0)
+    handle = listener.handle
+    listen_id = struct.unpack_from("<Q", handle, 12)[0]
+    secret = handle[20:36]
+    ports = _C.decode_handle(handle)["nics"]
+    send = t.connect(0, handle)
+    send.wait_ready(10)
+    recv = listener.accept(10)
+    rejected_before = torch_reccl.stats()["rejected_handshakes"]
+
+    sizes = plan_sizes(81, 80, 1 << 20)
+    receiving = []
+    receiver = threading.Thread(
+        target=lambda: receiving.append(run_receiver(recv, sizes, 81, 8)), daemon=True)
+    receiver.start()
+    sending = []
+    sender = threading.Thread(
+        target=lambda: sending.append(run_sender(send, sizes, 81, 8,
+                                                 on_done=lambda i: time.sleep(0.015))),
+        daemon=True)
+    sender.start()
+
+    rng = random.Random(5)
+    wrong = bytes(b ^ 0x5A for b in secret)
+    attacks = {
+        "junk": lambda: bytes(rng.getrandbits(8) for _ in range(200)),
+        "junk-magic": lambda: HEADER.pack(MAGIC, 1, 80) + os.urandom(80),
+        "wrong-secret": lambda: hello(listen_id, wrong, count=4, nonce=rng.getrandbits(64)),
+        "unknown-listener": lambda: hello(listen_id ^ 1, secret, count=4),
+        "wrong-type": lambda: frame(3, CTS.pack(0, 1)),
+        "huge-length": lambda: HEADER.pack(MAGIC, 1, 0xFFFFFFFF),
+        "bad-version": lambda: hello(listen_id, secret, version=9),
+        "wrong-nic": lambda: hello(listen_id, secret, receiver_nic=7),
+        "truncated-header": lambda: frame(1, b"")[:7],
+        "truncated-hello": lambda: hello(listen_id, wrong)[:50],
+        "silent": lambda: b"",
+    }
+    slow = {"truncated-header", "truncated-hello", "silent"}  # dropped by the 500 ms bound
+    held = []
+    for address, port in ports:
+        for name, make in attacks.items():
+            held.append((name, attack_socket(address, port, make())))
+        for _ in range(20):  # a burst of silent sockets
+            held.append(("silent", attack_socket(address, port, b"")))
+        attack_socket(address, port, os.urandom(5), hold=False)  # junk, then we hang up
+        attack_socket(address, port, b"", hold=False)            # connect, hang up
+    times = close_times([sock for _name, sock in held], 4.0)
+    closed_after = {}
+    for (name, sock), waited in zip(held, times):
+        assert waited is not None, f"{name}: the acceptor kept the connection open"
+        closed_after.setdefault(name, []).append(waited)
+        sock.close()
+    for name in slow:  # RECCL_CONNECT_TIMEOUT_MS=500, checked every 50 ms
+        assert 0.3 <= min(closed_after[name]) and max(closed_after[name]) <= 2.0, \
+            (name, closed_after[name])
+    for name in set(attacks) - slow:
+        assert max(closed_after[name]) < 0.3, (name, closed_after[name])  # refused at once
+
+    sender.join(30)
+    receiver.join(30)
+    assert sending == receiving == [sum(sizes)], "the good stream did not complete exactly"
+    assert send.active_path == 0 and send.error == "" and recv.error == ""
+
+    attempts = len(held) + 2 * len(ports)
+    assert wait_until(lambda: torch_reccl.stats()["rejected_handshakes"] - rejected_before
+                      >= attempts, 3)
+    assert torch_reccl.stats()["rejected_handshakes"] - rejected_before == attempts
+    rejected = events.wait_for(3, "handshake_rejected", count=attempts)
+    assert len(rejected) == attempts
+    details = " | ".join(e.detail for e in rejected)
+    for expected in ("wrong handshake secret", "unknown or closed listener", "no handshake within 500 ms",
+                     "malformed handshake", "bad frame magic", "expected HELLO", "closed before",
+                     "dialed NIC"):
+        assert expected in details, expected
+    assert {e.nic for e in rejected} == {"lo:127.0.0.1", "lo:127.0.0.2"}
+    with pytest.raises(_C.TimeoutError):  # no rogue connection was admitted
+        listener.accept(0.1)
+
+    # the transport still takes new connections
+    send2 = t.connect(1, listener.handle)
+    send2.wait_ready(10)
+    recv2 = listener.accept(10)
+    buf = bytearray(3)
+    r = recv2.irecv(buf)
+    assert send2.isend(b"ok!").wait(5) == 3 and r.wait(5) == 3 and buf == b"ok!"
+    close_both(send, recv)
+    close_both(send2, recv2)
+
+
+def wait_until(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# --------------------------------------------------------------------------- raw peer
+
+
+class RawSender:
+    """A sending end written by hand: one path (control + one data socket)."""
+
+    def __init__(self, address, port, handle, path=0, connection=0xC0FFEE, receiver_nic=0):
+        self.listen_id = struct.unpack_from("<Q", handle, 12)[0]
+        self.secret = handle[20:36]
+        nonce = random.getrandbits(64)
+        args = dict(listen_id=self.listen_id, secret=self.secret, count=1, path=path,
+                    connection=connection, nonce=nonce, sender_nic=path,
+                    receiver_nic=receiver_nic)
+        self.control = self._dial(address, port, hello(kind=0, **args))
+        self.data = self._dial(address, port, hello(kind=1, index=0, **args))
+
+    @staticmethod
+    def _dial(address, port, greeting):
+        s = socket.create_connection((address, port), timeout=5)
+        s.sendall(greeting)
+        ack = recv_exact(s, HEADER.size + 1)
+        assert ack == frame(2, b"\x01"), ack
+        return s
+
+    def read_control(self, want, timeout=5.0):
+        """Reads control frames until one of type `want`; skips heartbeats."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            magic, type_, length = HEADER.unpack(recv_exact(self.control, HEADER.size))
+            assert magic == MAGIC
+            body = recv_exact(self.control, length)
+            if type_ == want:
+                return body
+            assert type_ in (8, 3), TYPES.get(type_)  # heartbeats, CTS
+        raise AssertionError(f"no {TYPES[want]} frame")
+
+    def heartbeat(self):
+        self.control.sendall(_C.encode_frame("heartbeat", 0, 0))
+
+    def close(self):
+        self.control.close()
+        self.data.close()
+
+
+def recv_exact(s, n):
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"EOF after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_hand_written_sender_and_malformed_data(events):
+    """The receiver speaks frame.h exactly (ACTIVATE -> RESYNC, DATA -> ACK) and a
+    malformed DATA frame fails only the path it came on."""
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    raw = RawSender(address, port, listener.handle)
+    try:
+        conn = listener.accept(5)
+        buf = bytearray(10000)
+        r = conn.irecv(buf)
+        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        body = raw.read_control(6)
+        epoch, next_seq, count = RESYNC_HEADER.unpack_from(body)
+        assert (epoch, next_seq, count) == (1, 1, 1)
+        assert RESYNC_ENTRY.unpack_from(body, RESYNC_HEADER.size) == (0, 10000, 0)
+
+        payload = os.urandom(5000)  # two chunks of 4096 + 904, sent out of order
+        for offset in (4096, 0):
+            piece = payload[offset:offset + 4096]
+            raw.data.sendall(frame(9, DATA.pack(0, 1, len(payload), offset, len(piece))) + piece)
+        assert r.wait(5) == 5000 and bytes(buf[:5000]) == payload
+        assert ACK.unpack(raw.read_control(4)) == (0, 5000)
+
+        # a duplicate of a landed chunk is dropped; a stale epoch is dropped
+        r2 = conn.irecv(bytearray(100))
+        raw.data.sendall(frame(9, DATA.pack(0, 1, 5000, 0, 4096)) + payload[:4096])
+        raw.data.sendall(frame(9, DATA.pack(1, 0, 3, 0, 3)) + b"old")
+        raw.data.sendall(frame(9, DATA.pack(1, 1, 3, 0, 3)) + b"new")
+        assert r2.wait(5) == 3
+        assert ACK.unpack(raw.read_control(4)) == (1, 3)
+
+        # misaligned chunk: a protocol error fails the path, nothing crashes
+        r3 = conn.irecv(bytearray(100))
+        raw.data.sendall(frame(9, DATA.pack(2, 1, 50, 7, 43)) + b"x" * 43)
+        found = events.wait_for(3, "path_down", connection=0xC0FFEE)
+        assert found and "protocol error" in found[0].detail, [e.detail for e in found]
+        assert r3.test() == (False, 0)
+    finally:
+        raw.close()
+    listener.close()
+
+
+REASON_ERROR, REASON_INJECTED = 3, 5
+
+
+def two_path_receiver(events):
+    """A real receiver fed by a hand-written sender over primary (NIC 0) and backup
+    (NIC 1); the primary's local NIC then dies in this process. Returns the
+    NOTIFY the receiver sent over the backup and its failover events after the
+    sender moves to the backup (ACTIVATE reason "error", as a real sender that saw
+    the socket close would send)."""
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000"))
+    listener = t.listen(0)
+    nics = _C.decode_handle(listener.handle)["nics"]
+    connection = random.getrandbits(63)
+    primary = RawSender(*nics[0], listener.handle, path=0, connection=connection)
+    conn = listener.accept(5)
+    backup = RawSender(*nics[1], listener.handle, path=1, connection=connection, receiver_nic=1)
+    try:
+        assert wait_until(lambda: len(conn.paths()) == 2, 3), conn.paths()
+        primary.control.sendall(_C.encode_frame("activate", 1, 0))
+        primary.read_control(6)
+        backup.heartbeat()
+        torch_reccl.inject_fault("lo:127.0.0.1", "down")
+        notify = NOTIFY.unpack(backup.read_control(7))
+        backup.control.sendall(frame(5, ACTIVATE.pack(2, 1, REASON_ERROR)))
+        epoch, _next, _count = RESYNC_HEADER.unpack_from(backup.read_control(6))
+        assert epoch == 2
+        moved = events.wait_for(3, "failover", connection=connection)
+        assert conn.active_path == 1
+        return notify, moved
+    finally:
+        primary.close()
+        backup.close()
+        listener.close()
+
+
+@pytest.mark.timeout(30)
+def test_receiver_notifies_the_sender_over_another_path(events):
+    notify, moved = two_path_receiver(events)
+    assert notify == (0, REASON_INJECTED)  # path 0 failed, seen as an injected fault
+    assert moved and (moved[0].from_path, moved[0].to_path) == (0, 1)
+    assert moved[0].detail.startswith("receiver:") and moved[0].nic == "lo:127.0.0.1"
+
+
+@pytest.mark.timeout(30)
+def test_receiver_failover_reports_its_own_reason(events):
+    _notify, moved = two_path_receiver(events)
+    assert moved[0].reason == "injected", moved[0]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", [
+    "data-for-unposted-receive", "oversized-chunk", "wrong-chunk-length", "control-on-data",
+    "message-larger-than-receive", "garbage-on-control", "sender-frame-to-receiver",
+])
+def test_malformed_frames_from_an_authenticated_peer(events, bad):
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    connection = random.getrandbits(63)
+    raw = RawSender(address, port, listener.handle, connection=connection)
+    try:
+        conn = listener.accept(5)
+        r = conn.irecv(bytearray(100))
+        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.read_control(6)
+        if bad == "data-for-unposted-receive":
+            raw.data.sendall(frame(9, DATA.pack(5, 1, 10, 0, 10)) + b"y" * 10)
+        elif bad == "oversized-chunk":
+            raw.data.sendall(frame(9, DATA.pack(0, 1, 10, 0, 0xFFFFFFFF)))
+        elif bad == "wrong-chunk-length":
+            raw.data.sendall(frame(9, DATA.pack(0, 1, 10, 0, 4)) + b"abcd")
+        elif bad == "control-on-data":
+            raw.data.sendall(_C.encode_frame("cts", 0, 1) + b"\0" * 20)  # 48 B: a DATA head
+        elif bad == "message-larger-than-receive":
+            raw.data.sendall(frame(9, DATA.pack(0, 1, 1 << 40, 0, 4096)) + b"z" * 4096)
+            with pytest.raises(RecclError, match="larger than the posted receive"):
+                r.wait(5)
+            return
+        elif bad == "garbage-on-control":
+            raw.control.sendall(os.urandom(64))
+        elif bad == "sender-frame-to-receiver":
+            raw.control.sendall(resync(1, 0, []))
+        found = events.wait_for(3, "path_down", connection=connection)
+        assert found, bad
+        assert found[0].reason == "error"
+        assert r.test() == (False, 0)
+    finally:
+        raw.close()
+        listener.close()
+
+
+# --------------------------------------------------------------------------- raw receiver
+
+
+HANDLE_HEAD = struct.Struct("<IHBBB3xQ16sI")   # WireHandle up to the NIC table
+HANDLE_NIC = struct.Struct("<4sH")             # ipv4 (network order), port (host order)
+REASON_HEALED = 7
+
+
+class RawPath:
+    """One path a real sender dialed into FakeReceiver."""
+
+    def __init__(self, index, control, data):
+        self.index, self.control, self.data = index, control, data
+
+    def send(self, data):
+        self.control.sendall(data)
+
+    def read_control(self, want, timeout=5.0):
+        self.control.settimeout(timeout)
+        while True:
+            magic, type_, length = HEADER.unpack(recv_exact(self.control, HEADER.size))
+            assert magic == MAGIC
+            body = recv_exact(self.control, length)
+            if type_ == want:
+                return body
+            assert type_ == 8, f"expected {TYPES[want]}, got {TYPES.get(type_, type_)}"
+
+    def read_data(self, count, timeout=5.0):
+        """`count` DATA frames from any of the data sockets: [(header tuple, payload)]."""
+        import selectors
+
+        out = []
+        sel = selectors.DefaultSelector()
+        for s in self.data:
+            s.settimeout(timeout)
+            sel.register(s, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            for key, _mask in sel.select(0.05):
+                s = key.fileobj
+                magic, type_, length = HEADER.unpack(recv_exact(s, HEADER.size))
+                assert (magic, type_, length) == (MAGIC, 9, DATA.size)
+                header = DATA.unpack(recv_exact(s, DATA.size))
+                out.append((header, recv_exact(s, header[4])))
+        sel.close()
+        return out
+
+    def kill(self):
+        for s in [self.control] + self.data:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+class FakeReceiver:
+    """A listener written by hand: hands out a reccl handle for two loopback NICs,
+    answers HELLOs and hands each assembled path to the test."""
+
+    def __init__(self, chunk=4096):
+        self.listen_id = random.getrandbits(64)
+        self.secret = os.urandom(16)
+        self.sockets = []
+        for address in ("127.0.0.1", "127.0.0.2"):
+            s = socket.socket()
+            s.bind((address, 0))
+            s.listen(64)
+            self.sockets.append(s)
+        head = HANDLE_HEAD.pack(0x48434552, 1, 2, 0, 1, self.listen_id, self.secret, chunk)
+        nics = b"".join(HANDLE_NIC.pack(socket.inet_aton(s.getsockname()[0]), s.getsockname()[1])
+                        for s in self.sockets)
+        self.handle = (head + nics).ljust(128, b"\0")
+        self._partial = {}
+        self._ready = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        for s in self.sockets:
+            sel.register(s, selectors.EVENT_READ)
+        while not self._stop:
+            for key, _mask in sel.select(0.05):
+                conn, _addr = key.fileobj.accept()
+                conn.settimeout(5)
+                try:
+                    greeting = recv_exact(conn, HEADER.size + HELLO.size)
+                except (OSError, ConnectionError):
+                    conn.close()
+                    continue
+                (version, kind, index, count, path, _snic, _rnic, listen_id, connection, nonce,
+                 secret, _name) = HELLO.unpack_from(greeting, HEADER.size)
+                assert (listen_id, secret, version) == (self.listen_id, self.secret, 1)
+                conn.sendall(frame(2, b"\x01"))
+                entry = self._partial.setdefault((path, nonce), {"data": {}, "count": count})
+                if kind == 0:
+                    entry["control"] = conn
+                else:
+                    entry["data"][index] = conn
+                if "control" in entry and len(entry["data"]) == count:
+                    del self._partial[(path, nonce)]
+                    data = [entry["data"][i] for i in range(count)]
+                    with self._cv:
+                        self._ready.append(RawPath(path, entry["control"], data))
+                        self._cv.notify_all()
+        sel.close()
+
+    def path(self, index, timeout=5.0):
+        """The next assembled path with this index."""
+        with self._cv:
+            deadline = time.monotonic() + timeout
+            while True:
+                for p in self._ready:
+                    if p.index == index:
+                        self._ready.remove(p)
+                        return p
+                left = deadline - time.monotonic()
+                assert left > 0, f"the sender did not dial path {index}"
+                self._cv.wait(left)
+
+    def close(self):
+        self._stop = True
+        self._thread.join(2)
+        for s in self.sockets:
+            s.close()
+
+
+@pytest.fixture
+def fake_receiver():
+    fake = FakeReceiver()
+    yield fake
+    fake.close()
+
+
+# The fake never sends heartbeats: each test ends well within one heartbeat.
+SENDER_ENV = dict(RECCL_NSOCKS="2", RECCL_HEARTBEAT_MS="1500", RECCL_NO_PATH_TIMEOUT_MS="5000")
+
+
+def activate(path):
+    epoch, index, reason = ACTIVATE.unpack(path.read_control(5))
+    assert index == path.index
+    return epoch, reason
+
+
+@pytest.mark.timeout(30)
+def test_sender_resumes_from_the_receivers_resync_offset(fake_receiver, events):
+    """After a failover the sender re-sends exactly the chunks the receiver
+    reports missing (RESYNC resumeOffset), tagged with the new epoch, and counts
+    them as bytes_replayed; a message the receiver reports complete (below
+    nextSeq, no entry) completes without a resend."""
+    t = Transport(reccl_env(**SENDER_ENV))
+    send = t.connect(0, fake_receiver.handle)
+    p0, p1 = fake_receiver.path(0), fake_receiver.path(1)
+    epoch, _reason = activate(p0)
+    p0.send(resync(epoch, 0, []))
+    send.wait_ready(5)
+
+    payload, second = os.urandom(3 * 4096), os.urandom(100)
+    request, request2 = send.isend(payload), send.isend(second)
+    p0.send(frame(3, CTS.pack(0, len(payload))) + frame(3, CTS.pack(1, 100)))
+    got = p0.read_data(4)
+    assert sorted((h[0], h[3]) for h, _p in got) == [(0, 0), (0, 4096), (0, 8192), (1, 0)]
+    for (seq, ep, total, offset, nbytes), data in got:
+        assert ep == epoch and nbytes == len(data)
+        assert data == (payload if seq == 0 else second)[offset:offset + nbytes]
+        assert total == (len(payload) if seq == 0 else 100)
+    assert request.test() == (False, 0)  # no ACK yet: not complete
+
+    p0.kill()  # only chunk 0 of message 0 "landed"; message 1 "completed"
+    epoch2, reason = activate(p1)
+    assert epoch2 > epoch and reason == 3  # Reason::kError: the socket broke
+    p1.send(resync(epoch2, 2, [(0, len(payload), 4096)]))
+    assert request2.wait(5) == 100  # below nextSeq without an entry: complete
+    resent = p1.read_data(2)
+    assert sorted(h[3] for h, _p in resent) == [4096, 8192]
+    for (seq, ep, total, offset, nbytes), data in resent:
+        assert (seq, ep, total) == (0, epoch2, len(payload))
+        assert data == payload[offset:offset + nbytes]
+    assert not p1.read_data(1, timeout=0.3)  # nothing else is resent
+    p1.send(frame(4, ACK.pack(0, len(payload))))
+    assert request.wait(5) == len(payload)
+
+    moved = events.wait_for(3, "failover", connection=send.id)
+    assert moved and (moved[0].from_path, moved[0].to_path) == (0, 1)
+    assert moved[0].bytes_replayed == 8192
+    p1.send(_C.encode_frame("close", 0, 0))
+    time.sleep(0.05)  # let the sender take the CLOSE before it closes itself
+    send.close()
+    p1.kill()
+
+
+@pytest.mark.timeout(30)
+def test_interrupted_failback_reports_no_bogus_switch(fake_receiver, events):
+    t = Transport(reccl_env(**SENDER_ENV))
+    send = t.connect(0, fake_receiver.handle)
+    p0, p1 = fake_receiver.path(0), fake_receiver.path(1)
+    epoch, _ = activate(p0)
+    p0.send(resync(epoch, 0, []))
+    send.wait_ready(5)
+    backup_failovers = torch_reccl.stats()["nics"]["lo:127.0.0.2"]["failovers"]
+
+    p0.kill()                                 # failover to the backup
+    epoch, _ = activate(p1)
+    p1.send(resync(epoch, 0, []))
+    assert events.wait_for(3, "failover", connection=send.id)
+    again = fake_receiver.path(0)             # the sender re-dials the primary ...
+    epoch, reason = activate(again)           # ... and fails back to it
+    assert reason == REASON_HEALED
+    again.kill()                              # the primary dies before the RESYNC
+    epoch, reason = activate(p1)              # back to the backup
+    p1.send(resync(epoch, 0, []))
+    time.sleep(0.3)
+    flush_events()
+    switches = [e for e in events.of(connection=send.id) if e.kind in ("failover", "failback")]
+    p1.send(_C.encode_frame("close", 0, 0))
+    time.sleep(0.05)  # let the sender take the CLOSE before it closes itself
+    send.close()
+    p1.kill()
+    assert all(e.from_path != e.to_path for e in switches), [e.to_dict() for e in switches]
+    assert reason != REASON_HEALED, "the return to the backup is announced as a failback"
+    assert torch_reccl.stats()["nics"]["lo:127.0.0.2"]["failovers"] == backup_failovers
