@@ -60,6 +60,12 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
   active_ = index;
   // Fence: no copy of the old epoch may land after we report what we have. A
   // copy stuck on a dead socket is cut short by stopping that path.
+  // A failover means the sender has already dropped the old path: stop it now,
+  // so a copy stuck on its dead socket ends at once instead of after the grace
+  // period below (50 ms per failover, measured). A failback leaves it healthy.
+  if (previous >= 0 && previous != index && static_cast<Reason>(body.reason) != Reason::kHealed) {
+    failPathLocked(previous, Reason::kPeer, "the sender failed over away from it");
+  }
   const uint64_t activeId = slots_.at(index).pathId;
   auto quiet = [&] {
     for (const auto& [pathId, copies] : copying_) {
