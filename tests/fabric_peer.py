@@ -97,6 +97,14 @@ def main() -> int:
     received = {}
     progress = {"sent": 0, "received": 0}
     lock = threading.Lock()
+    # The path that carried the end of each stream (read after every completion:
+    # once a peer closes, the connection has no active path any more).
+    final_paths = {}
+
+    def note_path(key, conn) -> None:
+        path = conn.active_path
+        if path >= 0:
+            final_paths[key] = path
 
     def send_all(peer: int, conn) -> None:
         try:
@@ -108,10 +116,12 @@ def main() -> int:
                 if len(inflight) >= args.window:
                     request, _ = inflight.pop(0)
                     request.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    note_path(("send", peer), conn)
                     with lock:
                         progress["sent"] += 1
             for request, _ in inflight:
                 request.wait(timeout=max(0.1, deadline - time.monotonic()))
+                note_path(("send", peer), conn)
                 with lock:
                     progress["sent"] += 1
         except Exception as error:  # reported, not raised: the test reads the result
@@ -144,6 +154,7 @@ def main() -> int:
                     next_post += 1
                 index, request, buffer = posted.pop(0)
                 nbytes = request.wait(timeout=max(0.1, deadline - time.monotonic()))
+                note_path(("recv", id(conn)), conn)
                 if nbytes != sizes[index] or not np.array_equal(buffer, plan.message(src, me, index, sizes[index])):
                     errors.append(f"recv {src}->{me} message {index} differs ({nbytes} bytes)")
                 count += 1
@@ -169,14 +180,20 @@ def main() -> int:
         t.join(timeout=1)
     if any(t.is_alive() for t in threads):
         errors.append("a transfer thread did not finish by the deadline")
+    # Idle connections move too: the state now beats the last completion's, unless
+    # the peer has already closed the connection.
+    for peer, conn in senders.items():
+        note_path(("send", peer), conn)
+    for conn in receivers.values():
+        note_path(("recv", id(conn)), conn)
     result = {
         "host": me,
         "setup_s": setup_s,
         "elapsed_s": time.monotonic() - start,
         "received": {str(k): v for k, v in received.items()},
         "errors": errors,
-        "send_active_paths": {str(p): c.active_path for p, c in senders.items()},
-        "recv_active_paths": [c.active_path for c in receivers.values()],
+        "send_active_paths": {str(p): final_paths.get(("send", p), -1) for p in senders},
+        "recv_active_paths": [final_paths.get(("recv", id(c)), -1) for c in receivers.values()],
         "paths": {str(p): c.paths() for p, c in senders.items()},
     }
     for conn in list(senders.values()) + list(receivers.values()):

@@ -194,6 +194,10 @@ void Connection::failConnectionLocked(const std::string& why) {
   event.peer = env_.peerName;
   event.detail = why;
   NicHealth::instance().emit(std::move(event));
+  retireAllPathsLocked(why);
+}
+
+void Connection::retireAllPathsLocked(const std::string& why) {
   for (auto& slot : slots_) {
     if (slot.path) {
       slot.path->shutdown();
@@ -259,15 +263,7 @@ void Connection::close() {
   }
   {
     Lock lock(mutex_);
-    for (auto& slot : slots_) {
-      if (slot.path) {
-        slot.path->shutdown();
-        retired_.push_back(std::move(slot.path));
-      }
-      slot.state = SlotState::kIdle;
-    }
-    active_ = -1;
-    failPendingLocked("connection closed");
+    retireAllPathsLocked("connection closed");
   }
   active.reset();
   // Bounded: callers mid-send let go within one control-frame bound.
@@ -280,6 +276,24 @@ void Connection::close() {
     }
     std::this_thread::sleep_for(Millis(5));
   }
+}
+
+void Connection::onControl(uint64_t pathId, const ControlFrame& frame) {
+  Lock lock(mutex_);
+  // The peer's CLOSE matters most while we are closing: close() waits for it.
+  if (frame.type == FrameType::kClose) {
+    onPeerCloseLocked(pathId, lock);
+    return;
+  }
+  if (!error_.empty() || closed_) return;
+  if (frame.type == FrameType::kNotify) {
+    if (frame.notify.pathIndex < slots_.size()) {
+      failPathLocked(frame.notify.pathIndex, Reason::kPeer,
+                     std::string("peer saw ") + reasonName(static_cast<Reason>(frame.notify.reason)));
+    }
+    return;
+  }
+  onRoleControlLocked(pathId, frame, lock);
 }
 
 void Connection::onPeerCloseLocked(uint64_t pathId, Lock& lock) {

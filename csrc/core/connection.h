@@ -47,6 +47,8 @@ class Connection : public PathOwner, public Serviced {
   // A NIC changed health; paths on a dead local NIC fail at once.
   void onNicHealth(int healthId, bool up, Reason reason);
   void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) override;
+  // CLOSE and NOTIFY mean the same at both ends; the rest goes to onRoleControlLocked.
+  void onControl(uint64_t pathId, const ControlFrame& frame) final;
   // Orderly close: tells the peer, stops every path, fails what is pending.
   void close();
   // Empty while healthy; the reason the connection failed otherwise.
@@ -86,6 +88,8 @@ class Connection : public PathOwner, public Serviced {
   void destroyRetired();
   // Fails the connection and everything pending on it.
   void failConnectionLocked(const std::string& why);
+  // Stops and retires every path and fails what is pending with `why`.
+  void retireAllPathsLocked(const std::string& why);
   // Enforces RECCL_NO_PATH_TIMEOUT_MS while `stalled` holds.
   void checkStalledLocked(bool stalled, const char* what);
   std::string slotSummaryLocked() const;
@@ -101,6 +105,8 @@ class Connection : public PathOwner, public Serviced {
   virtual void failPendingLocked(const std::string& why) = 0;
   // Role-specific reaction to losing the active path.
   virtual void onActiveLostLocked(int index, Reason reason) = 0;
+  // A control frame only this end understands; throws ProtocolError for others.
+  virtual void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) = 0;
 
   const ConnectionEnv env_;
   const uint64_t id_;

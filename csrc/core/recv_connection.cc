@@ -114,25 +114,11 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
   lock.lock();
 }
 
-void RecvConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
-  Lock lock(mutex_);
-  // The peer's CLOSE matters most while we are closing: close() waits for it.
-  if (frame.type == FrameType::kClose) {
-    onPeerCloseLocked(pathId, lock);
-    return;
-  }
-  if (!error_.empty() || closed_) return;
+void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) {
   int index = slotOf(pathId);
   switch (frame.type) {
     case FrameType::kActivate:
       if (index >= 0 && frame.activate.epoch > epoch_) activate(index, frame.activate, lock);
-      return;
-    case FrameType::kNotify:
-      if (frame.notify.pathIndex < slots_.size()) {
-        failPathLocked(frame.notify.pathIndex, Reason::kPeer,
-                       std::string("peer saw ") +
-                           reasonName(static_cast<Reason>(frame.notify.reason)));
-      }
       return;
     case FrameType::kCancel: {
       auto it = recvs_.find(frame.cancel.seq);

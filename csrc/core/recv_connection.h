@@ -24,13 +24,13 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   ~RecvConnection() override;
 
   void service() override;
-  void onControl(uint64_t pathId, const ControlFrame& frame) override;
   uint8_t* beginData(uint64_t pathId, const DataHeader& header) override;
   void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
 
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
+  void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:
   struct PostedRecv {

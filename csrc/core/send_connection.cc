@@ -80,14 +80,7 @@ void SendConnection::postAllLocked() {
   }
 }
 
-void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
-  Lock lock(mutex_);
-  // The peer's CLOSE matters most while we are closing: close() waits for it.
-  if (frame.type == FrameType::kClose) {
-    onPeerCloseLocked(pathId, lock);
-    return;
-  }
-  if (!error_.empty() || closed_) return;
+void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock&) {
   switch (frame.type) {
     case FrameType::kCts: {
       // Receives are truthful whichever path told us; duplicates are harmless.
@@ -116,13 +109,6 @@ void SendConnection::onControl(uint64_t pathId, const ControlFrame& frame) {
     case FrameType::kResync:
       if (frame.resync.epoch == epoch_ && awaitingResync_ && slotOf(pathId) == active_) {
         applyResyncLocked(frame);
-      }
-      return;
-    case FrameType::kNotify:
-      if (frame.notify.pathIndex < slots_.size()) {
-        failPathLocked(frame.notify.pathIndex, Reason::kPeer,
-                       std::string("peer saw ") +
-                           reasonName(static_cast<Reason>(frame.notify.reason)));
       }
       return;
     default:

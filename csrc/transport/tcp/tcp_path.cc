@@ -20,7 +20,8 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
       remoteNic_(remoteNic),
       healthId_(healthId),
       peer_(std::move(peer)),
-      heartbeat_(config.heartbeatMs) {
+      heartbeat_(config.heartbeatMs),
+      dataStallLimit_(config.heartbeatMs * 4) {
   // Every frame goes out at once: Nagle plus delayed ACKs would hold a small
   // CTS or ACK for ~40 ms (seen as 44 ms steps under NCCL).
   setNoDelay(control_.get());
@@ -167,9 +168,9 @@ void TcpPath::writerLoop(size_t index) {
     uint8_t head[sizeof(FrameHeader) + sizeof(DataHeader)];
     std::memcpy(head, &frameHeader, sizeof(frameHeader));
     std::memcpy(head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
-    IoResult result = sendAll(fd, head, sizeof(head), watch(heartbeat_), MSG_MORE);
+    IoResult result = sendAll(fd, head, sizeof(head), watch(dataStallLimit_), MSG_MORE);
     if (result.ok() && chunk.header.bytes > 0) {
-      result = sendAll(fd, chunk.payload, chunk.header.bytes, watch(heartbeat_));
+      result = sendAll(fd, chunk.payload, chunk.header.bytes, watch(dataStallLimit_));
     }
     if (!result.ok()) {
       fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
@@ -184,11 +185,11 @@ void TcpPath::readerLoop(size_t index) {
   std::vector<uint8_t> scratch(64 << 10);
   IoWatch idle = watch(Millis(0));
   idle.progressNs = &lastHeardNs_;
-  IoWatch busy = watch(heartbeat_);
+  IoWatch busy = watch(dataStallLimit_);
   busy.progressNs = &lastHeardNs_;
   while (!stop_.load()) {
     uint8_t head[sizeof(FrameHeader) + sizeof(DataHeader)];
-    IoResult result = recvAll(fd, head, sizeof(head), idle, heartbeat_);
+    IoResult result = recvAll(fd, head, sizeof(head), idle, dataStallLimit_);
     if (!result.ok()) {
       fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
            "data read from " + peer_ + ": " + result.describe());
@@ -214,14 +215,14 @@ void TcpPath::readerLoop(size_t index) {
       return;
     }
     if (target != nullptr) {
-      result = recvAll(fd, target, header.bytes, busy, heartbeat_);
+      result = recvAll(fd, target, header.bytes, busy, dataStallLimit_);
       owner_->endData(pathId_, header, result.ok());
     } else {
       // Stale or duplicate: read and drop, keeping the stream in frame.
       uint64_t left = header.bytes;
       while (left > 0 && result.ok()) {
         size_t step = static_cast<size_t>(std::min<uint64_t>(left, scratch.size()));
-        result = recvAll(fd, scratch.data(), step, busy, heartbeat_);
+        result = recvAll(fd, scratch.data(), step, busy, dataStallLimit_);
         left -= step;
       }
     }

@@ -48,6 +48,10 @@ class TcpPath : public Path {
   const int healthId_;
   const std::string peer_;
   const Millis heartbeat_;
+  // A data socket may stall under congestion while the control socket still
+  // proves the peer alive; only a much longer stall fails the path on its own
+  // (a dead NIC silences the control socket too, within one heartbeat).
+  const Millis dataStallLimit_;
   PathOwner* owner_ = nullptr;
   uint64_t pathId_ = 0;
 
