@@ -100,11 +100,17 @@ def main() -> int:
     # The path that carried the end of each stream (read after every completion:
     # once a peer closes, the connection has no active path any more).
     final_paths = {}
+    # Paths seen after the driver marked the fault: a stream that ended before the
+    # fault says nothing about failover.
+    fault_marker = os.path.join(args.dir, "fault")
+    after_fault = {}
 
     def note_path(key, conn) -> None:
         path = conn.active_path
         if path >= 0:
             final_paths[key] = path
+            if os.path.exists(fault_marker):
+                after_fault[key] = path
 
     def send_all(peer: int, conn) -> None:
         try:
@@ -193,6 +199,8 @@ def main() -> int:
         "received": {str(k): v for k, v in received.items()},
         "errors": errors,
         "send_active_paths": {str(p): final_paths.get(("send", p), -1) for p in senders},
+        "send_paths_after_fault": {str(p): after_fault[("send", p)]
+                                   for p in senders if ("send", p) in after_fault},
         "recv_active_paths": [final_paths.get(("recv", id(c)), -1) for c in receivers.values()],
         "paths": {str(p): c.paths() for p, c in senders.items()},
     }
