@@ -9,6 +9,7 @@ byte for byte and in order. Progress goes to <dir>/progress-<host>, the outcome 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -43,6 +44,7 @@ class Plan:
 
 
 def main() -> int:
+    faulthandler.enable()  # a native crash leaves a stack in the host's log
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", type=int, required=True)
     parser.add_argument("--hosts", type=int, required=True)

@@ -89,6 +89,10 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
     entries.push_back({seq, recv.request->capacity(), resumeOffsetLocked(recv)});
   }
   std::vector<uint8_t> frame = encodeResync(body.epoch, nextSeq_, entries);
+  // The wait above released the lock: the path this ACTIVATE came on may have
+  // failed (a second fault) and been reaped meanwhile. Then there is nobody to
+  // answer; the sender will activate another path.
+  if (slots_.at(index).state != SlotState::kUp || slots_.at(index).pathId != activeId) return;
   std::shared_ptr<Path> path = slots_.at(index).path;
   // Name the root cause (a link event, a drill, silence) whichever side saw it:
   // a socket error or a peer notice is only its echo on the other side.
