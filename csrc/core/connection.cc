@@ -22,12 +22,17 @@ void Connection::destroyAllPaths() {
   std::vector<std::shared_ptr<Path>> paths;
   {
     Lock lock(mutex_);
+    // Path threads run until joined below and may still deliver frames (a NOTIFY
+    // fails a path): nothing may look up, nor any state point at, a moved path.
+    closed_ = true;
     for (auto& slot : slots_) {
       if (slot.path) {
         slot.path->shutdown();
         paths.push_back(std::move(slot.path));
       }
+      slot.state = SlotState::kIdle;
     }
+    active_ = -1;
     for (auto& path : retired_) paths.push_back(std::move(path));
     retired_.clear();
   }
