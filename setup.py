@@ -10,8 +10,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def sources():
     # core/ and transport/ use no torch headers, so they compile quickly.
-    files = [os.path.join("csrc", "python", "bindings.cc")]
-    for folder in ("core", "transport", "nccl"):
+    files = [os.path.join("csrc", "python", "bindings.cc"), os.path.join("csrc", "python", "pg_bindings.cc")]
+    for folder in ("core", "transport", "nccl", "engine", "pg"):
         files += glob.glob(os.path.join("csrc", folder, "**", "*.cc"), recursive=True)
     return sorted(files)
 

@@ -10,4 +10,10 @@ __version__ = "0.1.0"
 from torch_reccl._native import nics, stats, inject_fault, plugin_path  # noqa: E402
 from torch_reccl.events import on_event  # noqa: E402
 
+# Registers the "reccl" torch.distributed backend: at once when torch is already
+# imported, otherwise from a one-shot import hook the moment torch.distributed
+# loads (before any init_process_group can run). So importing torch_reccl stays
+# cheap (torch_reccl.sim, the CLI and spawned test peers never load torch).
+from torch_reccl import backend  # noqa: E402,F401
+
 __all__ = ["nics", "stats", "inject_fault", "on_event", "plugin_path", "__version__"]

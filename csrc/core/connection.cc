@@ -214,6 +214,15 @@ void Connection::retireAllPathsLocked(const std::string& why) {
   failPendingLocked(why);
 }
 
+void Connection::checkActiveSlotLocked() {
+  if (active_ < 0 || slots_.at(active_).state == SlotState::kUp) return;
+  RECCL_LOG(kWarn, "connection " + std::to_string(id_) + ": active path " + slotName(active_) +
+                       " is not up; treating it as lost (" + slotSummaryLocked() + ")");
+  int lost = active_;
+  active_ = -1;
+  onActiveLostLocked(lost, slots_.at(lost).lastFailure);
+}
+
 void Connection::checkStalledLocked(bool stalled, const char* what) {
   if (!stalled) {
     stalled_ = false;

@@ -90,6 +90,9 @@ class Connection : public PathOwner, public Serviced {
   void failConnectionLocked(const std::string& why);
   // Stops and retires every path and fails what is pending with `why`.
   void retireAllPathsLocked(const std::string& why);
+  // Safety net against a hang: an active index whose slot is not up (should not
+  // happen) is dropped with a warning, so failover or the no-path bound applies.
+  void checkActiveSlotLocked();
   // Enforces RECCL_NO_PATH_TIMEOUT_MS while `stalled` holds.
   void checkStalledLocked(bool stalled, const char* what);
   std::string slotSummaryLocked() const;

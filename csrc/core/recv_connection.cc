@@ -252,6 +252,7 @@ void RecvConnection::service() {
       }
       notifyQueue_.clear();
     }
+    checkActiveSlotLocked();
     if (peerClosed_ && active_ < 0) failPendingLocked("the sender closed the connection");
     checkStalledLocked(active_ < 0 && !peerClosed_, "no usable path");
   }

@@ -299,6 +299,7 @@ void SendConnection::service() {
       failPathLocked(active_, Reason::kTimeout, "no RESYNC answer to ACTIVATE");
       reapLocked();
     }
+    checkActiveSlotLocked();
     dialLocked();
     activateOn = maybeActivateLocked(&activateFrame);
     if (!cancels_.empty() && active_ >= 0 && !awaitingResync_) {

@@ -148,6 +148,9 @@ int healthIdOrThrow(const std::string& nic) {
 
 }  // namespace
 
+// The reccl process group (csrc/python/pg_bindings.cc).
+void bindProcessGroup(py::module_& m);
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_reccl native core: bonded connections with failover";
 
@@ -350,4 +353,5 @@ PYBIND11_MODULE(_C, m) {
     return py::bytes(reinterpret_cast<const char*>(frame.data()), frame.size());
   }, "For tests: a valid frame to mutate");
   m.attr("HANDLE_BYTES") = kHandleBytes;
+  bindProcessGroup(m);
 }

@@ -1,0 +1,42 @@
+#include "engine/channel_plan.h"
+
+#include "core/error.h"
+
+namespace reccl {
+
+ChannelPlan::ChannelPlan(int channels)
+    : ChannelPlan(std::vector<uint32_t>(channels > 0 ? channels : 0, 1), 0) {}
+
+ChannelPlan::ChannelPlan(std::vector<uint32_t> weights, uint64_t id)
+    : weights_(std::move(weights)), id_(id) {
+  if (weights_.empty()) throw ConfigError("a channel plan needs at least one channel");
+  for (uint32_t w : weights_) total_ += w;
+  if (total_ == 0) throw ConfigError("a channel plan needs at least one channel with data");
+}
+
+std::vector<Range> ChannelPlan::split(size_t count) const {
+  std::vector<Range> out(weights_.size());
+  uint64_t cumulative = 0;
+  size_t start = 0;
+  for (size_t c = 0; c < weights_.size(); ++c) {
+    cumulative += weights_[c];
+    // 128-bit product: count * cumulative may exceed 64 bits for huge tensors.
+    size_t end = static_cast<size_t>(static_cast<unsigned __int128>(count) * cumulative / total_);
+    out[c] = Range{start, end - start};
+    start = end;
+  }
+  return out;
+}
+
+std::vector<Range> splitEvenly(size_t count, int parts) {
+  std::vector<Range> out(parts);
+  size_t base = count / parts, extra = count % parts, offset = 0;
+  for (int i = 0; i < parts; ++i) {
+    size_t n = base + (static_cast<size_t>(i) < extra ? 1 : 0);
+    out[i] = Range{offset, n};
+    offset += n;
+  }
+  return out;
+}
+
+}  // namespace reccl

@@ -1,0 +1,141 @@
+// A group of ranks and the collectives over it, on CPU memory. Blocking calls;
+// one collective at a time (the process-group layer runs them in order on its
+// worker thread). Point-to-point traffic goes through p2p().
+//
+// Every collective runs in two phases:
+//  1. Descriptor exchange: each rank sends every peer (over channel 0) a 64-byte
+//     descriptor of the op it is running, plus, when the per-peer payload is at
+//     most kInlineBytes, the payload itself. Every rank then checks all
+//     descriptors (MismatchError on any difference, on every rank, before any
+//     data moves). For small messages this single round *is* the algorithm
+//     (latency-optimal: one message from each rank to each peer).
+//  2. Data phase for larger messages: the data is divided over the channels by
+//     the channel plan and each channel runs a chunked, pipelined ring
+//     (allreduce, allgather, reduce-scatter, reduce), a chain (broadcast) or
+//     direct transfers (gather, scatter, all-to-all) on its own thread.
+//
+// Any failure other than a mismatch (timeout, a connection with no path left,
+// abort) leaves the streams out of step: the communicator closes every
+// connection and fails every later op with the first error.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/channel_job.h"
+#include "engine/channel_plan.h"
+#include "engine/data_type.h"
+#include "engine/descriptor.h"
+#include "engine/links.h"
+#include "engine/p2p.h"
+#include "engine/reduce_op.h"
+#include "engine/rendezvous.h"
+#include "engine/worker_pool.h"
+
+namespace reccl {
+
+constexpr size_t kInlineBytes = 16384;  // per-peer payload carried with the descriptor
+
+struct CommOptions {
+  int channels = 0;                  // 0: one per NIC
+  size_t chunkBytes = 1 << 20;       // pipelining unit of the rings
+  int window = 4;                    // chunks received ahead per channel
+  std::string group = "";            // process group name, for errors
+  Millis rendezvousTimeout{300000};  // bound on reading peers' handles
+};
+
+class Communicator {
+ public:
+  // Publishes this rank's listener handles under `prefix` and reads every
+  // peer's; connections are made on first use.
+  Communicator(std::shared_ptr<TcpTransport> transport, Rendezvous& rendezvous,
+               const std::string& prefix, int rank, int size, CommOptions options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int channels() const { return plan_.channels(); }
+  const ChannelPlan& plan() const { return plan_; }
+  uint64_t opsDone() const { return opsDone_.load(); }
+  const CommOptions& options() const { return options_; }
+
+  // `in` and `out` may be the same buffer where both are given.
+  void allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                 Millis timeout);
+  void broadcast(void* buffer, size_t count, DataType dtype, int root, Millis timeout);
+  // `out` (count elements) is written on the root only.
+  void reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
+              Millis timeout);
+  // `out` holds size*count elements, rank r's at r*count.
+  void allgather(const void* in, void* out, size_t count, DataType dtype, Millis timeout);
+  // `in` holds size*count elements; rank r gets the reduction of block r.
+  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                     Millis timeout);
+  // `out` (size*count elements) on the root only.
+  void gather(const void* in, void* out, size_t count, DataType dtype, int root, Millis timeout);
+  // `in` (size*count elements) on the root only.
+  void scatter(const void* in, void* out, size_t count, DataType dtype, int root, Millis timeout);
+  // Counts and offsets in elements, one per rank.
+  void alltoall(const void* in, const std::vector<uint64_t>& sendCounts,
+                const std::vector<uint64_t>& sendOffsets, void* out,
+                const std::vector<uint64_t>& recvCounts, const std::vector<uint64_t>& recvOffsets,
+                DataType dtype, Millis timeout);
+  void barrier(Millis timeout);
+
+  P2p& p2p() { return *p2p_; }
+
+  // Waits (up to `timeout`) until every message this rank sent has reached its
+  // peer: ops complete without waiting for the acknowledgement of their last
+  // descriptors, so an orderly shutdown flushes them before closing.
+  void flush(Millis timeout);
+  // Fails the op in progress and every later one with `why`; closes every
+  // connection. Safe from any thread; idempotent.
+  void abort(const std::string& why);
+  // Empty while usable; otherwise why not.
+  std::string error() const;
+
+ private:
+  struct Inline {
+    const uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+  using Body = std::function<void(const OpContext&, const std::vector<Inline>&)>;
+
+  // Phase 1 then `body` (the data phase), with the error policy above.
+  void run(OpDescriptor desc, Millis timeout, const std::function<Inline(int peer)>& payloadTo,
+           const Body& body);
+  void exchange(const OpContext& ctx, const OpDescriptor& mine,
+                const std::function<Inline(int peer)>& payloadTo,
+                std::vector<OpDescriptor>* all, std::vector<Inline>* inlineFrom);
+  // Runs fn(job, sends) for every channel in parallel (chunks of `unit`
+  // elements), then waits for each channel's sends.
+  void forChannels(const OpContext& ctx, DataType dtype, size_t unit,
+                   const std::function<void(ChannelJob&, SendList&)>& fn);
+  size_t chunkElems(DataType dtype, size_t largestSegment, int segmentsPerConnection) const;
+  std::string label(const OpDescriptor& desc) const;
+
+  const int rank_;
+  const int size_;
+  const CommOptions options_;
+  std::shared_ptr<Links> links_;
+  ChannelPlan plan_;
+  std::shared_ptr<P2p> p2p_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::vector<std::vector<uint8_t>> scratch_;  // per channel
+  std::vector<std::vector<uint8_t>> txBuffers_, rxBuffers_;  // per peer, phase 1
+  std::vector<std::shared_ptr<Request>> txPending_;           // per peer: the last descriptor sent
+  std::mutex opMutex_;
+  uint64_t seq_ = 0;
+  std::atomic<uint64_t> opsDone_{0};
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex errorMutex_;
+  std::string error_;
+};
+
+}  // namespace reccl

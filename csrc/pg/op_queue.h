@@ -1,0 +1,48 @@
+// The worker thread of a process group: runs its collectives one at a time in
+// the order they were issued (the same order on every rank), as c10d requires.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/clock.h"
+
+namespace reccl {
+
+class OpQueue {
+ public:
+  struct Job {
+    std::function<void()> run;                         // does the op and completes its work
+    std::function<void(const std::string&)> cancel;   // fails its work without running it
+  };
+
+  OpQueue();
+  ~OpQueue();  // stop("process group destroyed")
+  OpQueue(const OpQueue&) = delete;
+  OpQueue& operator=(const OpQueue&) = delete;
+
+  // Throws Error once stopped.
+  void push(Job job);
+  // Waits up to `timeout` for every queued job to finish; true when idle.
+  bool drain(Millis timeout);
+  // Cancels the jobs not started with `why`, waits for the running one, and
+  // joins the thread. Idempotent.
+  void stop(const std::string& why);
+
+ private:
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<Job> jobs_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace reccl

@@ -1,0 +1,683 @@
+#include "pg/process_group_reccl.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "pg/shared_transport.h"
+#include "pg/store_rendezvous.h"
+#include "pg/tensor_args.h"
+
+namespace reccl {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// A contiguous tensor with `t`'s data: `t` itself when it already is one.
+at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// A contiguous buffer to produce `t`'s new contents in (`t` when contiguous).
+at::Tensor outputBuffer(const at::Tensor& t) {
+  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void copyBack(const at::Tensor& t, const at::Tensor& buffer) {
+  if (!buffer.is_same(t)) t.copy_(buffer);
+}
+
+// One flat contiguous tensor holding `tensors` back to back.
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(tensors.size());
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `flat` into `tensors`.
+void unflattenInto(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+std::string messageOf(const std::exception& e) {
+  if (auto* c10error = dynamic_cast<const c10::Error*>(&e)) return c10error->what_without_backtrace();
+  return e.what();
+}
+
+void checkRoot(int64_t root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "reccl ", op, ": root rank ", root,
+              " is not in this group of ", size, " ranks");
+}
+
+void checkPeer(int peer, int rank, int size, const char* op) {
+  TORCH_CHECK(peer >= 0 && peer < size && peer != rank, "reccl ", op, ": rank ", peer,
+              " is not another rank of this group of ", size, " (this is rank ", rank, ")");
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Backend> createRecclBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size,
+                                                     ProcessGroupReccl::Options options) {
+  return c10::make_intrusive<ProcessGroupReccl>(store, rank, size, std::move(options));
+}
+
+ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                     int size, Options options)
+    : c10d::Backend(rank, size), options_(std::move(options)) {
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "reccl: rank ", rank,
+              " is not in a group of ", size);
+  StoreRendezvous rendezvous(store);
+  // Keys unique to this incarnation of the group on this store: a group made
+  // again on the same store (after destroy_process_group) never reads stale
+  // handles. Every rank counts its own incarnations, so they agree.
+  int64_t incarnation = rendezvous.add("reccl/incarnation/" + std::to_string(rank), 1);
+  std::string prefix = "reccl/" + std::to_string(incarnation) + "/";
+  CommOptions commOptions;
+  commOptions.channels = options_.channels;
+  commOptions.chunkBytes = options_.chunkBytes;
+  commOptions.window = options_.window;
+  commOptions.group = options_.group;
+  commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
+  try {
+    comm_ = std::make_shared<Communicator>(sharedTransport(), rendezvous, prefix, rank, size,
+                                           commOptions);
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("reccl: creating process group '") +
+                                          options_.group + "' failed: " + e.what());
+  }
+  queue_ = std::make_unique<OpQueue>();
+  init();
+}
+
+ProcessGroupReccl::~ProcessGroupReccl() { release(false); }
+
+milliseconds ProcessGroupReccl::timeoutOf(milliseconds requested) const {
+  return requested.count() > 0 ? requested : options_.timeout;
+}
+
+std::shared_ptr<Communicator> ProcessGroupReccl::communicator(const char* op) {
+  std::lock_guard<std::mutex> lock(releaseMutex_);
+  TORCH_CHECK(!released_ && comm_, "reccl ", op, ": process group '", options_.group,
+              "' has been shut down or aborted");
+  return comm_;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, const char* title,
+                                                          std::vector<at::Tensor> outputs,
+                                                          milliseconds timeout, Body body) {
+  auto comm = communicator(title);
+  auto work = c10::make_intrusive<RecclWork>(rank_, type, title, std::move(outputs),
+                                             seq_.fetch_add(1) + 1);
+  OpQueue::Job job;
+  job.run = [comm, work, timeout, body = std::move(body)] {
+    std::exception_ptr error;
+    try {
+      body(*comm, timeout);
+    } catch (const std::exception& e) {
+      error = backendError(messageOf(e));
+    } catch (...) {
+      error = backendError("reccl: unknown error");
+    }
+    if (error) {
+      work->fail(error);
+    } else {
+      work->succeed();
+    }
+  };
+  job.cancel = [work, group = options_.group](const std::string& why) {
+    work->fail(backendError("reccl: operation on process group '" + group +
+                            "' cancelled: " + why));
+  };
+  {
+    std::lock_guard<std::mutex> lock(releaseMutex_);
+    TORCH_CHECK(!released_ && queue_, "reccl ", title, ": process group '", options_.group,
+                "' has been shut down or aborted");
+    queue_->push(std::move(job));
+  }
+  return work;
+}
+
+// ------------------------------------------------------------------ collectives
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  const at::Tensor t = singleTensor(tensors, "broadcast");
+  TORCH_CHECK(opts.rootTensor == 0, "reccl broadcast: root_tensor must be 0 (one tensor per process)");
+  checkRoot(opts.rootRank, size_, "broadcast");
+  const DataType dt = toDataType(t.scalar_type(), "broadcast");
+  const int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, "reccl:broadcast", {t}, timeoutOf(opts.timeout),
+                 [t, dt, root](Communicator& c, milliseconds timeout) {
+                   at::Tensor buf = contiguousOf(t);
+                   c.broadcast(buf.data_ptr(), buf.numel(), dt, root, timeout);
+                   copyBack(t, buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  const at::Tensor t = singleTensor(tensors, "all_reduce");
+  const DataType dt = toDataType(t.scalar_type(), "all_reduce");
+  const ReduceOp op = toReduceOp(opts.reduceOp, "all_reduce");
+  try {
+    checkReduceOp(op, dt);
+  } catch (const Error& e) {
+    TORCH_CHECK(false, "reccl all_reduce: ", e.what());
+  }
+  return enqueue(c10d::OpType::ALLREDUCE, "reccl:all_reduce", {t}, timeoutOf(opts.timeout),
+                 [t, dt, op](Communicator& c, milliseconds timeout) {
+                   at::Tensor buf = contiguousOf(t);
+                   c.allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, timeout);
+                   copyBack(t, buf);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "reccl all_reduce_coalesced: no tensors");
+  checkTensor(tensors[0], "all_reduce_coalesced", "tensors[0]");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    checkTensor(tensors[i], "all_reduce_coalesced", "a tensor");
+    TORCH_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(),
+                "reccl all_reduce_coalesced: tensors[", i, "] has dtype ", tensors[i].scalar_type(),
+                " but tensors[0] has ", tensors[0].scalar_type(), "; all must share one dtype");
+  }
+  const DataType dt = toDataType(tensors[0].scalar_type(), "all_reduce_coalesced");
+  const ReduceOp op = toReduceOp(opts.reduceOp, "all_reduce_coalesced");
+  try {
+    checkReduceOp(op, dt);
+  } catch (const Error& e) {
+    TORCH_CHECK(false, "reccl all_reduce_coalesced: ", e.what());
+  }
+  std::vector<at::Tensor> ts = tensors;
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "reccl:all_reduce_coalesced", ts,
+                 timeoutOf(opts.timeout), [ts, dt, op](Communicator& c, milliseconds timeout) {
+                   at::Tensor flat = flatten(ts);
+                   c.allreduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), dt, op, timeout);
+                   unflattenInto(flat, ts);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  const at::Tensor t = singleTensor(tensors, "reduce");
+  TORCH_CHECK(opts.rootTensor == 0, "reccl reduce: root_tensor must be 0 (one tensor per process)");
+  checkRoot(opts.rootRank, size_, "reduce");
+  const DataType dt = toDataType(t.scalar_type(), "reduce");
+  const ReduceOp op = toReduceOp(opts.reduceOp, "reduce");
+  try {
+    checkReduceOp(op, dt);
+  } catch (const Error& e) {
+    TORCH_CHECK(false, "reccl reduce: ", e.what());
+  }
+  const int root = static_cast<int>(opts.rootRank);
+  const bool isRoot = root == rank_;
+  return enqueue(c10d::OpType::REDUCE, "reccl:reduce", {t}, timeoutOf(opts.timeout),
+                 [t, dt, op, root, isRoot](Communicator& c, milliseconds timeout) {
+                   at::Tensor in = contiguousOf(t);
+                   c.reduce(in.data_ptr(), in.data_ptr(), in.numel(), dt, op, root, timeout);
+                   if (isRoot) copyBack(t, in);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const at::Tensor in = singleTensor(inputs, "all_gather");
+  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+              "reccl all_gather: needs one output list of ", size_, " tensors");
+  checkSameShape(outputs[0], in, "all_gather", "output");
+  const DataType dt = toDataType(in.scalar_type(), "all_gather");
+  std::vector<at::Tensor> outs = outputs[0];
+  const int size = size_;
+  return enqueue(c10d::OpType::ALLGATHER, "reccl:all_gather", outs, timeoutOf(opts.timeout),
+                 [in, outs, dt, size](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = contiguousOf(in);
+                   at::Tensor flat = at::empty({size * src.numel()}, src.options());
+                   c.allgather(src.data_ptr(), flat.data_ptr(), src.numel(), dt, timeout);
+                   unflattenInto(flat, outs);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor", "input");
+  checkTensor(output, "all_gather_into_tensor", "output");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl all_gather_into_tensor: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(output.numel() == input.numel() * size_, "reccl all_gather_into_tensor: output has ",
+              output.numel(), " elements, expected world size x input = ", size_, " x ", input.numel());
+  const DataType dt = toDataType(input.scalar_type(), "all_gather_into_tensor");
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", {out},
+                 timeoutOf(opts.timeout), [in, out, dt](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = contiguousOf(in);
+                   at::Tensor dst = outputBuffer(out);
+                   c.allgather(src.data_ptr(), dst.data_ptr(), src.numel(), dt, timeout);
+                   copyBack(out, dst);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(!inputs.empty(), "reccl all_gather_coalesced: no input tensors");
+  TORCH_CHECK(outputLists.size() == static_cast<size_t>(size_),
+              "reccl all_gather_coalesced: needs one output list per rank (", size_, "), got ",
+              outputLists.size());
+  std::vector<DataType> dts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "all_gather_coalesced", "input");
+    dts.push_back(toDataType(inputs[i].scalar_type(), "all_gather_coalesced"));
+  }
+  std::vector<at::Tensor> flatOutputs;
+  for (const auto& list : outputLists) {
+    TORCH_CHECK(list.size() == inputs.size(), "reccl all_gather_coalesced: every output list needs ",
+                inputs.size(), " tensors");
+    for (size_t i = 0; i < list.size(); ++i) {
+      checkSameShape({list[i]}, inputs[i], "all_gather_coalesced", "output");
+      flatOutputs.push_back(list[i]);
+    }
+  }
+  std::vector<at::Tensor> ins = inputs;
+  std::vector<std::vector<at::Tensor>> lists = outputLists;
+  const int size = size_;
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "reccl:all_gather_coalesced", flatOutputs,
+                 timeoutOf(opts.timeout),
+                 [ins, lists, dts, size](Communicator& c, milliseconds timeout) {
+                   for (size_t i = 0; i < ins.size(); ++i) {
+                     at::Tensor src = contiguousOf(ins[i]);
+                     at::Tensor flat = at::empty({size * src.numel()}, src.options());
+                     c.allgather(src.data_ptr(), flat.data_ptr(), src.numel(), dts[i], timeout);
+                     for (int r = 0; r < size; ++r) {
+                       lists[r][i].copy_(flat.narrow(0, r * src.numel(), src.numel()).view(lists[r][i].sizes()));
+                     }
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+              "reccl all_gather_into_tensor_coalesced: needs as many outputs as inputs (got ",
+              outputs.size(), " and ", inputs.size(), ")");
+  std::vector<DataType> dts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "all_gather_into_tensor_coalesced", "input");
+    checkTensor(outputs[i], "all_gather_into_tensor_coalesced", "output");
+    TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
+                    outputs[i].numel() == inputs[i].numel() * size_,
+                "reccl all_gather_into_tensor_coalesced: output ", i,
+                " must have the input's dtype and world size x its elements");
+    dts.push_back(toDataType(inputs[i].scalar_type(), "all_gather_into_tensor_coalesced"));
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(c10d::OpType::COALESCED, "reccl:all_gather_into_tensor_coalesced", outs,
+                 timeoutOf(opts.timeout), [ins, outs, dts](Communicator& c, milliseconds timeout) {
+                   for (size_t i = 0; i < ins.size(); ++i) {
+                     at::Tensor src = contiguousOf(ins[i]);
+                     at::Tensor dst = outputBuffer(outs[i]);
+                     c.allgather(src.data_ptr(), dst.data_ptr(), src.numel(), dts[i], timeout);
+                     copyBack(outs[i], dst);
+                   }
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  const at::Tensor in = singleTensor(inputs, "gather");
+  checkRoot(opts.rootRank, size_, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+                "reccl gather: the root needs one output list of ", size_, " tensors");
+    checkSameShape(outputs[0], in, "gather", "output");
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                "reccl gather: only the root (rank ", root, ") takes output tensors");
+  }
+  const DataType dt = toDataType(in.scalar_type(), "gather");
+  const int size = size_;
+  return enqueue(c10d::OpType::GATHER, "reccl:gather", outs, timeoutOf(opts.timeout),
+                 [in, outs, dt, root, size](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = contiguousOf(in);
+                   at::Tensor flat;
+                   if (!outs.empty()) flat = at::empty({size * src.numel()}, src.options());
+                   c.gather(src.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(), src.numel(),
+                            dt, root, timeout);
+                   if (!outs.empty()) unflattenInto(flat, outs);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  const at::Tensor out = singleTensor(outputs, "scatter");
+  checkRoot(opts.rootRank, size_, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+                "reccl scatter: the root needs one input list of ", size_, " tensors");
+    checkSameShape(inputs[0], out, "scatter", "input");
+    ins = inputs[0];
+  } else {
+    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                "reccl scatter: only the root (rank ", root, ") takes input tensors");
+  }
+  const DataType dt = toDataType(out.scalar_type(), "scatter");
+  return enqueue(c10d::OpType::SCATTER, "reccl:scatter", {out}, timeoutOf(opts.timeout),
+                 [ins, out, dt, root](Communicator& c, milliseconds timeout) {
+                   at::Tensor flat;
+                   if (!ins.empty()) flat = flatten(ins);
+                   at::Tensor dst = outputBuffer(out);
+                   c.scatter(ins.empty() ? nullptr : flat.data_ptr(), dst.data_ptr(), dst.numel(),
+                             dt, root, timeout);
+                   copyBack(out, dst);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor out = singleTensor(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+              "reccl reduce_scatter: needs one input list of ", size_, " tensors");
+  checkSameShape(inputs[0], out, "reduce_scatter", "input");
+  const DataType dt = toDataType(out.scalar_type(), "reduce_scatter");
+  const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter");
+  try {
+    checkReduceOp(op, dt);
+  } catch (const Error& e) {
+    TORCH_CHECK(false, "reccl reduce_scatter: ", e.what());
+  }
+  std::vector<at::Tensor> ins = inputs[0];
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reccl:reduce_scatter", {out},
+                 timeoutOf(opts.timeout), [ins, out, dt, op](Communicator& c, milliseconds timeout) {
+                   at::Tensor flat = flatten(ins);
+                   at::Tensor dst = outputBuffer(out);
+                   c.reduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, timeout);
+                   copyBack(out, dst);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  checkTensor(input, "reduce_scatter_tensor", "input");
+  checkTensor(output, "reduce_scatter_tensor", "output");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl reduce_scatter_tensor: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK(input.numel() == output.numel() * size_, "reccl reduce_scatter_tensor: input has ",
+              input.numel(), " elements, expected world size x output = ", size_, " x ", output.numel());
+  const DataType dt = toDataType(input.scalar_type(), "reduce_scatter_tensor");
+  const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter_tensor");
+  try {
+    checkReduceOp(op, dt);
+  } catch (const Error& e) {
+    TORCH_CHECK(false, "reccl reduce_scatter_tensor: ", e.what());
+  }
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", {out},
+                 timeoutOf(opts.timeout), [in, out, dt, op](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = contiguousOf(in);
+                   at::Tensor dst = outputBuffer(out);
+                   c.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, timeout);
+                   copyBack(out, dst);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+              "reccl reduce_scatter_tensor_coalesced: needs as many outputs as inputs");
+  std::vector<DataType> dts;
+  const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter_tensor_coalesced");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
+    checkTensor(outputs[i], "reduce_scatter_tensor_coalesced", "output");
+    TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
+                    inputs[i].numel() == outputs[i].numel() * size_,
+                "reccl reduce_scatter_tensor_coalesced: input ", i,
+                " must have the output's dtype and world size x its elements");
+    dts.push_back(toDataType(inputs[i].scalar_type(), "reduce_scatter_tensor_coalesced"));
+    try {
+      checkReduceOp(op, dts.back());
+    } catch (const Error& e) {
+      TORCH_CHECK(false, "reccl reduce_scatter_tensor_coalesced: ", e.what());
+    }
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+                 "reccl:reduce_scatter_tensor_coalesced", outs, timeoutOf(opts.timeout),
+                 [ins, outs, dts, op](Communicator& c, milliseconds timeout) {
+                   for (size_t i = 0; i < ins.size(); ++i) {
+                     at::Tensor src = contiguousOf(ins[i]);
+                     at::Tensor dst = outputBuffer(outs[i]);
+                     c.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dts[i], op, timeout);
+                     copyBack(outs[i], dst);
+                   }
+                 });
+}
+
+namespace {
+
+// Element counts per rank along dim 0 from c10d split sizes (empty: equal parts).
+std::vector<uint64_t> splitCounts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
+                                  const char* which) {
+  std::vector<uint64_t> counts(size);
+  if (splits.empty()) {
+    TORCH_CHECK(t.numel() % size == 0, "reccl all_to_all_single: the ", which, " tensor's ",
+                t.numel(), " elements do not divide evenly over ", size,
+                " ranks; give split sizes");
+    std::fill(counts.begin(), counts.end(), static_cast<uint64_t>(t.numel() / size));
+    return counts;
+  }
+  TORCH_CHECK(splits.size() == static_cast<size_t>(size), "reccl all_to_all_single: ", which,
+              " split sizes need one entry per rank (", size, "), got ", splits.size());
+  TORCH_CHECK(t.dim() >= 1, "reccl all_to_all_single: the ", which, " tensor needs a dimension to split");
+  const int64_t rows = t.size(0);
+  const int64_t rowElems = rows > 0 ? t.numel() / rows : 0;
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    TORCH_CHECK(splits[r] >= 0, "reccl all_to_all_single: negative split size ", splits[r]);
+    counts[r] = static_cast<uint64_t>(splits[r] * rowElems);
+    total += splits[r];
+  }
+  TORCH_CHECK(total == rows, "reccl all_to_all_single: ", which, " split sizes add up to ", total,
+              " but dim 0 has ", rows);
+  return counts;
+}
+
+std::vector<uint64_t> offsetsOf(const std::vector<uint64_t>& counts) {
+  std::vector<uint64_t> offsets(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) offsets[i] = offsets[i - 1] + counts[i - 1];
+  return offsets;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
+  checkTensor(input, "all_to_all_single", "input");
+  checkTensor(output, "all_to_all_single", "output");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl all_to_all_single: output dtype ",
+              output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const DataType dt = toDataType(input.scalar_type(), "all_to_all_single");
+  std::vector<uint64_t> sendCounts = splitCounts(input, inputSplits, size_, "input");
+  std::vector<uint64_t> recvCounts = splitCounts(output, outputSplits, size_, "output");
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "reccl:all_to_all_single", {out},
+                 timeoutOf(opts.timeout),
+                 [in, out, dt, sendCounts, recvCounts](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = contiguousOf(in);
+                   at::Tensor dst = outputBuffer(out);
+                   if (dst.data_ptr() == src.data_ptr() && dst.numel() > 0) dst = at::empty_like(dst);
+                   c.alltoall(src.data_ptr(), sendCounts, offsetsOf(sendCounts), dst.data_ptr(),
+                              recvCounts, offsetsOf(recvCounts), dt, timeout);
+                   copyBack(out, dst);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK(outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
+              "reccl all_to_all: needs ", size_, " input and ", size_, " output tensors");
+  checkTensor(inputs[0], "all_to_all", "input");
+  std::vector<uint64_t> sendCounts, recvCounts;
+  for (int r = 0; r < size_; ++r) {
+    checkTensor(inputs[r], "all_to_all", "input");
+    checkTensor(outputs[r], "all_to_all", "output");
+    TORCH_CHECK(inputs[r].scalar_type() == inputs[0].scalar_type() &&
+                    outputs[r].scalar_type() == inputs[0].scalar_type(),
+                "reccl all_to_all: every input and output needs dtype ", inputs[0].scalar_type());
+    sendCounts.push_back(inputs[r].numel());
+    recvCounts.push_back(outputs[r].numel());
+  }
+  const DataType dt = toDataType(inputs[0].scalar_type(), "all_to_all");
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(c10d::OpType::ALLTOALL, "reccl:all_to_all", outs, timeoutOf(opts.timeout),
+                 [ins, outs, dt, sendCounts, recvCounts](Communicator& c, milliseconds timeout) {
+                   at::Tensor src = flatten(ins);
+                   uint64_t total = std::accumulate(recvCounts.begin(), recvCounts.end(), uint64_t{0});
+                   at::Tensor dst = at::empty({static_cast<int64_t>(total)}, src.options());
+                   c.alltoall(src.data_ptr(), sendCounts, offsetsOf(sendCounts), dst.data_ptr(),
+                              recvCounts, offsetsOf(recvCounts), dt, timeout);
+                   unflattenInto(dst, outs);
+                 });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(c10d::OpType::BARRIER, "reccl:barrier", {}, timeoutOf(opts.timeout),
+                 [](Communicator& c, milliseconds timeout) { c.barrier(timeout); });
+}
+
+// ------------------------------------------------------------------ point to point
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::p2pWork(c10d::OpType type,
+                                                          std::shared_ptr<P2pOp> op,
+                                                          std::vector<at::Tensor> keepAlive,
+                                                          std::function<void()> onSuccess) {
+  std::weak_ptr<Communicator> weak = comm_;
+  auto onFailure = [weak](const std::string& why) {
+    // The connections may still hold the buffer (a timed-out or mismatched
+    // receive stays posted): close them, which fails the group like any other
+    // transport failure.
+    if (auto comm = weak.lock()) comm->abort(why);
+  };
+  return c10::make_intrusive<RecclP2pWork>(rank_, type, std::move(op), std::move(keepAlive),
+                                           options_.timeout, std::move(onSuccess), onFailure);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::send(std::vector<at::Tensor>& tensors, int dstRank,
+                                                       int tag) {
+  const at::Tensor t = singleTensor(tensors, "send");
+  checkPeer(dstRank, rank_, size_, "send");
+  const DataType dt = toDataType(t.scalar_type(), "send");
+  auto comm = communicator("send");
+  at::Tensor buf = contiguousOf(t);
+  std::shared_ptr<P2pOp> op;
+  try {
+    op = comm->p2p().send(dstRank, tag, buf.data_ptr(), buf.numel(), dt);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("reccl send: ") + e.what());
+  }
+  return p2pWork(c10d::OpType::SEND, op, {buf}, nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                                       int tag) {
+  const at::Tensor t = singleTensor(tensors, "recv");
+  checkPeer(srcRank, rank_, size_, "recv");
+  const DataType dt = toDataType(t.scalar_type(), "recv");
+  auto comm = communicator("recv");
+  at::Tensor buf = outputBuffer(t);
+  std::shared_ptr<P2pOp> op;
+  try {
+    op = comm->p2p().recv(srcRank, tag, buf.data_ptr(), buf.numel(), dt);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("reccl recv: ") + e.what());
+  }
+  std::vector<at::Tensor> keep{t};
+  if (!buf.is_same(t)) keep.push_back(buf);
+  return p2pWork(c10d::OpType::RECV, op, keep, [t, buf] { copyBack(t, buf); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                int tag) {
+  const at::Tensor t = singleTensor(tensors, "recv");
+  const DataType dt = toDataType(t.scalar_type(), "recv");
+  auto comm = communicator("recv");
+  at::Tensor buf = outputBuffer(t);
+  std::shared_ptr<P2pOp> op;
+  try {
+    op = comm->p2p().recv(-1, tag, buf.data_ptr(), buf.numel(), dt);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("reccl recv: ") + e.what());
+  }
+  std::vector<at::Tensor> keep{t};
+  if (!buf.is_same(t)) keep.push_back(buf);
+  return p2pWork(c10d::OpType::RECVANYSOURCE, op, keep, [t, buf] { copyBack(t, buf); });
+}
+
+// ------------------------------------------------------------------ groups and lifetime
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupReccl::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;  // not a member of the new group
+  Options options = options_;
+  if (opts) {
+    if (opts->timeout.count() > 0) options.timeout = opts->timeout;
+    if (!opts->group_name.empty()) options.group = opts->group_name;
+  }
+  return c10::make_intrusive<ProcessGroupReccl>(store, static_cast<int>(it - ranks.begin()),
+                                                static_cast<int>(ranks.size()), options);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupReccl::getBackendOptions() {
+  auto options = c10::make_intrusive<c10d::Backend::Options>("reccl", options_.timeout);
+  options->group_name = options_.group;
+  return options;
+}
+
+void ProcessGroupReccl::release(bool orderly) {
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<OpQueue> queue;
+  {
+    std::lock_guard<std::mutex> lock(releaseMutex_);
+    if (released_) return;
+    released_ = true;
+    comm = std::move(comm_);
+    queue = std::move(queue_);
+  }
+  if (orderly && queue) {
+    const milliseconds grace = std::min(options_.timeout, milliseconds(30000));
+    queue->drain(grace);
+    if (comm) comm->flush(grace);  // the last descriptors reach the peers before we close
+  }
+  const std::string why = orderly ? "the process group was shut down"
+                                  : "the process group was aborted";
+  if (comm) comm->abort(why);  // fails a running op at once and closes every connection
+  if (queue) queue->stop(why);
+  queue.reset();
+  comm.reset();  // joins the channel threads; the transport goes with the last group
+}
+
+void ProcessGroupReccl::shutdown() { release(true); }
+
+void ProcessGroupReccl::abort() { release(false); }
+
+}  // namespace reccl

@@ -1,0 +1,138 @@
+// The c10d backend "reccl" for CPU tensors: maps torch tensors and options to
+// the collective engine (csrc/engine), runs collectives in issue order on one
+// worker thread, and hands out c10d::Work objects with Futures. Every engine
+// wait is bounded by the op's timeout (the process group timeout unless the
+// op's options set one); a timeout or a lost connection fails the op and aborts
+// the group (later ops fail at once with the first error), a mismatch between
+// ranks fails the op on every rank with a message naming both sides.
+//
+// Non-contiguous tensors are handled: inputs are made contiguous, outputs are
+// produced in a contiguous buffer and copied back before the work completes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "engine/communicator.h"
+#include "pg/op_queue.h"
+#include "pg/reccl_work.h"
+
+namespace reccl {
+
+class ProcessGroupReccl : public c10d::Backend {
+ public:
+  struct Options {
+    std::chrono::milliseconds timeout{30 * 60 * 1000};
+    std::string group = "";     // c10d group name, for errors and store keys
+    int channels = 0;           // 0: one per NIC
+    size_t chunkBytes = 1 << 20;
+    int window = 4;
+  };
+
+  // Rendezvous through `store` (blocking; bounded by the store's timeout).
+  ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    Options options);
+  ~ProcessGroupReccl() override;
+
+  const std::string getBackendName() const override { return "reccl"; }
+  const Options& options() const { return options_; }
+  // Engine facts for tests and tools.
+  int channels() const { return comm_ ? comm_->channels() : 0; }
+  uint64_t opsDone() const { return comm_ ? comm_->opsDone() : 0; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
+
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+
+  // Lets queued and running ops finish (bounded), then releases every thread,
+  // connection and buffer. Idempotent.
+  void shutdown() override;
+  // Fails the running and queued ops at once and releases everything.
+  void abort() override;
+
+ private:
+  using Body = std::function<void(Communicator&, std::chrono::milliseconds timeout)>;
+  // Queues `body` on the worker; the returned work completes when it ran.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
+                                         std::vector<at::Tensor> outputs,
+                                         std::chrono::milliseconds timeout, Body body);
+  std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
+  std::shared_ptr<Communicator> communicator(const char* op);
+  c10::intrusive_ptr<c10d::Work> p2pWork(c10d::OpType type, std::shared_ptr<P2pOp> op,
+                                         std::vector<at::Tensor> keepAlive,
+                                         std::function<void()> onSuccess);
+  void release(bool orderly);
+
+  Options options_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<OpQueue> queue_;
+  std::atomic<uint64_t> seq_{0};
+  std::mutex releaseMutex_;
+  bool released_ = false;
+};
+
+// A new reccl backend; what the Python creator function calls.
+c10::intrusive_ptr<c10d::Backend> createRecclBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     int rank, int size,
+                                                     ProcessGroupReccl::Options options);
+
+}  // namespace reccl

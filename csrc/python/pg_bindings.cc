@@ -1,0 +1,71 @@
+// Python bindings of the reccl process group (torch_reccl._C): the creator the
+// Python backend registration calls, and a few engine facts for tests/tools.
+// Called from the module definition in bindings.cc.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "pg/process_group_reccl.h"
+
+namespace py = pybind11;
+
+namespace {
+
+[[noreturn]] void raiseDistBackendError(const std::string& message) {
+  py::object error = py::module_::import("torch.distributed").attr("DistBackendError");
+  PyErr_SetString(error.ptr(), message.c_str());
+  throw py::error_already_set();
+}
+
+reccl::ProcessGroupReccl* asReccl(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto* pg = dynamic_cast<reccl::ProcessGroupReccl*>(backend.get());
+  if (!pg) throw py::type_error("not a reccl backend");
+  return pg;
+}
+
+}  // namespace
+
+void bindProcessGroup(py::module_& m) {
+  m.def(
+      "_create_reccl_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutSeconds,
+         const std::string& group, int channels, int64_t chunkBytes, int window) {
+        reccl::ProcessGroupReccl::Options options;
+        options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
+        options.group = group;
+        options.channels = channels;
+        options.chunkBytes = static_cast<size_t>(chunkBytes);
+        options.window = window;
+        std::string error;
+        c10::intrusive_ptr<c10d::Backend> backend;
+        {
+          py::gil_scoped_release release;
+          try {
+            backend = reccl::createRecclBackend(store, rank, size, options);
+          } catch (const c10::Error& e) {
+            error = e.what_without_backtrace();
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+        }
+        if (!error.empty()) raiseDistBackendError(error);
+        return backend;
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group"),
+      py::arg("channels") = 0, py::arg("chunk_bytes") = 1 << 20, py::arg("window") = 4,
+      "Creates the c10d backend of one reccl process group (rendezvous through `store`).");
+  m.def(
+      "_reccl_backend_info",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        reccl::ProcessGroupReccl* pg = asReccl(backend);
+        py::dict d;
+        d["group"] = pg->options().group;
+        d["channels"] = pg->channels();
+        d["chunk_bytes"] = pg->options().chunkBytes;
+        d["window"] = pg->options().window;
+        d["timeout_s"] = static_cast<double>(pg->options().timeout.count()) / 1000.0;
+        d["ops_done"] = pg->opsDone();
+        return d;
+      },
+      py::arg("backend"), "Engine facts of a reccl backend: channels, chunk size, ops done.");
+}
