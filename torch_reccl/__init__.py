@@ -15,5 +15,8 @@ from torch_reccl.events import on_event  # noqa: E402
 # loads (before any init_process_group can run). So importing torch_reccl stays
 # cheap (torch_reccl.sim, the CLI and spawned test peers never load torch).
 from torch_reccl import backend  # noqa: E402,F401
+from torch_reccl.nccl_setup import point_nccl_at_plugin  # noqa: E402
+
+point_nccl_at_plugin()
 
 __all__ = ["nics", "stats", "inject_fault", "on_event", "plugin_path", "__version__"]

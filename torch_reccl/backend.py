@@ -92,6 +92,9 @@ def register() -> None:
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    # Load the library now, so NCCL's dlopen of the plugin (NCCL_NET_PLUGIN) finds
+    # it already loaded by Python rather than loading it first.
+    _pg_native()
 
 
 class _RegisterWhenLoaded(importlib.abc.MetaPathFinder):
