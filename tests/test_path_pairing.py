@@ -1,4 +1,6 @@
 """Which NIC pairs a connection uses: same rail for the primary, backup to backup."""
+import time
+
 import pytest
 
 from torch_reccl.transport import Transport
@@ -14,6 +16,10 @@ def test_primary_stays_on_the_senders_rail(listen_nic):
     send = transport.connect(0, listener.handle)
     send.wait_ready(10)
     recv = listener.accept(10)
+    # wait_ready() returns once the primary is active; the backup may still dial.
+    deadline = time.monotonic() + 10
+    while "dialing" in send.paths()[1] and time.monotonic() < deadline:
+        time.sleep(0.01)
     paths = send.paths()
     # Rail 0 to the peer's rail 0, whatever NIC the peer listened on; the backup
     # is our NIC 0's backup (the next NIC: no PCI topology on loopback) on both ends.

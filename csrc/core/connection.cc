@@ -46,7 +46,12 @@ std::string Connection::slotName(int index) const {
   std::string local = slot.nics.localNic < static_cast<int>(env_.localNicNames.size())
                           ? env_.localNicNames[slot.nics.localNic]
                           : "nic" + std::to_string(slot.nics.localNic);
-  std::string remote = slot.remoteAddress.empty() ? env_.peerName : slot.remoteAddress;
+  std::string remote = slot.remoteAddress;
+  if (remote.empty()) {  // not connected yet: name the address it will dial
+    const auto& known = env_.remoteNicAddresses;
+    remote = slot.nics.remoteNic < static_cast<int>(known.size()) ? known[slot.nics.remoteNic]
+                                                                   : env_.peerName;
+  }
   return role + " " + local + "->" + remote + "/nic" + std::to_string(slot.nics.remoteNic);
 }
 

@@ -26,6 +26,7 @@ struct ConnectionEnv {
   std::vector<std::string> localNicNames;  // by local NIC index
   std::vector<int> localHealthIds;         // NicHealth id by local NIC index
   std::string peerName;                    // for events and errors
+  std::vector<std::string> remoteNicAddresses;  // by remote NIC index, where known
 };
 
 struct PathCandidate {

@@ -276,9 +276,10 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
     }
   }
   uint64_t id = randomId();
-  std::string peer = handle.nics[handle.listenerNic].address;
+  ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
+  for (const auto& endpoint : handle.nics) env.remoteNicAddresses.push_back(endpoint.address);
   auto connection = std::make_shared<SendConnection>(
-      connectionEnv(peer), id, candidates, std::make_unique<TcpDialer>(this, handle, id),
+      std::move(env), id, candidates, std::make_unique<TcpDialer>(this, handle, id),
       handle.chunkBytes);
   supervisor_->add(connection);
   return connection;
