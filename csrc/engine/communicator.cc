@@ -270,11 +270,7 @@ void Communicator::allreduce(const void* in, void* out, size_t count, DataType d
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kAllreduce;
-  desc.dtype = dtype;
-  desc.op = op;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
   run(desc, timeout,
       [&](int) { return small ? Inline{bytesOf(in), bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
@@ -306,11 +302,7 @@ void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int roo
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kBroadcast;
-  desc.dtype = dtype;
-  desc.root = root;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kBroadcast, dtype, count, root);
   run(desc, timeout,
       [&](int) { return small && rank_ == root ? Inline{bytesOf(buffer), bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
@@ -336,12 +328,7 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kReduce;
-  desc.dtype = dtype;
-  desc.op = op;
-  desc.root = root;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kReduce, dtype, count, root, op);
   run(desc, timeout,
       [&](int peer) { return small && peer == root ? Inline{bytesOf(in), bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
@@ -392,10 +379,7 @@ void Communicator::allgather(const void* in, void* out, size_t count, DataType d
                              Millis timeout) {
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kAllgather;
-  desc.dtype = dtype;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
   run(desc, timeout, [&](int) { return small ? Inline{bytesOf(in), bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
         copyIfDistinct(bytesOf(out) + rank_ * bytes, in, bytes);
@@ -423,11 +407,7 @@ void Communicator::reduceScatter(const void* in, void* out, size_t count, DataTy
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);  // per rank
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kReduceScatter;
-  desc.dtype = dtype;
-  desc.op = op;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dtype, count, -1, op);
   run(desc, timeout,
       [&](int peer) { return small ? Inline{bytesOf(in) + peer * bytes, bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
@@ -460,11 +440,7 @@ void Communicator::gather(const void* in, void* out, size_t count, DataType dtyp
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kGather;
-  desc.dtype = dtype;
-  desc.root = root;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
   run(desc, timeout,
       [&](int peer) { return small && peer == root ? Inline{bytesOf(in), bytes} : Inline{}; },
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
@@ -501,11 +477,7 @@ void Communicator::scatter(const void* in, void* out, size_t count, DataType dty
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
   const bool small = bytes <= kInlineBytes;
-  OpDescriptor desc;
-  desc.kind = OpKind::kScatter;
-  desc.dtype = dtype;
-  desc.root = root;
-  desc.count = count;
+  const OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
   run(desc, timeout,
       [&](int peer) {
         return small && rank_ == root ? Inline{bytesOf(in) + peer * bytes, bytes} : Inline{};

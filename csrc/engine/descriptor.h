@@ -51,6 +51,18 @@ struct OpDescriptor {
 
   // "all_reduce(float32, 1024 elements, op=SUM)"
   std::string describe() const;
+
+  // A collective's descriptor; root and op only where the kind has them.
+  static OpDescriptor of(OpKind kind, DataType dtype, uint64_t count, int32_t root = -1,
+                         ReduceOp op = ReduceOp::kSum) {
+    OpDescriptor desc;
+    desc.kind = kind;
+    desc.dtype = dtype;
+    desc.count = count;
+    desc.root = root;
+    desc.op = op;
+    return desc;
+  }
 };
 
 // The wire header of a descriptor message: 64 bytes, then the alltoall count
