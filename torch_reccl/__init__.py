@@ -8,7 +8,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from torch_reccl._native import nics, stats, inject_fault, plugin_path  # noqa: E402
-from torch_reccl.events import on_event  # noqa: E402
+from torch_reccl.events import flush_events, on_event  # noqa: E402
 
 # Registers the "reccl" torch.distributed backend: at once when torch is already
 # imported, otherwise from a one-shot import hook the moment torch.distributed
@@ -19,4 +19,4 @@ from torch_reccl.nccl_setup import point_nccl_at_plugin  # noqa: E402
 
 point_nccl_at_plugin()
 
-__all__ = ["nics", "stats", "inject_fault", "on_event", "plugin_path", "__version__"]
+__all__ = ["nics", "stats", "inject_fault", "on_event", "flush_events", "plugin_path", "__version__"]

@@ -22,7 +22,7 @@ import datetime
 import importlib.abc
 import sys
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 BACKEND_NAME = "reccl"
 
@@ -30,24 +30,29 @@ BACKEND_NAME = "reccl"
 @dataclasses.dataclass
 class Options:
     """Engine settings of one process group; every rank must pass the same values.
+    ``None`` takes the value of the ``RECCL_*`` variable named below.
 
     channels: connections per peer pair and direction, channel ``c`` pinned to NIC
-        ``c % len(RECCL_NICS)`` (0: one per NIC); 1..64.
+        ``c % len(RECCL_NICS)`` (0: one per NIC); 0..64. ``RECCL_CHANNELS``.
     chunk_bytes: pipelining unit of the ring algorithms; 4096..268435456.
-    window: chunks each channel receives ahead; 1..64.
+        ``RECCL_CHUNK_BYTES``.
+    window: chunks each channel receives ahead; 1..64. ``RECCL_WINDOW``.
     """
 
-    channels: int = 0
-    chunk_bytes: int = 1 << 20
-    window: int = 4
+    channels: Optional[int] = None
+    chunk_bytes: Optional[int] = None
+    window: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.channels, int) and 0 <= self.channels <= 64):
-            raise ValueError(f"channels={self.channels!r} is not valid: expected 0 (one per NIC) or 1..64")
-        if not (isinstance(self.chunk_bytes, int) and 4096 <= self.chunk_bytes <= 256 << 20):
-            raise ValueError(f"chunk_bytes={self.chunk_bytes!r} is not valid: expected 4096..268435456")
-        if not (isinstance(self.window, int) and 1 <= self.window <= 64):
-            raise ValueError(f"window={self.window!r} is not valid: expected 1..64")
+        def check(name, value, lo, hi, what):
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and lo <= value <= hi):
+                raise ValueError(f"{name}={value!r} is not valid: expected {what} (or None for "
+                                 f"the RECCL_{name.upper()} default)")
+
+        check("channels", self.channels, 0, 64, "0 (one per NIC) or 1..64")
+        check("chunk_bytes", self.chunk_bytes, 4096, 256 << 20, "4096..268435456")
+        check("window", self.window, 1, 64, "1..64")
 
 
 def _pg_native():
@@ -78,9 +83,9 @@ def _create_backend(dist_options, pg_options):
         dist_options.group_size,
         _seconds(dist_options.timeout),
         str(dist_options.group_id),
-        options.channels,
-        options.chunk_bytes,
-        options.window,
+        -1 if options.channels is None else options.channels,
+        0 if options.chunk_bytes is None else options.chunk_bytes,
+        0 if options.window is None else options.window,
     )
 
 
@@ -139,13 +144,27 @@ def install() -> None:
         sys.meta_path.insert(0, _RegisterWhenLoaded())
 
 
-def backend_info(group=None) -> Dict[str, Any]:
-    """Engine facts of a reccl group's CPU backend: channels, chunk_bytes, window, ops_done."""
+def _cpu_backend(group):
     import torch
     import torch.distributed as dist
 
     pg = group if group is not None else dist.group.WORLD
-    return _pg_native()._reccl_backend_info(pg._get_backend(torch.device("cpu")))
+    return pg._get_backend(torch.device("cpu"))
+
+
+def backend_info(group=None) -> Dict[str, Any]:
+    """Engine facts of a reccl group's CPU backend: channels, chunk_bytes, window,
+    ops_done, and the DCR plan in force (``plan`` id, ``channels_without_data``)."""
+    return _pg_native()._reccl_backend_info(_cpu_backend(group))
+
+
+def fault_picture(group=None) -> Dict[str, Any]:
+    """The job-wide fault picture of a reccl group, as its control plane shares it
+    every ``RECCL_DCR_PERIOD_MS``: the plan the group should run (``plan``: id,
+    start_op, channels_without_data), the most advanced rank's ``max_ops_done``,
+    and every ``degraded`` rank (ops_done, channels_on_backup, nics_down by index
+    into its RECCL_NICS). ``round`` counts the coordinator's periods (0: none yet)."""
+    return _pg_native()._reccl_fault_picture(_cpu_backend(group))
 
 
 install()

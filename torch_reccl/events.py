@@ -44,6 +44,9 @@ class Event:
     to_path: int = -1
     duration_s: Optional[float] = None     # failover/failback: detection -> traffic resumed
     bytes_replayed: Optional[int] = None   # failover: bytes re-sent after resync
+    group: str = ""                        # rebalance: the process group
+    op: Optional[int] = None               # rebalance: the collective the new plan starts at
+    plan: Optional[int] = None             # rebalance: the plan's id (0 = every channel)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -25,6 +25,17 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_FAILBACK", "1", "return to the primary path when it heals; 0 or 1"},
       {"RECCL_BACKUP", "1", "open a backup path per connection; 0 or 1 (0 disables failover)"},
       {"RECCL_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE"},
+      {"RECCL_CHANNELS", "0",
+       "CPU engine: connections per peer pair and direction, channel c on NIC c % NICs; "
+       "0..64 (0: one per NIC)"},
+      {"RECCL_WINDOW", "4", "CPU engine: chunks each channel receives ahead; 1..64"},
+      {"RECCL_DCR", "1",
+       "CPU engine: move data off channels whose path runs over a backup NIC; 0 or 1"},
+      {"RECCL_DCR_PERIOD_MS", "100",
+       "control plane: how often ranks share NIC health and ops done (ms); 10..60000"},
+      {"RECCL_DCR_OFFSET", "4",
+       "control plane: a new channel plan starts this many collectives after the most "
+       "advanced rank; 1..1000000"},
   };
   return kVars;
 }
@@ -100,6 +111,16 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.failback = parseBool(name, value);
     } else if (name == "RECCL_BACKUP") {
       config.backup = parseBool(name, value);
+    } else if (name == "RECCL_CHANNELS") {
+      config.channels = static_cast<int>(parseInt(name, value, 0, 64));
+    } else if (name == "RECCL_WINDOW") {
+      config.window = static_cast<int>(parseInt(name, value, 1, 64));
+    } else if (name == "RECCL_DCR") {
+      config.dcr = parseBool(name, value);
+    } else if (name == "RECCL_DCR_PERIOD_MS") {
+      config.dcrPeriodMs = static_cast<int>(parseInt(name, value, 10, 60000));
+    } else if (name == "RECCL_DCR_OFFSET") {
+      config.dcrOffset = static_cast<int>(parseInt(name, value, 1, 1000000));
     } else if (name == "RECCL_DEBUG") {
       if (value != "NONE" && value != "WARN" && value != "INFO" && value != "TRACE") {
         throw ConfigError(name + "=" + value +

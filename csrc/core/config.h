@@ -19,6 +19,13 @@ struct Config {
   bool failback = true;            // RECCL_FAILBACK
   bool backup = true;              // RECCL_BACKUP: 0 = no backup path (baseline runs)
   std::string debug = "WARN";      // RECCL_DEBUG: NONE | WARN | INFO | TRACE
+  // The CPU engine (defaults of a process group's options; pg_options override them).
+  int channels = 0;                // RECCL_CHANNELS: connections per peer pair; 0 = one per NIC
+  int window = 4;                  // RECCL_WINDOW: chunks a channel receives ahead
+  // The control plane and DCR.
+  bool dcr = true;                 // RECCL_DCR: rebalance channels away from backup NICs
+  int dcrPeriodMs = 100;           // RECCL_DCR_PERIOD_MS: control-plane exchange period
+  int dcrOffset = 4;               // RECCL_DCR_OFFSET: ops ahead at which a new plan starts
 
   // Reads every RECCL_* variable from `env` (name -> value).
   static Config fromEnv(const std::map<std::string, std::string>& env);

@@ -14,6 +14,7 @@ const char* eventKindName(EventKind kind) {
     case EventKind::kNicUp: return "nic_up";
     case EventKind::kConnectionFailed: return "connection_failed";
     case EventKind::kHandshakeRejected: return "handshake_rejected";
+    case EventKind::kRebalance: return "rebalance";
   }
   return "unknown";
 }

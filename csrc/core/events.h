@@ -21,6 +21,7 @@ enum class EventKind : uint8_t {
   kNicUp,
   kConnectionFailed,
   kHandshakeRejected,
+  kRebalance,  // a process group switched channel plans (DCR)
 };
 
 enum class Reason : uint8_t {
@@ -49,6 +50,10 @@ struct Event {
   std::string nic;     // local NIC name
   std::string peer;    // remote address, when there is one
   std::string detail;  // human-readable context
+  // kRebalance: the group, the collective the new plan starts at and its id.
+  std::string group;
+  int64_t op = -1;
+  int64_t plan = -1;
 };
 
 class EventRing {

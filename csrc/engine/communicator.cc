@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/health.h"
 #include "core/log.h"
 #include "engine/direct.h"
 #include "engine/ring.h"
@@ -56,6 +57,12 @@ Communicator::Communicator(std::shared_ptr<TcpTransport> transport, Rendezvous& 
   if (options_.window < 1 || options_.window > 64) {
     throw ConfigError("window=" + std::to_string(options_.window) + " is not valid: expected 1..64");
   }
+  ControlSettings control = options_.control;
+  control.enabled = control.enabled && size > 1;
+  // Before the handles' rendezvous, so every rank's control keys exist once it is done.
+  control_ = std::make_unique<ControlPlane>(control.enabled ? rendezvous.sideChannel() : nullptr,
+                                            prefix, rank, size, plan_.channels(), control,
+                                            [this] { return sampleState(); });
   links_ = std::make_shared<Links>(std::move(transport), rendezvous, prefix, rank, size,
                                    plan_.channels(), options_.rendezvousTimeout);
   p2p_ = std::make_shared<P2p>(links_, options_.group);
@@ -64,9 +71,11 @@ Communicator::Communicator(std::shared_ptr<TcpTransport> transport, Rendezvous& 
   txBuffers_.resize(size_);
   txPending_.resize(size_);
   rxBuffers_.resize(size_);
+  control_->start();
 }
 
 Communicator::~Communicator() {
+  control_->stop();
   links_->close();
   pool_.reset();
 }
@@ -93,7 +102,51 @@ void Communicator::abort(const std::string& why) {
     if (error_.empty()) error_ = why;
   }
   aborted_.store(true);
+  control_->stop();
   links_->close();
+}
+
+RankState Communicator::sampleState() const {
+  RankState state;
+  state.opsDone = opsDone_.load();
+  state.backupChannels = links_->channelsOnBackup();
+  state.nicsDown = links_->nicsDown();
+  return state;
+}
+
+PlanProposal Communicator::currentPlan() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return current_;
+}
+
+GroupView Communicator::groupView() const { return control_->view(); }
+
+void Communicator::adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq) {
+  std::vector<PlanProposal> carried;
+  carried.reserve(all.size());
+  for (const auto& d : all) carried.push_back(d.proposal);
+  std::optional<PlanProposal> next = planToAdopt(plan_.id(), carried, seq);
+  if (!next) return;
+  plan_ = planOf(*next, plan_.channels());
+  {
+    std::lock_guard<std::mutex> lock(planMutex_);
+    current_ = *next;
+  }
+  Event event;
+  event.kind = EventKind::kRebalance;
+  event.wallNs = wallNs();
+  event.group = options_.group;
+  event.op = static_cast<int64_t>(seq);
+  event.plan = static_cast<int64_t>(next->id);
+  const uint64_t avoided = next->avoidMask & allChannelsMask(plan_.channels());
+  event.detail = avoided == 0
+                     ? "every channel carries data"
+                     : describeChannels(avoided) + " of " + std::to_string(plan_.channels()) +
+                           " carry no data (their paths run over backup NICs)";
+  RECCL_LOG(kInfo, "reccl: process group '" + options_.group + "' rank " + std::to_string(rank_) +
+                       ": plan " + std::to_string(next->id) + " from op " + std::to_string(seq) +
+                       ": " + event.detail);
+  NicHealth::instance().emit(std::move(event));
 }
 
 std::string Communicator::label(const OpDescriptor& desc) const {
@@ -120,6 +173,7 @@ void Communicator::run(OpDescriptor desc, Millis timeout,
   }
   desc.seq = seq_++;
   desc.planId = plan_.id();
+  desc.proposal = control_->view().plan;
   desc.chunkBytes = options_.chunkBytes;
   desc.channels = static_cast<uint32_t>(plan_.channels());
   OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);
@@ -128,6 +182,7 @@ void Communicator::run(OpDescriptor desc, Millis timeout,
     std::vector<Inline> inlineFrom;
     exchange(ctx, desc, payloadTo, &all, &inlineFrom);
     checkConsistent(all, options_.group);
+    adoptPlan(all, desc.seq);
     body(ctx, inlineFrom);
     opsDone_.fetch_add(1);
   } catch (const MismatchError&) {
@@ -215,6 +270,7 @@ void Communicator::forChannels(const OpContext& ctx, DataType dtype, size_t unit
                                const std::function<void(ChannelJob&, SendList&)>& fn) {
   std::vector<std::function<void()>> jobs;
   for (int c = 0; c < plan_.channels(); ++c) {
+    if (plan_.weight(c) == 0) continue;  // DCR: no traffic at all on this channel
     jobs.push_back([&, c] {
       ChannelJob job{*links_, ctx, c, dtype, elementSize(dtype), unit, options_.window, scratch_[c]};
       SendList sends;

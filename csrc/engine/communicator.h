@@ -3,8 +3,9 @@
 // worker thread). Point-to-point traffic goes through p2p().
 //
 // Every collective runs in two phases:
-//  1. Descriptor exchange: each rank sends every peer (over channel 0) a 64-byte
-//     descriptor of the op it is running, plus, when the per-peer payload is at
+//  1. Descriptor exchange: each rank sends every peer (over channel 0) a 96-byte
+//     descriptor of the op it is running (and the newest channel plan it has
+//     heard of from the control plane: DCR switches plans in-band, rebalance.h), plus, when the per-peer payload is at
 //     most kInlineBytes, the payload itself. Every rank then checks all
 //     descriptors (MismatchError on any difference, on every rank, before any
 //     data moves). For small messages this single round *is* the algorithm
@@ -28,6 +29,7 @@
 
 #include "engine/channel_job.h"
 #include "engine/channel_plan.h"
+#include "engine/control_plane.h"
 #include "engine/data_type.h"
 #include "engine/descriptor.h"
 #include "engine/links.h"
@@ -46,6 +48,7 @@ struct CommOptions {
   int window = 4;                    // chunks received ahead per channel
   std::string group = "";            // process group name, for errors
   Millis rendezvousTimeout{300000};  // bound on reading peers' handles
+  ControlSettings control;           // the control plane and DCR
 };
 
 class Communicator {
@@ -62,6 +65,10 @@ class Communicator {
   int size() const { return size_; }
   int channels() const { return plan_.channels(); }
   const ChannelPlan& plan() const { return plan_; }
+  // The plan in force (id 0: every channel); changes only between collectives.
+  PlanProposal currentPlan() const;
+  // The job-wide fault picture as of the last control-plane period.
+  GroupView groupView() const;
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 
@@ -119,12 +126,18 @@ class Communicator {
                    const std::function<void(ChannelJob&, SendList&)>& fn);
   size_t chunkElems(DataType dtype, size_t largestSegment, int segmentsPerConnection) const;
   std::string label(const OpDescriptor& desc) const;
+  RankState sampleState() const;
+  // Switches to the plan every rank's descriptor of op `seq` agrees on (if any).
+  void adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq);
 
   const int rank_;
   const int size_;
   const CommOptions options_;
   std::shared_ptr<Links> links_;
+  std::unique_ptr<ControlPlane> control_;  // stopped before links_ go
   ChannelPlan plan_;
+  mutable std::mutex planMutex_;  // current_ for readers outside the op thread
+  PlanProposal current_;
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel

@@ -8,7 +8,7 @@ namespace reccl {
 namespace {
 
 constexpr uint32_t kDescriptorMagic = 0x44434552;  // "RECD" little-endian
-constexpr uint8_t kDescriptorVersion = 1;
+constexpr uint8_t kDescriptorVersion = 2;
 
 #pragma pack(push, 1)
 struct WireDescriptor {
@@ -27,9 +27,13 @@ struct WireDescriptor {
   uint32_t inlineBytes;
   uint64_t chunkBytes;
   uint32_t channels;
+  uint64_t proposalId;
+  uint64_t proposalStartOp;
+  uint64_t proposalAvoid;
+  uint64_t reserved;
 };
 #pragma pack(pop)
-static_assert(sizeof(WireDescriptor) == kDescriptorBytes, "descriptor header is 64 bytes");
+static_assert(sizeof(WireDescriptor) == kDescriptorBytes, "descriptor header is 96 bytes");
 
 bool hasRoot(OpKind kind) {
   return kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
@@ -106,6 +110,9 @@ size_t encodeDescriptor(const OpDescriptor& desc, int sender, int groupSize,
   wire.inlineBytes = inlineBytes;
   wire.chunkBytes = desc.chunkBytes;
   wire.channels = desc.channels;
+  wire.proposalId = desc.proposal.id;
+  wire.proposalStartOp = desc.proposal.startOp;
+  wire.proposalAvoid = desc.proposal.avoidMask;
   std::memcpy(out, &wire, sizeof(wire));
   size_t offset = sizeof(wire);
   if (wire.countVectors) {
@@ -124,7 +131,8 @@ size_t encodeDescriptor(const OpDescriptor& desc, int sender, int groupSize,
 DecodedDescriptor decodeDescriptor(const uint8_t* data, size_t bytes, int groupSize) {
   if (bytes < sizeof(WireDescriptor)) {
     throw ProtocolError("collective descriptor of " + std::to_string(bytes) +
-                        " bytes is shorter than its 64-byte header");
+                        " bytes is shorter than its " + std::to_string(kDescriptorBytes) +
+                        "-byte header");
   }
   WireDescriptor wire;
   std::memcpy(&wire, data, sizeof(wire));
@@ -154,6 +162,7 @@ DecodedDescriptor decodeDescriptor(const uint8_t* data, size_t bytes, int groupS
   desc.planId = wire.planId;
   desc.chunkBytes = wire.chunkBytes;
   desc.channels = wire.channels;
+  desc.proposal = PlanProposal{wire.proposalId, wire.proposalStartOp, wire.proposalAvoid};
   size_t offset = sizeof(wire);
   if (wire.countVectors) {
     size_t vectorBytes = sizeof(uint64_t) * groupSize;

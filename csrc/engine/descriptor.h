@@ -1,5 +1,6 @@
 // What each rank says it is doing at a collective: op sequence number, kind,
-// dtype, count, root, reduce op and channel plan. Every collective starts by
+// dtype, count, root, reduce op, the channel plan in force and the newest plan
+// the rank has heard of (DCR adopts it in-band, see rebalance.h). Every collective starts by
 // exchanging descriptors with every peer (with small payloads inline, see
 // communicator.h); every rank then compares all of them, so a mismatch raises the
 // same error, naming both sides, on every rank before any data moves.
@@ -11,6 +12,7 @@
 
 #include "core/error.h"
 #include "engine/data_type.h"
+#include "engine/rebalance.h"
 #include "engine/reduce_op.h"
 
 namespace reccl {
@@ -45,6 +47,7 @@ struct OpDescriptor {
   uint64_t planId = 0;            // channel plan in force (DCR switches it at an agreed op)
   uint64_t chunkBytes = 0;        // the communicator's pipelining unit (must agree)
   uint32_t channels = 0;          // the communicator's channels (must agree)
+  PlanProposal proposal;          // the newest plan this rank knows of (may differ)
   // alltoall only: elements this rank sends to / receives from each rank.
   std::vector<uint64_t> sendCounts;
   std::vector<uint64_t> recvCounts;
@@ -65,9 +68,9 @@ struct OpDescriptor {
   }
 };
 
-// The wire header of a descriptor message: 64 bytes, then the alltoall count
+// The wire header of a descriptor message: 96 bytes, then the alltoall count
 // vectors (16 bytes per rank), then any inline payload.
-constexpr size_t kDescriptorBytes = 64;
+constexpr size_t kDescriptorBytes = 96;
 
 // Serializes `desc` from `sender`, announcing `inlineBytes` of payload after it.
 // `out` must hold messageBytes(desc, inlineBytes).

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/health.h"
 #include "transport/tcp/handle.h"
 
 namespace reccl {
@@ -113,6 +114,35 @@ std::shared_ptr<RecvConnection> Links::receiver(int peer, int channel, Lane lane
     l.recv = l.listener->accept(Millis(50));
   }
   return l.recv;
+}
+
+uint64_t Links::nicsDown() const {
+  uint64_t mask = 0;
+  for (int n = 0; n < nics_ && n < 64; ++n) {
+    if (!NicHealth::instance().usable(transport_->healthId(n))) mask |= uint64_t{1} << n;
+  }
+  return mask;
+}
+
+uint64_t Links::channelsOnBackup() const {
+  const uint64_t down = nicsDown();
+  uint64_t mask = 0;
+  for (int c = 0; c < channels_; ++c) {
+    if (down & (uint64_t{1} << nicOf(c))) mask |= uint64_t{1} << c;
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    for (int c = 0; c < channels_; ++c) {
+      Link& l = *links_[static_cast<size_t>(peer) * slotsPerPeer() + c];
+      std::unique_lock<std::mutex> lock(l.mutex, std::try_to_lock);
+      if (!lock.owns_lock()) continue;  // being accepted: not failed over
+      // Path 0 is the primary; -1 (between paths) counts once a backup is chosen.
+      if ((l.send && l.send->activePath() > 0) || (l.recv && l.recv->activePath() > 0)) {
+        mask |= uint64_t{1} << c;
+      }
+    }
+  }
+  return mask;
 }
 
 void Links::close() {

@@ -45,6 +45,12 @@ class Links {
   // Non-blocking: the connection from `peer` if it has been (or can now be) accepted.
   std::shared_ptr<RecvConnection> tryReceiver(int peer, int channel, Lane lane);
 
+  // Bit c: a collective connection of channel c runs over a backup path, or
+  // channel c's local NIC is down. Never blocks on a link being connected.
+  uint64_t channelsOnBackup() const;
+  // Bit n: local NIC n is down.
+  uint64_t nicsDown() const;
+
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is
   // written afterwards. Idempotent; later sender()/receiver() calls throw.

@@ -77,14 +77,22 @@ ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& stor
   // handles. Every rank counts its own incarnations, so they agree.
   int64_t incarnation = rendezvous.add("reccl/incarnation/" + std::to_string(rank), 1);
   std::string prefix = "reccl/" + std::to_string(incarnation) + "/";
+  std::shared_ptr<TcpTransport> transport = sharedTransport();
+  const Config& config = transport->config();
+  if (options_.channels < 0) options_.channels = config.channels;
+  if (options_.chunkBytes == 0) options_.chunkBytes = static_cast<size_t>(config.chunkBytes);
+  if (options_.window == 0) options_.window = config.window;
   CommOptions commOptions;
   commOptions.channels = options_.channels;
   commOptions.chunkBytes = options_.chunkBytes;
   commOptions.window = options_.window;
+  commOptions.control.rebalance = config.dcr;
+  commOptions.control.period = milliseconds(config.dcrPeriodMs);
+  commOptions.control.offset = static_cast<uint64_t>(config.dcrOffset);
   commOptions.group = options_.group;
   commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
   try {
-    comm_ = std::make_shared<Communicator>(sharedTransport(), rendezvous, prefix, rank, size,
+    comm_ = std::make_shared<Communicator>(std::move(transport), rendezvous, prefix, rank, size,
                                            commOptions);
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, std::string("reccl: creating process group '") +

@@ -29,9 +29,10 @@ class ProcessGroupReccl : public c10d::Backend {
   struct Options {
     std::chrono::milliseconds timeout{30 * 60 * 1000};
     std::string group = "";     // c10d group name, for errors and store keys
-    int channels = 0;           // 0: one per NIC
-    size_t chunkBytes = 1 << 20;
-    int window = 4;
+    // Unset (-1 / 0) values come from RECCL_CHANNELS, RECCL_CHUNK_BYTES, RECCL_WINDOW.
+    int channels = -1;          // 0: one per NIC
+    size_t chunkBytes = 0;
+    int window = 0;
   };
 
   // Rendezvous through `store` (blocking; bounded by the store's timeout).
@@ -44,6 +45,7 @@ class ProcessGroupReccl : public c10d::Backend {
   // Engine facts for tests and tools.
   int channels() const { return comm_ ? comm_->channels() : 0; }
   uint64_t opsDone() const { return comm_ ? comm_->opsDone() : 0; }
+  std::shared_ptr<Communicator> communicatorForTools() const { return comm_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

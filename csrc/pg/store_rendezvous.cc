@@ -41,6 +41,16 @@ std::vector<std::vector<uint8_t>> StoreRendezvous::getMany(const std::vector<std
   return store_->multiGet(keys);
 }
 
+std::unique_ptr<Rendezvous> StoreRendezvous::sideChannel() {
+  c10::intrusive_ptr<c10d::Store> own;
+  try {
+    own = store_->clone();  // TCPStore: a new client connection
+  } catch (const std::exception&) {
+    own = store_;  // stores that cannot clone (in-process ones) are shared
+  }
+  return std::make_unique<StoreRendezvous>(own ? own : store_);
+}
+
 int64_t StoreRendezvous::add(const std::string& key, int64_t delta) { return store_->add(key, delta); }
 
 }  // namespace reccl

@@ -133,6 +133,9 @@ py::dict eventDict(const Event& event) {
   d["duration_s"] = event.durationNs >= 0 ? py::object(py::float_(event.durationNs / 1e9)) : py::none();
   d["bytes_replayed"] = event.bytesReplayed >= 0 ? py::object(py::int_(event.bytesReplayed)) : py::none();
   d["detail"] = event.detail;
+  d["group"] = event.group;
+  d["op"] = event.op >= 0 ? py::object(py::int_(event.op)) : py::none();
+  d["plan"] = event.plan >= 0 ? py::object(py::int_(event.plan)) : py::none();
   return d;
 }
 

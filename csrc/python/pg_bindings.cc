@@ -23,6 +23,14 @@ reccl::ProcessGroupReccl* asReccl(const c10::intrusive_ptr<c10d::Backend>& backe
   return pg;
 }
 
+py::list channelList(uint64_t mask, int channels) {
+  py::list out;
+  for (int c = 0; c < channels && c < 64; ++c) {
+    if (mask & (uint64_t{1} << c)) out.append(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bindProcessGroup(py::module_& m) {
@@ -52,7 +60,7 @@ void bindProcessGroup(py::module_& m) {
         return backend;
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group"),
-      py::arg("channels") = 0, py::arg("chunk_bytes") = 1 << 20, py::arg("window") = 4,
+      py::arg("channels") = -1, py::arg("chunk_bytes") = 0, py::arg("window") = 0,
       "Creates the c10d backend of one reccl process group (rendezvous through `store`).");
   m.def(
       "_reccl_backend_info",
@@ -65,7 +73,40 @@ void bindProcessGroup(py::module_& m) {
         d["window"] = pg->options().window;
         d["timeout_s"] = static_cast<double>(pg->options().timeout.count()) / 1000.0;
         d["ops_done"] = pg->opsDone();
+        std::shared_ptr<reccl::Communicator> comm = pg->communicatorForTools();
+        if (comm) {
+          reccl::PlanProposal plan = comm->currentPlan();
+          d["plan"] = plan.id;
+          d["channels_without_data"] = channelList(plan.avoidMask, comm->channels());
+        }
         return d;
       },
-      py::arg("backend"), "Engine facts of a reccl backend: channels, chunk size, ops done.");
+      py::arg("backend"), "Engine facts of a reccl backend: channels, chunk size, ops done, plan.");
+  m.def(
+      "_reccl_fault_picture",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        std::shared_ptr<reccl::Communicator> comm = asReccl(backend)->communicatorForTools();
+        if (!comm) throw py::value_error("the reccl process group has been shut down");
+        reccl::GroupView view = comm->groupView();
+        py::dict d;
+        d["round"] = view.round;
+        d["max_ops_done"] = view.maxOpsDone;
+        py::dict plan;
+        plan["id"] = view.plan.id;
+        plan["start_op"] = view.plan.startOp;
+        plan["channels_without_data"] = channelList(view.plan.avoidMask, comm->channels());
+        d["plan"] = plan;
+        py::list degraded;
+        for (const auto& r : view.degraded) {
+          py::dict e;
+          e["rank"] = r.rank;
+          e["ops_done"] = r.state.opsDone;
+          e["channels_on_backup"] = channelList(r.state.backupChannels, comm->channels());
+          e["nics_down"] = channelList(r.state.nicsDown, 64);
+          degraded.append(e);
+        }
+        d["degraded"] = degraded;
+        return d;
+      },
+      py::arg("backend"), "The job-wide fault picture the control plane shares.");
 }

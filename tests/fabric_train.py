@@ -1,0 +1,109 @@
+"""One rank of a small training run over the "reccl" backend (run inside an
+emulated host's netns by tests/test_training_fabric.py).
+
+Trains a small MLP with fixed seeds: every step all-reduces the flat gradient
+(large enough for the ring algorithm over every channel) and applies SGD. At the
+steps given by --pause, rank 0 prints "PAUSE <step>" and waits for the driver to
+apply a fault and answer: "go", or "go avoid" / "go clear" to first wait (bounded)
+until the control plane proposes a plan that avoids some channel / no channel, so
+the test never races the control plane's period against fast steps. At the end
+every rank prints one JSON line: the final parameters' SHA-256, the loss curve and
+the rebalance events it saw.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--master", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--pause", type=int, action="append", default=[])
+    parser.add_argument("--width", type=int, default=192)
+    parser.add_argument("--channels", type=int, default=None)
+    args = parser.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    import torch_reccl
+    from torch_reccl.backend import Options, backend_info, fault_picture
+
+    rebalances = []
+    torch_reccl.on_event(lambda e: rebalances.append({"op": e.op, "plan": e.plan, "detail": e.detail}),
+                         kinds=["rebalance"])
+    store = dist.TCPStore(args.master, args.port, args.world, is_master=args.rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("reccl", store=store, rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=60),
+                            pg_options=Options(channels=args.channels))
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(64, args.width), torch.nn.Tanh(),
+                                torch.nn.Linear(args.width, args.width), torch.nn.Tanh(),
+                                torch.nn.Linear(args.width, 8))
+    for p in model.parameters():
+        dist.broadcast(p.data, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(99 + args.rank)
+    losses = []
+
+    def wait_for_plan(want: str) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            avoided = fault_picture()["plan"]["channels_without_data"]
+            if (want == "avoid") == bool(avoided):
+                return
+            time.sleep(0.02)
+        print(f"rank 0: no plan with {want} channels within 20 s: {fault_picture()}",
+              file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    for step in range(args.steps):
+        if args.rank == 0 and step in args.pause:
+            print(f"PAUSE {step}", flush=True)
+            answer = sys.stdin.readline().split()
+            if len(answer) > 1:
+                wait_for_plan(answer[1])
+        x = torch.randn(32, 64, generator=gen)
+        y = torch.randn(32, 8, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        dist.all_reduce(flat)
+        flat /= args.world
+        offset = 0
+        for p in model.parameters():
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        opt.step()
+        loss_t = loss.detach().reshape(1)
+        dist.all_reduce(loss_t)
+        losses.append(float(loss_t) / args.world)
+
+    train_s = time.monotonic() - started
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().numpy().tobytes())
+    info = backend_info()
+    dist.barrier()
+    torch_reccl.flush_events()
+    time.sleep(0.2)  # a batch the delivery thread drained just before is delivered too
+    dist.destroy_process_group()
+    print(json.dumps({"rank": args.rank, "params": digest.hexdigest(), "losses": losses,
+                      "rebalances": rebalances, "channels": info["channels"],
+                      "ops_done": info["ops_done"],
+                      "train_s": round(train_s, 3)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
