@@ -1,4 +1,5 @@
-"""The ``"reccl"`` torch.distributed backend (CPU tensors).
+"""The ``"reccl"`` torch.distributed backend: CPU tensors run on the reccl
+engine, CUDA tensors on torch's own ProcessGroupNCCL (through our NCCL net plugin).
 
 Importing :mod:`torch_reccl` registers it, so::
 
@@ -74,9 +75,14 @@ def _seconds(timeout: Any) -> float:
     return float(timeout)
 
 
-def _create_backend(dist_options, pg_options):
-    """The creator torch.distributed calls (extended API) for every reccl group."""
-    options = pg_options if isinstance(pg_options, Options) else Options()
+def _cuda_backend_wanted() -> bool:
+    import torch
+    import torch.distributed as dist
+
+    return dist.is_nccl_available() and torch.cuda.is_available()
+
+
+def _create_cpu_backend(dist_options, options: "Options"):
     return _pg_native()._create_reccl_backend(
         dist_options.store,
         dist_options.group_rank,
@@ -89,6 +95,44 @@ def _create_backend(dist_options, pg_options):
     )
 
 
+def _create_nccl_backend(dist_options, pg_options):
+    """torch's own ProcessGroupNCCL with the caller's options (Megatron passes
+    ProcessGroupNCCL.Options); NCCL loads our net plugin (see nccl_setup)."""
+    import torch.distributed as dist
+    from torch.distributed import ProcessGroupNCCL
+
+    options = pg_options if isinstance(pg_options, ProcessGroupNCCL.Options) else ProcessGroupNCCL.Options()
+    options._timeout = dist_options.timeout
+    options.global_ranks_in_group = list(dist_options.global_ranks_in_group or [])
+    options.group_name = str(dist_options.group_id)
+    store = dist.PrefixStore("cuda/", dist_options.store)
+    return ProcessGroupNCCL(store, dist_options.group_rank, dist_options.group_size, options)
+
+
+def _create_backend(dist_options, pg_options):
+    """The creator torch.distributed calls (extended API) for every reccl group.
+
+    CPU tensors go to the reccl engine. Where CUDA and NCCL are available, the
+    group is a ProcessGroup whose CUDA backend is torch's own ProcessGroupNCCL
+    (so every NCCL feature works and CUDA ops pay no dispatch cost); its NIC
+    failover comes from our net plugin, its fault picture from the reccl control
+    plane, which also counts the NCCL collectives issued."""
+    options = pg_options if isinstance(pg_options, Options) else Options()
+    cpu = _create_cpu_backend(dist_options, options)
+    if not _cuda_backend_wanted():
+        return cpu
+    import torch
+    from torch.distributed import ProcessGroup
+
+    cuda = _create_nccl_backend(dist_options, pg_options)
+    _pg_native()._reccl_attach_device_backend(cpu, cuda)
+    pg = ProcessGroup(dist_options.store, dist_options.group_rank, dist_options.group_size)
+    pg._set_default_backend(ProcessGroup.BackendType.NCCL)
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, cpu)
+    pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, cuda)
+    return pg
+
+
 def register() -> None:
     """Registers the backend with torch.distributed (idempotent). Imports torch."""
     dist = sys.modules.get("torch.distributed")
@@ -96,7 +140,8 @@ def register() -> None:
         import torch.distributed as dist
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
+                                  devices=["cpu", "cuda"])
     # Load the library now, so NCCL's dlopen of the plugin (NCCL_NET_PLUGIN) finds
     # it already loaded by Python rather than loading it first.
     _pg_native()

@@ -111,7 +111,14 @@ RankState Communicator::sampleState() const {
   state.opsDone = opsDone_.load();
   state.backupChannels = links_->channelsOnBackup();
   state.nicsDown = links_->nicsDown();
+  std::lock_guard<std::mutex> lock(planMutex_);
+  if (deviceOps_) state.deviceOps = deviceOps_();
   return state;
+}
+
+void Communicator::setDeviceOpsCounter(std::function<uint64_t()> counter) {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  deviceOps_ = std::move(counter);
 }
 
 PlanProposal Communicator::currentPlan() const {

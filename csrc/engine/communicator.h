@@ -69,6 +69,9 @@ class Communicator {
   PlanProposal currentPlan() const;
   // The job-wide fault picture as of the last control-plane period.
   GroupView groupView() const;
+  // Where the control plane reads how many collectives the group's GPU backend
+  // (torch's ProcessGroupNCCL) has issued; called from its thread.
+  void setDeviceOpsCounter(std::function<uint64_t()> counter);
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 
@@ -136,8 +139,9 @@ class Communicator {
   std::shared_ptr<Links> links_;
   std::unique_ptr<ControlPlane> control_;  // stopped before links_ go
   ChannelPlan plan_;
-  mutable std::mutex planMutex_;  // current_ for readers outside the op thread
+  mutable std::mutex planMutex_;  // current_ and deviceOps_ for other threads
   PlanProposal current_;
+  std::function<uint64_t()> deviceOps_;
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel

@@ -9,8 +9,8 @@ namespace reccl {
 
 namespace {
 
-constexpr uint32_t kStateMagic = 0x31534352;  // "RCS1"
-constexpr uint32_t kViewMagic = 0x31564352;   // "RCV1"
+constexpr uint32_t kStateMagic = 0x32534352;  // "RCS2"
+constexpr uint32_t kViewMagic = 0x32564352;   // "RCV2"
 // A side-channel call that outlasts this is a dead store, not a slow one.
 constexpr Millis kSideChannelTimeout{10000};
 // stop() waits this long past one period for the thread to notice.
@@ -66,6 +66,7 @@ void putState(Writer& w, const RankState& s) {
   w.put(s.opsDone);
   w.put(s.backupChannels);
   w.put(s.nicsDown);
+  w.put(s.deviceOps);
 }
 
 RankState getState(Reader& r) {
@@ -73,6 +74,7 @@ RankState getState(Reader& r) {
   s.opsDone = r.get<uint64_t>();
   s.backupChannels = r.get<uint64_t>();
   s.nicsDown = r.get<uint64_t>();
+  s.deviceOps = r.get<uint64_t>();
   return s;
 }
 

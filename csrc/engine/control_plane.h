@@ -29,6 +29,7 @@ struct RankState {
   uint64_t opsDone = 0;
   uint64_t backupChannels = 0;  // bit c: a path of channel c runs over a backup NIC
   uint64_t nicsDown = 0;        // bit n: local NIC n is down
+  uint64_t deviceOps = 0;       // collectives issued by the group's GPU backend (NCCL)
 };
 
 // A rank whose state is not clean, in the job-wide picture.

@@ -143,6 +143,8 @@ ncclResult_t NetPlugin::connect(int dev, void* handle, void** sendComm) {
     }
     if (pending->connection->ready()) {
       std::memset(bytes + kPendingMarkerOffset, 0, sizeof(kPendingMarker));
+      RECCL_LOG(kTrace, "plugin connect dev " + std::to_string(dev) + ": connection " +
+                            std::to_string(pending->connection->id()));
       *sendComm = pending;
       return ncclSuccess;
     }
@@ -161,6 +163,10 @@ ncclResult_t NetPlugin::accept(void* listenComm, void** recvComm) {
   return guard("accept", [&] {
     auto* listen = static_cast<ListenComm*>(listenComm);
     auto connection = listen->listener->accept(Millis(0));
+    if (connection) {
+      RECCL_LOG(kTrace, "plugin accept nic " + std::to_string(listen->listener->nic()) +
+                            ": connection " + std::to_string(connection->id()));
+    }
     *recvComm = connection ? new RecvComm{std::move(connection)} : nullptr;
     return ncclSuccess;
   });
@@ -182,7 +188,10 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void** re
     auto* comm = static_cast<SendComm*>(sendComm);
     *request = nullptr;
     try {
-      *request = new PluginRequest{comm->connection->isend(static_cast<uint8_t*>(data), size)};
+      auto sent = comm->connection->isend(static_cast<uint8_t*>(data), size);
+      RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
+                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size));
+      *request = new PluginRequest{std::move(sent)};
     } catch (const Error&) {
       // Too many in flight: a NULL request tells NCCL to retry later. A failed
       // connection says so through error().
@@ -201,7 +210,11 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
     auto* comm = static_cast<RecvComm*>(recvComm);
     *request = nullptr;
     try {
-      *request = new PluginRequest{comm->connection->irecv(static_cast<uint8_t*>(data[0]), sizes[0])};
+      auto posted = comm->connection->irecv(static_cast<uint8_t*>(data[0]), sizes[0]);
+      RECCL_LOG(kTrace, "plugin irecv connection " + std::to_string(comm->connection->id()) +
+                            " seq " + std::to_string(posted->seq()) + " bytes " +
+                            std::to_string(sizes[0]));
+      *request = new PluginRequest{std::move(posted)};
     } catch (const Error&) {
       if (!comm->connection->error().empty()) throw;
     }

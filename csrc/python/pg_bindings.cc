@@ -103,10 +103,32 @@ void bindProcessGroup(py::module_& m) {
           e["ops_done"] = r.state.opsDone;
           e["channels_on_backup"] = channelList(r.state.backupChannels, comm->channels());
           e["nics_down"] = channelList(r.state.nicsDown, 64);
+          e["device_ops_done"] = r.state.deviceOps;
           degraded.append(e);
         }
         d["degraded"] = degraded;
         return d;
       },
       py::arg("backend"), "The job-wide fault picture the control plane shares.");
+  m.def(
+      "_reccl_attach_device_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend,
+         const c10::intrusive_ptr<c10d::Backend>& device) {
+        std::shared_ptr<reccl::Communicator> comm = asReccl(backend)->communicatorForTools();
+        if (!comm) throw py::value_error("the reccl process group has been shut down");
+        // A weak reference: the process group owns both backends, and the
+        // control plane must not keep NCCL's alive past destroy_process_group.
+        c10::weak_intrusive_ptr<c10d::Backend> weak(device);
+        comm->setDeviceOpsCounter([weak]() -> uint64_t {
+          c10::intrusive_ptr<c10d::Backend> strong = weak.lock();
+          if (!strong) return 0;
+          try {
+            return strong->getSequenceNumberForGroup();
+          } catch (const std::exception&) {
+            return 0;  // a backend without sequence numbers
+          }
+        });
+      },
+      py::arg("backend"), py::arg("device_backend"),
+      "Lets the control plane count the collectives the group's GPU backend issues.");
 }
