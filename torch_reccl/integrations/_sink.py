@@ -94,7 +94,7 @@ def describe(event: Event) -> str:
         text += f", {event.bytes_replayed} bytes replayed"
     if event.kind == "slowdown":
         if event.slowdown is not None:
-            text += f": {event.slowdown:.3f}x slower"
+            text += f": k = {event.slowdown:.3f} (throughput before / after)"
         text += (f" ({_rate(event.throughput_before)} before, {_rate(event.throughput_after)} "
                  f"after, {event.window_s:g} s windows)")
     elif event.detail:
