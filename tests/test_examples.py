@@ -1,7 +1,7 @@
 """The examples run as documented, so they cannot rot.
 
-examples/ddp_failover.py runs under torchrun (2 CPU ranks, backend "reccl") with
-and without a NIC failure: both runs must end with bit-identical parameters, and
+examples/ddp_failover.py and fsdp_failover.py run under torchrun (2 CPU ranks,
+backend "reccl") with and without a NIC failure: both runs must end with bit-identical parameters, and
 rank 0 must have seen both ranks' failovers through the job-wide event view (its
 JSONL sink and its printed log).
 """
@@ -36,11 +36,13 @@ def checksum(output):
 
 
 @pytest.mark.timeout(360)
-def test_ddp_failover_example_is_bit_identical_and_shows_every_rank(tmp_path):
-    steps = ["--steps", "300", "--fault-step", "60", "--heal-after-s", "1.0"]
+@pytest.mark.parametrize("script, steps, fault_step", [("ddp_failover.py", 200, 50),
+                                                       ("fsdp_failover.py", 60, 20)])
+def test_training_example_is_bit_identical_and_shows_every_rank(tmp_path, script, steps, fault_step):
     jsonl = tmp_path / "events.jsonl"
-    faulted = torchrun("ddp_failover.py", *steps, "--events-jsonl", str(jsonl))
-    clean = torchrun("ddp_failover.py", *steps[:2], "--fault-step", "-1")
+    faulted = torchrun(script, "--steps", str(steps), "--fault-step", str(fault_step),
+                       "--heal-after-s", "0.5", "--events-jsonl", str(jsonl))
+    clean = torchrun(script, "--steps", str(steps), "--fault-step", "-1")
     assert checksum(faulted) == checksum(clean)
     assert "[reccl event]" not in clean
 
