@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -181,6 +182,8 @@ def wandb_records(run_dir):
         if length == 0 and kind == 0:
             position += left
             continue
+        if position + header + length > len(raw):
+            break  # a record still being written
         data = raw[position + header:position + header + length]
         position += header + length
         if kind == 1:  # FULL
@@ -219,12 +222,18 @@ def test_wandb_offline_run_has_metrics_table_and_one_alert(tmp_path, monkeypatch
     finally:
         run.finish()
     records = wandb_records(run_dir)
+    deadline = time.monotonic() + 30
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        # wandb's service process may still be writing the file after finish() returns
+        assert time.monotonic() < deadline, "the offline run file never got its exit record"
+        time.sleep(0.2)
+        records = wandb_records(run_dir)
     history = []
     for record in records:
         if record.WhichOneof("record_type") == "history":
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in record.history.item})
-    assert [row["_step"] for row in history if "loss" in row] == [10, 11]
+    assert [row["_step"] for row in history if "loss" in row] == [10, 11], history
     failovers = [row["reccl/failovers"] for row in history if "reccl/failovers" in row]
     assert failovers and failovers[-1] == count_of(reference, "failover")
     assert max(row.get("reccl/step", 0) for row in history) == len(reference.all())

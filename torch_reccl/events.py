@@ -112,6 +112,9 @@ class _Hub:
         self._thread: Optional[threading.Thread] = None
         self._wake = threading.Event()
         self._delivery = threading.RLock()  # one delivery at a time, in order; a callback may flush
+        # Held from draining the ring until the events are delivered and queued for
+        # rank 0, so a flush that follows a drain on another thread misses nothing.
+        self._drain = threading.RLock()
         self.meter = SlowdownMeter(self._local_event)
         self._next_sample = 0.0
         self.channel = None  # job_events.JobChannel once joined
@@ -138,7 +141,8 @@ class _Hub:
 
     def flush(self) -> None:
         """Delivers everything already in the ring, on the caller's thread."""
-        self._deliver_local(native().drain_events(4096))
+        with self._drain:
+            self._deliver_local(native().drain_events(4096))
 
     def _deliver_local(self, raw_events) -> None:
         if not raw_events:
@@ -192,8 +196,9 @@ class _Hub:
     def _run(self) -> None:
         drain = native().drain_events
         while True:
-            self._deliver_local(drain(1024))
-            self._sample()
+            with self._drain:
+                self._deliver_local(drain(1024))
+                self._sample()
             self._wake.wait(DRAIN_INTERVAL_S)
 
 
