@@ -290,3 +290,55 @@ def test_job_wide_needs_a_process_group_or_a_store():
     with pytest.raises(ValueError, match="rank"):
         join_job(store=object(), rank=5, world_size=2)
     flush_events()
+
+
+class StuckStore:
+    """A store whose set() blocks until released, or fails, as a hung or dead rank 0."""
+
+    def __init__(self, fail=False):
+        self.release = threading.Event()
+        self.fail = fail
+        self.sets = []
+
+    def set(self, key, value):
+        if self.fail:
+            raise RuntimeError("Connection reset by peer")
+        self.release.wait(30)
+        self.sets.append(key)
+
+    def add(self, key, amount):
+        return 1
+
+
+@pytest.mark.timeout(30)
+def test_a_hung_store_never_blocks_local_delivery_or_flush_beyond_its_timeout(capfd):
+    store = StuckStore()
+    try:
+        channel = join_job(store=store, rank=1, world_size=2)
+        assert channel.is_publisher
+        local = EventLog()
+        handle = on_event(local)
+        event = make_event(kind="nic_down", time=time.time(), nic=PRIMARY, reason="injected", detail="")
+        events_module._hub._dispatch([event])       # as the event thread does
+        assert local.all() == [event]                 # delivered at once, store or not
+        started = time.monotonic()
+        assert flush_events(job_wide=True, timeout=0.5) is False
+        assert 0.4 < time.monotonic() - started < 3
+        store.release.set()
+        assert flush_events(job_wide=True, timeout=10) is True
+        assert store.sets == ["reccl/events/1/1"]
+        handle.remove()
+    finally:
+        store.release.set()
+        leave_job()
+
+    dead = StuckStore(fail=True)
+    try:
+        channel = join_job(store=dead, rank=1, world_size=2)
+        for _ in range(2):
+            channel.publish(make_event(kind="nic_up", time=time.time(), nic=PRIMARY, reason="", detail=""))
+            assert flush_events(job_wide=True, timeout=10) is True   # dropped, not stuck
+        assert channel.stats() == {"failed_batches": 2}
+        assert capfd.readouterr().err.count("cannot publish events to rank 0") == 1  # warned once
+    finally:
+        leave_job()

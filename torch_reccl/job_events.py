@@ -21,6 +21,7 @@ rank 0 (the store) is gone, publishing fails; the rank warns once and drops batc
 """
 from __future__ import annotations
 
+import datetime
 import json
 import queue
 import sys
@@ -35,14 +36,22 @@ MAX_BATCH_EVENTS = 256
 BATCH_DELAY_S = 0.05
 
 
+# Bound on one store call on our own connection (a clone): a store that stops
+# answering costs a background thread this long, never a training thread.
+STORE_TIMEOUT_S = 30.0
+
+
 def _own_connection(store):
-    """A second connection to the same store where it can make one, else the store."""
+    """A second connection to the same store where it can make one, else the store
+    itself (whose timeout is the caller's, so it is left alone)."""
     clone = getattr(store, "clone", None)
     if clone is not None:
         try:
-            return clone()
+            connection = clone()
         except Exception:  # noqa: BLE001 - stores without clone() raise here
-            pass
+            return store
+        connection.set_timeout(datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        return connection
     return store
 
 
