@@ -151,6 +151,7 @@ def test_slowdown_event_after_a_real_failover(pair_factory):
         worker.join(30)
         assert slowdowns, [e.to_dict() for e in log.all()]
         result = slowdowns[0]
+        print(result.to_json())  # shown with -s
         assert result.nic == PRIMARY and result.reason == "measured"
         # Both ends are in this process, so each byte counts sent and received.
         assert result.throughput_before == pytest.approx(2 * (16 << 20), rel=0.25)
