@@ -343,3 +343,36 @@ def test_a_hung_store_never_blocks_local_delivery_or_flush_beyond_its_timeout(ca
         assert capfd.readouterr().err.count("cannot publish events to rank 0") == 1  # warned once
     finally:
         leave_job()
+
+
+@pytest.mark.timeout(30)
+def test_channel_collects_on_any_rank_the_job_names():
+    """Three channels on one store, collecting on the last rank (as Megatron logs)."""
+    import torch.distributed as dist
+
+    from torch_reccl.job_events import JobChannel
+
+    store = dist.HashStore()
+    got = []
+    channels = [JobChannel(store, rank, 3, got.extend, poll_interval_s=0.05, collector_rank=2)
+                for rank in range(3)]
+    try:
+        assert [c.is_publisher for c in channels] == [True, True, False]
+        for rank in (0, 1):
+            event = make_event(kind="failover", time=float(rank), nic=f"eth{rank}", reason="injected",
+                               detail="", duration_s=0.001)
+            channels[rank].publish(dataclasses_replace(event, rank=rank))
+            assert channels[rank].flush(10)
+        channels[2].flush(10)
+        assert sorted((e["rank"], e["nic"]) for e in got) == [(0, "eth0"), (1, "eth1")]
+    finally:
+        for channel in channels:
+            channel.close()
+    with pytest.raises(ValueError, match="collector_rank"):
+        JobChannel(store, 0, 3, got.extend, collector_rank=3)
+
+
+def dataclasses_replace(event, **changes):
+    import dataclasses
+
+    return dataclasses.replace(event, **changes)

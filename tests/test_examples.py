@@ -18,12 +18,13 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def torchrun(script, *args, timeout=150):
+def torchrun(script, *args, timeout=150, env_overrides=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(env_overrides or {})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               os.path.join(REPO, "examples", script), *args]
+               os.path.join(REPO, "examples", script) if not os.path.isabs(script) else script, *args]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{script} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -53,3 +54,24 @@ def test_training_example_is_bit_identical_and_shows_every_rank(tmp_path, script
     assert any(e["kind"] == "nic_down" and e["rank"] == 0 for e in events)
     assert not any(e["kind"] == "nic_down" and e["rank"] == 1 for e in events)  # a drill is process-local
     assert re.search(r"\[reccl event\] rank 1 failover on \S+", faulted), faulted
+
+
+@pytest.mark.timeout(240)
+def test_megatron_launcher_hands_its_group_to_the_script_and_logs_to_the_last_ranks_run(tmp_path):
+    """The launcher with a stand-in for Megatron's script (tests/megatron_standin.py):
+    argv reaches the script without our --reccl-* options, the script finds the
+    group made, and rank 0's failovers land in the W&B run on the last rank."""
+    from test_integrations import finished_run_records, history_rows
+
+    standin = os.path.join(REPO, "tests", "megatron_standin.py")
+    output = torchrun(os.path.join(REPO, "examples", "megatron", "pretrain_gpt_reccl.py"),
+                      "--reccl-backend", "reccl", "--reccl-script", standin, "--reccl-wandb",
+                      "--train-iters", "150", "--wandb-project", "reccl-megatron-test",
+                      env_overrides={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+                                     "WANDB_SILENT": "true", "RECCL_NICS": "127.0.0.1,127.0.0.2"})
+    assert re.search(r"\[reccl event\] rank 0 failover on ", output), output
+    [run_file_dir] = re.findall(r"wandb run dir (\S+)", output)
+    records = finished_run_records(os.path.dirname(run_file_dir))
+    failovers = [row["reccl/failovers"] for row in history_rows(records) if "reccl/failovers" in row]
+    # rank 0's sender and receiver ends and rank 1's: at least 4 failovers reached rank 1's run
+    assert failovers and max(failovers) >= 4, failovers

@@ -202,6 +202,25 @@ def wandb_records(run_dir):
     return records
 
 
+def history_rows(records):
+    """The run's history rows as dicts (a key may come as ``key`` or ``nested_key``)."""
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+             for item in record.history.item}
+            for record in records if record.WhichOneof("record_type") == "history"]
+
+
+def finished_run_records(run_dir, timeout=30.0):
+    """The run file's records once it has its exit record: wandb's service process
+    may still be writing the file after finish() returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, "the offline run file never got its exit record"
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(120)
 def test_wandb_offline_run_has_metrics_table_and_one_alert(tmp_path, monkeypatch, failover_drill):
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -221,18 +240,8 @@ def test_wandb_offline_run_has_metrics_table_and_one_alert(tmp_path, monkeypatch
         run_dir = os.path.dirname(run.dir)
     finally:
         run.finish()
-    records = wandb_records(run_dir)
-    deadline = time.monotonic() + 30
-    while not any(r.WhichOneof("record_type") == "exit" for r in records):
-        # wandb's service process may still be writing the file after finish() returns
-        assert time.monotonic() < deadline, "the offline run file never got its exit record"
-        time.sleep(0.2)
-        records = wandb_records(run_dir)
-    history = []
-    for record in records:
-        if record.WhichOneof("record_type") == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in record.history.item})
+    records = finished_run_records(run_dir)
+    history = history_rows(records)
     assert [row["_step"] for row in history if "loss" in row] == [10, 11], history
     failovers = [row["reccl/failovers"] for row in history if "reccl/failovers" in row]
     assert failovers and failovers[-1] == count_of(reference, "failover")
@@ -246,6 +255,33 @@ def test_wandb_offline_run_has_metrics_table_and_one_alert(tmp_path, monkeypatch
     for table_file in sorted(glob.glob(os.path.join(run_dir, "files", "media", "table", "reccl", "*.json"))):
         rows += json.load(open(table_file))["data"]
     assert sorted((row[2], row[3]) for row in rows) == sorted((e.kind, e.nic) for e in reference.all())
+
+
+@pytest.mark.timeout(120)
+def test_wandb_waits_for_a_run_made_after_attach(tmp_path, monkeypatch, failover_drill):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    from torch_reccl.integrations import wandb as reccl_wandb
+
+    assert wandb.run is None
+    attachment = reccl_wandb.attach(job_wide=False, wait_for_run=True)
+    reference = failover_drill()  # events arrive before there is a run: they wait
+    run = wandb.init(project="reccl-test")
+    try:
+        deadline = time.monotonic() + 10
+        while attachment.sink.run is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the sink looks for the run once a second
+        assert attachment.sink.run is run
+        attachment.close()
+        run_dir = os.path.dirname(run.dir)
+    finally:
+        run.finish()
+    records = finished_run_records(run_dir)
+    steps = [row["reccl/step"] for row in history_rows(records) if "reccl/step" in row]
+    assert steps and max(steps) == len(reference.all())
 
 
 def test_wandb_needs_an_active_run(monkeypatch):

@@ -166,7 +166,7 @@ class _Hub:
                 channel.publish(event)
 
     def deliver_remote(self, dicts: List[dict]) -> None:
-        """Events another rank published (rank 0 only): to job-wide callbacks."""
+        """Events another rank published (collecting rank only): to job-wide callbacks."""
         events = [Event.from_dict(d) for d in dicts]
         with self._lock:
             handles = [h for h in self._handles if h.job_wide]
@@ -211,8 +211,9 @@ def on_event(fn: Callable[[Event], None], kinds: Optional[Iterable[str]] = None,
 
     job_wide=True: one callback sees the whole job. Rank 0's callback gets every
     rank's events (``event.rank`` says whose); on other ranks the callback gets none,
-    their events go to rank 0 instead. Call it on every rank (as with any distributed
-    setup): a rank that never does is not heard from. Needs torch.distributed
+    their events go to rank 0 instead (another collecting rank: :func:`join_job`).
+    Call it on every rank (as with any distributed setup): a rank that never does
+    is not heard from. Needs torch.distributed
     initialised (its default store carries the events) or ``store`` with RANK and
     WORLD_SIZE set, or :func:`join_job` first.
     """
@@ -227,11 +228,15 @@ def on_event(fn: Callable[[Event], None], kinds: Optional[Iterable[str]] = None,
 
 
 def join_job(store=None, rank: Optional[int] = None, world_size: Optional[int] = None,
-             poll_interval_s: Optional[float] = None):
+             poll_interval_s: Optional[float] = None, collector_rank: int = 0):
     """Joins this process to the job-wide event view (idempotent); returns its channel.
 
     Defaults: the default process group's store, rank and world size; with an
     explicit ``store``, rank and world size default to RANK and WORLD_SIZE.
+    ``collector_rank``: the rank whose job-wide callbacks see the whole job (0 by
+    default; e.g. ``world_size - 1`` where a framework logs from the last rank, as
+    Megatron-LM does). Every rank must pass the same value, before any
+    ``on_event(job_wide=True)`` or integration ``attach``.
     """
     from torch_reccl import job_events
 
@@ -249,7 +254,8 @@ def join_job(store=None, rank: Optional[int] = None, world_size: Optional[int] =
         raise ValueError("join_job with a store needs rank and world_size (or RANK and "
                          "WORLD_SIZE in the environment)")
     interval = job_events.POLL_INTERVAL_S if poll_interval_s is None else poll_interval_s
-    _hub.channel = job_events.JobChannel(store, rank, world_size, _hub.deliver_remote, interval)
+    _hub.channel = job_events.JobChannel(store, rank, world_size, _hub.deliver_remote, interval,
+                                         collector_rank)
     return _hub.channel
 
 

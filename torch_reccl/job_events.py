@@ -1,5 +1,9 @@
 """The job-wide event view: every rank's events reach rank 0 over the c10d store.
 
+(Rank 0 is the default collecting rank; ``join_job(collector_rank=...)`` names
+another, e.g. the last rank, where Megatron-LM keeps its W&B run. "Rank 0" below
+means the collecting rank, "ranks > 0" every other rank.)
+
 A side channel next to training, never in its way: only background threads touch
 the store, over their own connection where the store can clone one
 (``TCPStore.clone()``), so a slow store never stalls a training thread and the
@@ -142,14 +146,13 @@ class _Publisher:
 class _Collector:
     """On rank 0: polls every rank's batches and delivers their events."""
 
-    def __init__(self, store, world_size: int, deliver: Callable[[List[dict]], None],
+    def __init__(self, store, sources: List[int], deliver: Callable[[List[dict]], None],
                  poll_interval_s: float):
         self._store = store
-        self._world_size = world_size
         self._deliver = deliver
         self._poll_interval_s = poll_interval_s
         self._job_total = 0
-        self._read: Dict[int, int] = {rank: 0 for rank in range(1, world_size)}
+        self._read: Dict[int, int] = {rank: 0 for rank in sources}
         self._lock = threading.Lock()  # one poll at a time (thread and flush)
         self._stop = threading.Event()
         self.errors = 0
@@ -175,7 +178,7 @@ class _Collector:
         if total == self._job_total:
             return 0
         delivered = 0
-        for rank in range(1, self._world_size):
+        for rank in self._read:
             published = self._store.add(f"{KEY_PREFIX}/{rank}/published", 0)
             for number in range(self._read[rank] + 1, published + 1):
                 key = f"{KEY_PREFIX}/{rank}/{number}"
@@ -198,24 +201,29 @@ class _Collector:
 
 
 class JobChannel:
-    """This process's end of the job-wide view: a publisher on ranks > 0, a collector on rank 0."""
+    """This process's end of the job-wide view: the collector on ``collector_rank``
+    (rank 0 by default), a publisher on every other rank."""
 
     def __init__(self, store, rank: int, world_size: int,
                  deliver_remote: Callable[[List[dict]], None],
-                 poll_interval_s: float = POLL_INTERVAL_S):
+                 poll_interval_s: float = POLL_INTERVAL_S, collector_rank: int = 0):
         if not (isinstance(world_size, int) and world_size >= 1):
             raise ValueError(f"world_size={world_size!r} is not valid: expected an int >= 1")
         if not (isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"rank={rank!r} is not valid: expected 0..{world_size - 1}")
+        if not (isinstance(collector_rank, int) and 0 <= collector_rank < world_size):
+            raise ValueError(f"collector_rank={collector_rank!r} is not valid: expected 0..{world_size - 1}")
         self.rank = rank
         self.world_size = world_size
+        self.collector_rank = collector_rank
         connection = _own_connection(store)
         self._publisher: Optional[_Publisher] = None
         self._collector: Optional[_Collector] = None
-        if rank > 0:
+        if rank != collector_rank:
             self._publisher = _Publisher(connection, rank)
         elif world_size > 1:
-            self._collector = _Collector(connection, world_size, deliver_remote, poll_interval_s)
+            sources = [r for r in range(world_size) if r != collector_rank]
+            self._collector = _Collector(connection, sources, deliver_remote, poll_interval_s)
 
     @property
     def is_publisher(self) -> bool:
@@ -226,8 +234,8 @@ class JobChannel:
             self._publisher.put(event)
 
     def flush(self, timeout: float) -> bool:
-        """Ranks > 0: waits until queued events are published. Rank 0: reads what is
-        published now. True unless the wait timed out."""
+        """Publishers: wait until queued events are published. The collector: reads
+        what is published now. True unless the wait timed out."""
         if self._publisher is not None:
             return self._publisher.flush(timeout)
         if self._collector is not None:

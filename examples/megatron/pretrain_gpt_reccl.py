@@ -28,10 +28,12 @@ tensors use the "reccl" backend. Plain ``reccl`` is for when the "reccl" backend
 carries CUDA tensors itself (today it runs CPU tensors only). Megatron's extra gloo
 groups (``backend="gloo"`` in its parallel_state) are unaffected.
 
-Events: every rank's events go to rank 0 (``on_event(job_wide=True)``), which prints
-them and, with ``--reccl-events-jsonl``, writes them as JSON lines. Megatron's own
-W&B run and TensorBoard writer live on the last rank, not rank 0, so this launcher
-does not attach those integrations; see examples/wandb_failover.py for W&B.
+Events: every rank's events go to one collecting rank (``on_event(job_wide=True)``),
+which prints them and, with ``--reccl-events-jsonl``, writes them as JSON lines.
+``--reccl-wandb``: Megatron's W&B run (``--wandb-project``) lives on the last rank and
+is made inside pretrain, so the launcher collects on the last rank
+(``join_job(collector_rank=world_size - 1)``) and attaches the W&B integration with
+``wait_for_run=True``: events wait until Megatron has called ``wandb.init``.
 
 Two other routes, documented in examples/megatron/README.md: a one-line patch to
 Megatron's arguments.py (``--distributed-backend reccl``) and the zero-code route
@@ -62,7 +64,9 @@ def split_argv(argv):
     parser.add_argument("--reccl-timeout-minutes", type=float, default=10.0,
                         help="process group timeout, as Megatron's --distributed-timeout-minutes")
     parser.add_argument("--reccl-events-jsonl", default=None,
-                        help="rank 0 appends every rank's events to this file")
+                        help="the collecting rank appends every rank's events to this file")
+    parser.add_argument("--reccl-wandb", action="store_true",
+                        help="log every rank's events to Megatron's W&B run (on the last rank)")
     return parser.parse_known_args(argv)
 
 
@@ -86,11 +90,20 @@ def show(event) -> None:
 def main(argv=None) -> None:
     ours, megatron_args = split_argv(sys.argv[1:] if argv is None else argv)
     init_distributed(ours.reccl_backend, ours.reccl_timeout_minutes)
+    import torch.distributed as dist
+
+    # Megatron logs to W&B from the last rank; collect the job's events there.
+    collector = dist.get_world_size() - 1 if ours.reccl_wandb else 0
+    torch_reccl.events.join_job(collector_rank=collector)
     torch_reccl.on_event(show, kinds=SHOWN_KINDS, job_wide=True)
     if ours.reccl_events_jsonl:
         from torch_reccl.integrations import jsonl
 
         jsonl.attach(ours.reccl_events_jsonl)
+    if ours.reccl_wandb:
+        from torch_reccl.integrations import wandb as reccl_wandb
+
+        reccl_wandb.attach(wait_for_run=True)  # Megatron calls wandb.init inside pretrain
     # Megatron sees an initialised torch.distributed and keeps it (its
     # _initialize_distributed prints "torch distributed is already initialized").
     sys.argv = [ours.reccl_script] + megatron_args
