@@ -1,15 +1,17 @@
 """Megatron-LM pretraining with torch_reccl: start the process group ourselves, then
 run Megatron's own pretrain script unchanged.
 
-What was and was not run: NOT run. This machine has no GPU, and Megatron's training
-entry points (megatron/training/: pretrain, arguments.py, initialize_megatron) ship
-in the Megatron-LM repository, not in the megatron-core wheel (0.16.1 from our
-mirror holds megatron/core only). Written from Megatron-LM's public source: its
-``_initialize_distributed`` skips ``init_process_group`` when torch.distributed is
-already initialised and adopts that group's rank and world size; otherwise it calls
-``init_process_group(backend=args.distributed_backend, ...)`` with
-``--distributed-backend`` limited to ``choices=['nccl', 'gloo']``. Only this file's
-argument handling is exercised here (``--help``).
+What was and was not run: Megatron-LM itself NOT run. This machine has no GPU, and
+Megatron's training entry points (megatron/training/: pretrain, arguments.py,
+initialize_megatron) ship in the Megatron-LM repository, not in the megatron-core
+wheel (0.16.1 from our mirror holds megatron/core only). Written from Megatron-LM's
+public source: its ``_initialize_distributed`` skips ``init_process_group`` when
+torch.distributed is already initialised and adopts that group's rank and world
+size; otherwise it calls ``init_process_group(backend=args.distributed_backend, ...)``
+with ``--distributed-backend`` limited to ``choices=['nccl', 'gloo']``. Run on CPU
+(tests/test_examples.py): this launcher under torchrun with ``--reccl-backend reccl``
+and tests/megatron_standin.py in place of pretrain_gpt.py (a script that behaves as
+Megatron does at those points), including ``--reccl-wandb`` with an offline run.
 
 Run on GPU hosts, from a Megatron-LM checkout (its pretrain_gpt.py and megatron/
 importable), with torch_reccl installed:
