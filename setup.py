@@ -26,7 +26,9 @@ setup(
     extras_require={
         "fabric": ["pyroute2>=0.7"],
         "plot": ["matplotlib"],
-        "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis"],
+        "integrations": ["wandb", "tensorboard", "prometheus_client"],
+        "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
+                 "wandb", "tensorboard", "prometheus_client"],
     },
     ext_modules=[
         CppExtension(

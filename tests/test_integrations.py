@@ -1,0 +1,306 @@
+"""The integrations, each read back from what the tool itself wrote or serves.
+
+Events come from real failovers: a connection over two loopback NICs whose primary
+is failed with inject_fault and then healed. Every sink is compared with a plain
+on_event log of the same events, so the expected values are what happened, not
+constants. W&B runs offline (WANDB_MODE=offline) and is read back from its run file;
+TensorBoard from its event file; Prometheus by scraping its port; JSONL from the file.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+import sys
+import time
+import urllib.request
+
+import pytest
+
+import torch_reccl
+from torch_reccl.events import Event, flush_events
+
+from conftest import PRIMARY, EventLog, reccl_env
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("healed_nics")]
+
+
+@pytest.fixture(autouse=True)
+def quiet_ring():
+    """Events left over from earlier tests go out before a sink attaches."""
+    flush_events()
+
+
+@pytest.fixture
+def failover_drill(pair_factory):
+    """run() fails the primary under a live connection, heals it, and returns the
+    reference log of every event of that connection's NIC (after the sinks got them)."""
+
+    def run(heal=True):
+        reference = EventLog()
+        handle = torch_reccl.on_event(reference)
+        try:
+            _t, _l, send, recv = pair_factory(reccl_env())
+            torch_reccl.inject_fault(PRIMARY, "down")
+            moved = reference.wait_for(5, "failover", connection=send.id, count=2)
+            assert len(moved) == 2, [e.to_dict() for e in reference.all()]  # both ends
+            if heal:
+                torch_reccl.inject_fault(PRIMARY, "up")
+                assert len(reference.wait_for(5, "failback", connection=send.id, count=2)) == 2
+            flush_events()
+        finally:
+            handle.remove()
+        return reference
+
+    return run
+
+
+def count_of(reference, kind):
+    return len(reference.of(kind))
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+def test_jsonl_has_every_event_once(tmp_path, failover_drill):
+    from torch_reccl.integrations import jsonl
+
+    path = tmp_path / "events.jsonl"
+    with jsonl.attach(str(path), job_wide=False) as attachment:
+        reference = failover_drill()
+    assert attachment.sink is not None
+    logged = [Event.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+    assert logged == reference.all()
+    assert any(e.kind == "failover" and e.nic == PRIMARY and e.duration_s > 0 for e in logged)
+
+
+def test_jsonl_needs_an_existing_directory(tmp_path):
+    from torch_reccl.integrations import jsonl
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        jsonl.attach(str(tmp_path / "missing" / "events.jsonl"), job_wide=False)
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def test_tensorboard_scalars_and_text_read_back(tmp_path, failover_drill):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torch_reccl.integrations import tensorboard
+
+    attachment = tensorboard.attach(log_dir=str(tmp_path), job_wide=False)
+    reference = failover_drill()
+    attachment.close()
+    accumulator = EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    scalars = accumulator.Tags()["scalars"]
+    failovers = accumulator.Scalars("reccl/failovers")
+    assert [s.value for s in failovers] == list(range(1, count_of(reference, "failover") + 1))
+    interruptions = [s.value for s in accumulator.Scalars("reccl/interruption_ms")]
+    expected = [e.duration_s * 1e3 for e in reference.of("failover")]
+    assert interruptions == pytest.approx(expected, rel=1e-6)
+    assert accumulator.Scalars("reccl/failbacks")[-1].value == count_of(reference, "failback")
+    assert "reccl/nics_down" in scalars
+    assert [s.value for s in accumulator.Scalars("reccl/nics_down")][-1] == 0  # healed
+    texts = accumulator.Tensors("reccl/events/text_summary")
+    assert len(texts) == len(reference.all())
+    first_failover = next(t for t in texts if b"failover on " + PRIMARY.encode() in t.tensor_proto.string_val[0])
+    assert b"traffic interrupted" in first_failover.tensor_proto.string_val[0]
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+
+def scrape(port):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_prometheus_counters_gauges_and_histogram_scraped(failover_drill):
+    from torch_reccl.integrations import prometheus
+
+    attachment = prometheus.attach(port=0, addr="127.0.0.1", job_wide=False)
+    try:
+        port = attachment.sink.port
+        reference = failover_drill(heal=False)
+        down = scrape(port)
+        assert down[("reccl_nic_up", (("nic", PRIMARY),))] == 0
+        rank = reference.all()[0].rank
+        labels = (("nic", PRIMARY), ("rank", "" if rank is None else str(rank)))
+        assert down[("reccl_failovers_total", labels)] == count_of(reference, "failover")
+        histogram_count = down[("reccl_interruption_seconds_count", (labels[1],))]
+        assert histogram_count == count_of(reference, "failover")
+        total = down[("reccl_interruption_seconds_sum", (labels[1],))]
+        assert total == pytest.approx(sum(e.duration_s for e in reference.of("failover")))
+
+        torch_reccl.inject_fault(PRIMARY, "up")
+        healed = scrape(port)
+        assert healed[("reccl_nic_up", (("nic", PRIMARY),))] == 1
+        nic_stats = torch_reccl.stats()["nics"][PRIMARY]
+        # counters are read at scrape time: nothing moves on an idle connection
+        assert healed[("reccl_bytes_sent_total", (("nic", PRIMARY),))] == nic_stats["bytes_sent"]
+        assert healed[("reccl_nic_failovers_total", (("nic", PRIMARY),))] == nic_stats["failovers"]
+    finally:
+        attachment.close()
+    with pytest.raises(OSError):
+        scrape(port)  # the port is closed again
+
+
+def test_prometheus_rejects_a_bad_port():
+    from torch_reccl.integrations import prometheus
+
+    with pytest.raises(ValueError, match="port"):
+        prometheus.attach(port=70000, job_wide=False)
+
+
+# --------------------------------------------------------------------------- W&B
+
+
+def wandb_records(run_dir):
+    """Every record of an offline run file (a LevelDB-style log of protobuf Records)."""
+    from wandb.proto import wandb_internal_pb2
+
+    [path] = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    raw = open(path, "rb").read()
+    block, header = 32768, 7
+    position, pieces, records = 7, b"", []  # the file starts with a 7-byte W&B header
+    while position + header <= len(raw):
+        left = block - position % block
+        if left < header:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[position:position + header])
+        if length == 0 and kind == 0:
+            position += left
+            continue
+        if position + header + length > len(raw):
+            break  # a record still being written
+        data = raw[position + header:position + header + length]
+        position += header + length
+        if kind == 1:  # FULL
+            pieces = data
+        elif kind == 2:  # FIRST
+            pieces = data
+            continue
+        elif kind == 3:  # MIDDLE
+            pieces += data
+            continue
+        else:  # LAST
+            pieces += data
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(pieces)
+        records.append(record)
+    return records
+
+
+def history_rows(records):
+    """The run's history rows as dicts (a key may come as ``key`` or ``nested_key``)."""
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+             for item in record.history.item}
+            for record in records if record.WhichOneof("record_type") == "history"]
+
+
+def finished_run_records(run_dir, timeout=30.0):
+    """The run file's records once it has its exit record: wandb's service process
+    may still be writing the file after finish() returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, "the offline run file never got its exit record"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+def test_wandb_offline_run_has_metrics_table_and_one_alert(tmp_path, monkeypatch, failover_drill):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    from torch_reccl.integrations import wandb as reccl_wandb
+
+    run = wandb.init(project="reccl-test")
+    try:
+        run.log({"loss": 1.0}, step=10)
+        attachment = reccl_wandb.attach(job_wide=False, alert_interval_s=300)
+        reference = failover_drill()
+        run.log({"loss": 0.5}, step=11)  # the user's steps stay the user's
+        attachment.close()
+        run_dir = os.path.dirname(run.dir)
+    finally:
+        run.finish()
+    records = finished_run_records(run_dir)
+    history = history_rows(records)
+    assert [row["_step"] for row in history if "loss" in row] == [10, 11], history
+    failovers = [row["reccl/failovers"] for row in history if "reccl/failovers" in row]
+    assert failovers and failovers[-1] == count_of(reference, "failover")
+    assert max(row.get("reccl/step", 0) for row in history) == len(reference.all())
+    metrics = [record.metric for record in records if record.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "reccl/*" and m.step_metric == "reccl/step" for m in metrics)
+    alerts = [record.alert for record in records if record.WhichOneof("record_type") == "alert"]
+    assert len(alerts) == 1, alerts  # two failovers (both ends), one alert
+    assert PRIMARY in alerts[0].text and "failover" in alerts[0].text
+    rows = []
+    for table_file in sorted(glob.glob(os.path.join(run_dir, "files", "media", "table", "reccl", "*.json"))):
+        rows += json.load(open(table_file))["data"]
+    assert sorted((row[2], row[3]) for row in rows) == sorted((e.kind, e.nic) for e in reference.all())
+
+
+@pytest.mark.timeout(120)
+def test_wandb_waits_for_a_run_made_after_attach(tmp_path, monkeypatch, failover_drill):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    from torch_reccl.integrations import wandb as reccl_wandb
+
+    assert wandb.run is None
+    attachment = reccl_wandb.attach(job_wide=False, wait_for_run=True)
+    reference = failover_drill()  # events arrive before there is a run: they wait
+    run = wandb.init(project="reccl-test")
+    try:
+        deadline = time.monotonic() + 10
+        while attachment.sink.run is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the sink looks for the run once a second
+        assert attachment.sink.run is run
+        attachment.close()
+        run_dir = os.path.dirname(run.dir)
+    finally:
+        run.finish()
+    records = finished_run_records(run_dir)
+    steps = [row["reccl/step"] for row in history_rows(records) if "reccl/step" in row]
+    assert steps and max(steps) == len(reference.all())
+
+
+def test_wandb_needs_an_active_run(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    import wandb
+
+    from torch_reccl.integrations import wandb as reccl_wandb
+
+    assert wandb.run is None
+    with pytest.raises(RuntimeError, match="wandb.init"):
+        reccl_wandb.attach(job_wide=False)
+
+
+def test_missing_package_names_what_to_install(monkeypatch):
+    from torch_reccl.integrations import prometheus, wandb as reccl_wandb
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match="pip install wandb"):
+        reccl_wandb.attach(job_wide=False)
+    with pytest.raises(ImportError, match="pip install prometheus_client"):
+        prometheus.attach(port=0, job_wide=False)
