@@ -5,8 +5,8 @@
                 [--plot reccl-drill.png | --no-plot] [--json PATH]
 
 As root, builds an emulated rail-optimized fabric (docs/fabric.md), starts one
-training rank per host (DDP over the "reccl" backend on CPU, a small MLP with
-fixed seeds), applies the fault schedule as real kernel events, shows a live
+training rank per host (data-parallel over the "reccl" backend on CPU, a small
+MLP with fixed seeds), applies the fault schedule as real kernel events, shows a live
 progress line, prints a summary and writes a PNG of throughput and loss over
 time with the faults marked. The fabric is always torn down (also on Ctrl-C
 and SIGTERM).

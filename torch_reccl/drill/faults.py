@@ -24,8 +24,12 @@ class FabricFaults:
     def apply(self, fault: Fault) -> str:
         f, r = self.fabric, fault.rail
         hosts = fault.hosts(f.hosts)
-        where = f"rail switch {f.rail_bridge(r)}" if fault.host is None else \
-            f"{f.nic_name(r)} of host {fault.host} ({f.netns(fault.host)})"
+        if fault.host is not None:
+            where = f"{f.nic_name(r)} of host {fault.host} ({f.netns(fault.host)})"
+        elif fault.action in ("down", "up"):
+            where = f"rail switch {f.rail_bridge(r)}"
+        else:
+            where = f"{f.nic_name(r)} of every host"
         if fault.action == "down":
             if fault.host is None:
                 f.rail_down(r)
