@@ -47,6 +47,8 @@ DEFAULT_DURATION_S = 30.0
 DEFAULT_RATE_MBIT = 200.0
 DEFAULT_PLOT = "reccl-drill.png"
 PLAIN_LINE_EVERY_S = 5.0   # progress lines when stderr is not a terminal
+RUN_SLACK_S = 600.0        # a --duration run may take this much longer (start, faults, finish)
+STEPS_RUN_TIMEOUT_S = 3600.0  # bound on a --steps run (each step is bounded by --stall-timeout too)
 
 
 def parse_duration(text: str) -> float:
@@ -251,7 +253,8 @@ def run(args) -> int:
     duration = None if args.steps is not None else (args.duration or DEFAULT_DURATION_S)
     settings = Settings(steps=args.steps, duration_s=duration, batch=args.batch, width=args.width,
                         depth=args.depth, seed=args.seed, stall_timeout_s=args.stall_timeout,
-                        collective_timeout_s=args.collective_timeout)
+                        collective_timeout_s=args.collective_timeout,
+                        run_timeout_s=(duration + RUN_SLACK_S) if duration else STEPS_RUN_TIMEOUT_S)
     mode = args.mode
     problem = fabric_problem() if mode in ("auto", "fabric") else None
     if problem and mode == "fabric":
