@@ -18,7 +18,7 @@ class ProgressBar:
         self.stream = sys.stderr if stream is None else stream
         self.width = width
         self._tqdm = None
-        if self.stream is sys.stderr and _isatty(self.stream):
+        if self.stream is sys.stderr and isatty(self.stream):
             try:
                 from tqdm import tqdm
             except ImportError:
@@ -55,7 +55,8 @@ class ProgressBar:
             self.stream.flush()
 
 
-def _isatty(stream) -> bool:
+def isatty(stream) -> bool:
+    """Whether ``stream`` is a terminal (False for streams without a file)."""
     try:
         return stream.isatty()
     except (AttributeError, ValueError):

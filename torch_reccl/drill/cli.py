@@ -38,9 +38,10 @@ from typing import List, Optional
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.runner import (RunResult, Settings, interruptions, median, per_rank,
                                       run_training, step_times)
-from torch_reccl.drill.schedule import ScheduleError, check_topology, fault_spans, parse_schedule
+from torch_reccl.drill.schedule import check_topology, fault_spans, parse_schedule
 from torch_reccl.launch import (FabricPlacement, LoopbackPlacement, terminated_by_signal,
                                 unique_fabric_name)
+from torch_reccl.progress import isatty
 
 DEFAULT_SCHEDULE = "rail1:down@10s,rail1:up@20s"
 DEFAULT_DURATION_S = 30.0
@@ -86,7 +87,7 @@ class LiveLine:
 
     def __init__(self, settings: Settings, total_faults: int, stream=None):
         self.stream = sys.stderr if stream is None else stream
-        self.tty = _isatty(self.stream)
+        self.tty = isatty(self.stream)
         self.settings = settings
         self.total_faults = total_faults
         self._last_plain = 0.0
@@ -138,13 +139,6 @@ class LiveLine:
             self.stream.write("\n")
             self._width = 0
         self.stream.flush()
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------- summary
@@ -301,7 +295,7 @@ def run(args) -> int:
                                                           args.flap_count)
                 where = placement.describe()
                 how = InjectedFaults.describe() + (
-                    f" (railR = NIC 127.0.0.{{R+1}} of every rank; --rate-mbit needs the fabric)")
+                    " (NIC R is 127.0.0.{R+1}; no rate cap without the fabric)")
             length = f"{settings.steps} steps" if settings.steps else f"{settings.duration_s:g} s"
             print(f"reccl drill: {where}; training {length}; {how}", file=sys.stderr)
             print(f"reccl drill: fault schedule: {', '.join(f.text for f in faults) or 'none'}",

@@ -118,7 +118,10 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                     for fault in [f for f in pending if f.due(elapsed, len(result.steps))]:
                         pending.remove(fault)
                         t = time.time() - result.t0
-                        what = applier.apply(fault)
+                        try:
+                            what = applier.apply(fault)
+                        except Exception as error:  # FabricError, LaunchError, OSError...
+                            raise LaunchError(f"{fault.text}: {error}") from error
                         result.applied.append(AppliedFault(fault, t, len(result.steps), what))
                         if on_update is not None:
                             on_update(result, True)
