@@ -117,19 +117,23 @@ def test_cli_refuses_bad_durations(capsys):
 # --------------------------------------------------------------------------- drills
 
 
-def check_record(record: dict, steps: int, faults: int) -> None:
+def check_record(record: dict, steps, faults: int, verified: bool = True) -> None:
     run = record["run"]
     assert run["finished"] and run["error"] is None
+    steps = steps or len(run["steps"])
     assert len(run["steps"]) == steps and run["steps"][-1]["step"] == steps
     assert len(run["applied"]) == faults and not run["not_applied"]
     kinds = [e["kind"] for e in run["events"]]
     assert "failover" in kinds and "failback" in kinds, kinds
     first_fault = run["applied"][0]["t"]
     assert all(e["t"] >= first_fault - 0.05 for e in run["events"] if e["kind"] == "failover")
+    assert record["ok"]
+    if not verified:
+        assert record["verify"] is None and record["reference"] is None
+        return
     assert record["verify"]["identical"] and record["verify"]["losses_identical"]
     assert len(record["reference"]["steps"]) == steps
     assert not any(e["kind"] == "failover" for e in record["reference"]["events"])
-    assert record["ok"]
 
 
 @pytest.mark.timeout(120)
@@ -138,13 +142,16 @@ def test_rail_down_and_up_in_the_fabric(tmp_path):
 
     require_root()
     plot, out = tmp_path / "drill.png", tmp_path / "drill.json"
-    done = drill("--hosts", "2", "--rails", "2", "--rate-mbit", "1000", "--steps", "80",
-                 "--fault", "rail1:down@step 20,rail1:up@step 50", "--verify", "--name", "tdr1",
+    # by time, so the rail is back for 3 s whatever the machine's speed (failback re-dials
+    # with a backoff of up to 2 s)
+    done = drill("--hosts", "2", "--rails", "2", "--rate-mbit", "1000", "--duration", "6s",
+                 "--fault", "rail1:down@1.5s,rail1:up@3s", "--verify", "--name", "tdr1",
                  "--plot", str(plot), "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads(out.read_text())
     assert record["mode"] == "fabric"
-    check_record(record, steps=80, faults=2)
+    check_record(record, steps=None, faults=2)
+    assert record["run"]["steps"][-1]["t"] >= 6.0
     assert "rail switch rctdr1-r1 down" in record["run"]["applied"][0]["what"]
     nic_downs = {e["rank"] for e in record["run"]["events"] if e["kind"] == "nic_down"}
     assert nic_downs == {0, 1}, "every host saw its eth1 lose carrier"
@@ -157,12 +164,13 @@ def test_rail_down_and_up_in_the_fabric(tmp_path):
 @pytest.mark.timeout(120)
 def test_inject_fault_fallback_on_loopback(tmp_path):
     out = tmp_path / "drill.json"
-    done = drill("--mode", "inject", "--steps", "60", "--fault", "h1nic0:down@step 15",
-                 "--fault", "h1nic0:up@step 35", "--verify", "--no-plot", "--json", str(out))
+    done = drill("--mode", "inject", "--steps", "100", "--fault", "h1nic0:down@step 15",
+                 "--fault", "h1nic0:up@step 35", "--no-plot", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads(out.read_text())
     assert record["mode"] == "inject" and "loopback" in record["where"]
-    check_record(record, steps=60, faults=2)
+    check_record(record, steps=100, faults=2, verified=False)  # the fabric drill verifies
+    assert [a["step"] for a in record["run"]["applied"]] == [15, 35]
     assert "inject_fault('lo:127.0.0.1', 'down') in rank 1" in record["run"]["applied"][0]["what"]
     assert "injected in-process with torch_reccl.inject_fault" in done.stderr
 
