@@ -171,7 +171,8 @@ class Job:
         self._procs: List[subprocess.Popen] = []
         self._readers: List[threading.Thread] = []
         self._send_lock = threading.Lock()
-        base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        # one thread per rank unless the user asked otherwise: ranks share the cores
+        base = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         base["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, base.get("PYTHONPATH", "")) if p)
