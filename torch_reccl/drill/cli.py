@@ -174,8 +174,9 @@ def summary(run: RunResult, reference: Optional[RunResult], verify: Optional[dic
                          f"at step {worst_step['step']} ({worst_step['t']:.1f} s); first step "
                          f"(connections made) {_ms(first['step_s'])}")
         before, during, after = throughput_windows(run, flap_s)
+        first_label = "before faults" if run.applied else "all steps"
         parts = [f"{name} {value:.0f}" for name, value in
-                 (("before faults", before), ("while a fault held", during), ("after", after))
+                 ((first_label, before), ("while a fault held", during), ("after", after))
                  if not math.isnan(value)]
         lines.append(f"  throughput   samples/s (median): {', '.join(parts)}")
     else:
@@ -333,13 +334,16 @@ def run(args) -> int:
         except ImportError as error:
             print(f"reccl drill: no plot: {error}", file=sys.stderr)
     print("\n".join(summary(run_result, reference, verify, where, plot_path, flap_s)))
-    ok = run_result.finished and (verify is None or verify["identical"])
+    ok = (run_result.finished and (verify is None or verify["identical"])
+          and not run_result.not_applied)
     if run_result.finished:
         lost = ", ".join(sorted({a.fault.target for a in run_result.applied
                                  if a.fault.action in ("down", "blackhole", "flap")}))
         kept = f"lost {lost} and kept going" if lost else "ran without faults"
+        missed = (f"; {len(run_result.not_applied)} scheduled fault(s) never fired because training "
+                  f"ended first: train longer (--duration/--steps)" if run_result.not_applied else "")
         print(f"verdict: {'OK' if ok else 'FAILED'}: the training run {kept} "
-              f"({len(run_result.steps)} steps, {run_result.count('failover')} failovers)")
+              f"({len(run_result.steps)} steps, {run_result.count('failover')} failovers){missed}")
     else:
         print("verdict: FAILED: the training run did not finish")
     if args.json:
