@@ -98,6 +98,8 @@ def test_fault_spans_pair_starts_with_their_ends():
     (["--fault", "rail0:down@1s", "--rails", "1"], "leaves no backup NIC"),
     (["--fault", "bogus"], "has no '@WHEN'"),
     (["--hosts", "1"], "needs --hosts >= 2"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--flap-count", "0"], "--flap-count >= 1"),
 ])
 def test_cli_refuses_bad_schedules_before_starting_anything(capsys, args, message):
     assert cli.main(["drill", *args]) == 2

@@ -242,6 +242,13 @@ def run(args) -> int:
             raise ValueError("with --rails 1 a NIC fault leaves no backup NIC; use --rails 2 or more")
         if args.flap_period <= 0 or args.flap_count < 1:
             raise ValueError("--flap-period must be > 0 and --flap-count >= 1")
+        if args.steps is not None and args.steps < 1:
+            raise ValueError(f"--steps must be >= 1; got {args.steps}")
+        if args.batch < 1 or args.width < 1 or args.depth < 0:
+            raise ValueError(f"--batch and --width must be >= 1 and --depth >= 0; got "
+                             f"{args.batch}, {args.width}, {args.depth}")
+        if args.stall_timeout <= 0 or args.collective_timeout <= 0:
+            raise ValueError("--stall-timeout and --collective-timeout must be > 0 seconds")
     except ValueError as error:  # ScheduleError is a ValueError
         print(f"reccl drill: error: {error}", file=sys.stderr)
         return 2
