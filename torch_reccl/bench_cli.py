@@ -116,6 +116,8 @@ def check_args(args) -> None:
         raise ValueError(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
     if args.factor < 2:
         raise ValueError(f"--factor must be an integer >= 2; got {args.factor}")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0 seconds; got {args.timeout}")
     if args.warmup < 0 or args.iters < 1:
         raise ValueError(f"--warmup must be >= 0 and --iters >= 1; got {args.warmup} and {args.iters}")
     if args.fabric is not None:
