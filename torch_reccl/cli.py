@@ -13,6 +13,8 @@ import sys
 
 # subcommand name -> module that implements it
 SUBCOMMANDS = {
+    "bench": "torch_reccl.bench_cli",
+    "drill": "torch_reccl.drill.cli",
     "fabric": "torch_reccl.fabric.cli",
     "sim": "torch_reccl.sim",
     "topo": "torch_reccl.topo",

@@ -18,11 +18,11 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TextIO
 
 import numpy as np
 
 from torch_reccl.advisor import failover_threshold, reload_beats_degraded
+from torch_reccl.progress import ProgressBar
 
 HOURS_PER_MONTH = 365 * 24 / 12
 POLICIES = ("fault_free", "restart", "restart_scaling", "failover", "advised")
@@ -317,25 +317,6 @@ class SimResult:
     def to_json(self) -> dict:
         return {"policies": self.summary(),
                 "params": {**asdict(self.params), "runs": self.runs, "seed": self.seed}}
-
-
-class ProgressBar:
-    """A one-line progress bar, redrawn in place on a terminal stream."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = sys.stderr if stream is None else stream
-        self.width = width
-
-    def advance(self, label: str = "") -> None:
-        self.done += 1
-        filled = self.width * self.done // self.total
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<16}")
-        if self.done == self.total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 def simulate(params: SimParams | None = None, runs: int = 10_000, seed: int = 0,

@@ -1,0 +1,173 @@
+"""The training job of ``reccl drill``: one rank, torchrun-compatible.
+
+A small MLP learns a fixed random "teacher" classifier from synthetic data,
+data-parallel over the ``reccl`` backend on CPU tensors: the parameters start
+as rank 0's, and every step averages the gradients with one all_reduce, as DDP
+does (DDP itself works with reccl too, but it imports torch._dynamo, which
+takes seconds on a small machine). Everything is seeded (the
+model, and each rank's batch at each step), so two runs of the same number of
+steps end with bit-identical parameters unless a collective delivered wrong
+data. Runs under ``torchrun`` as is::
+
+    torchrun --nproc-per-node 2 -m torch_reccl.drill.trainer --steps 200
+
+Messages to the driver (``@reccl`` lines, :func:`torch_reccl.launch.report`):
+``start`` (rank 0: the epoch time training began), ``step`` (rank 0, every
+step: loss averaged over ranks, step time, samples/s), ``event`` (every rank:
+each torch_reccl event), ``done`` (every rank: steps, final loss, SHA-256 of
+the parameters). With ``--commands`` the rank reads JSON commands on stdin:
+``{"cmd": "inject", "nic": NAME, "kind": "down"|"up"|"flap"|"blackhole",
+"period": S, "count": N}`` calls :func:`torch_reccl.inject_fault` in this
+process (the drill's fallback without root).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import sys
+import time
+
+INPUTS = 256
+CLASSES = 10
+
+
+def build_model(torch, width: int, depth: int, seed: int):
+    torch.manual_seed(seed)
+    layers, inputs = [], INPUTS
+    for _ in range(depth):
+        layers += [torch.nn.Linear(inputs, width), torch.nn.ReLU()]
+        inputs = width
+    layers.append(torch.nn.Linear(inputs, CLASSES))
+    return torch.nn.Sequential(*layers)
+
+
+def batch(torch, teacher, seed: int, step: int, rank: int, size: int):
+    """This rank's batch at this step: the same in every run."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    x = torch.randn(size, INPUTS, generator=g)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+def average_gradients(torch, dist, params, world: int) -> None:
+    """One all_reduce of every gradient, flattened; then the mean."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat.div_(world)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
+
+
+def sgd_step(torch, params, momentum, lr: float, beta: float = 0.9) -> None:
+    """SGD with momentum, as torch.optim.SGD computes it (written out because
+    torch.optim's first step imports torch._dynamo, which takes seconds)."""
+    with torch.no_grad():
+        for p, buf in zip(params, momentum):
+            buf.mul_(beta).add_(p.grad)
+            p.add_(buf, alpha=-lr)
+
+
+def parameter_digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_reccl.drill.trainer")
+    parser.add_argument("--steps", type=int, default=None, help="train exactly this many steps")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="train until this many seconds have passed (rank 0 decides)")
+    parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=60.0, help="bound on every collective (s)")
+    parser.add_argument("--commands", action="store_true", help="read inject commands on stdin")
+    args = parser.parse_args(argv)
+    if (args.steps is None) == (args.duration is None):
+        parser.error("give exactly one of --steps and --duration")
+
+    from torch_reccl.launch import listen_for_commands, report
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_reccl
+    from torch_reccl.events import flush_events
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+
+    def forward_event(event) -> None:
+        fields = event.to_dict()
+        fields.pop("rank", None)
+        report("event", rank=rank, event=fields.pop("kind"), **fields)
+
+    handle = torch_reccl.on_event(forward_event)
+    if args.commands:
+        def on_command(message: dict) -> None:
+            if message.get("cmd") != "inject":
+                raise ValueError(f"unknown command {message.get('cmd')!r}; valid: inject")
+            torch_reccl.inject_fault(message["nic"], message["kind"],
+                                     period=float(message.get("period", 0.2)),
+                                     count=int(message.get("count", 10)))
+
+        listen_for_commands(on_command)
+
+    dist.init_process_group("reccl", timeout=datetime.timedelta(seconds=args.timeout))
+    world = dist.get_world_size()
+    model = build_model(torch, args.width, args.depth, args.seed)
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(p, src=0)
+    teacher = torch.randn(INPUTS, CLASSES, generator=torch.Generator().manual_seed(args.seed + 1))
+    momentum = [torch.zeros_like(p) for p in params]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    dist.barrier()
+    t0 = time.time()
+    if rank == 0:
+        report("start", t0=t0, world=world, batch=args.batch)
+    step, loss_value = 0, float("nan")
+    while args.steps is None or step < args.steps:
+        begin = time.perf_counter()
+        x, y = batch(torch, teacher, args.seed, step, rank, args.batch)
+        for p in params:
+            p.grad = None
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        average_gradients(torch, dist, params, world)
+        sgd_step(torch, params, momentum, args.lr)
+        # one small all_reduce: the mean loss, and rank 0's decision to stop
+        stop = 1.0 if (rank == 0 and args.duration is not None
+                       and time.time() - t0 >= args.duration) else 0.0
+        shared = torch.tensor([loss.item(), stop], dtype=torch.float64)
+        dist.all_reduce(shared)
+        step += 1
+        loss_value = float(shared[0].item()) / world
+        seconds = time.perf_counter() - begin
+        if rank == 0:
+            report("step", step=step, t=time.time(), loss=loss_value, step_s=seconds,
+                   samples_per_s=args.batch * world / seconds)
+        if shared[1].item() > 0:
+            break
+    digest = parameter_digest(model)
+    dist.barrier()
+    flush_events()
+    report("done", rank=rank, steps=step, loss=loss_value, params_sha256=digest,
+           failovers=sum(int(n.get("failovers", 0)) for n in torch_reccl.stats()["nics"].values()))
+    handle.remove()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
