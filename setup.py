@@ -36,6 +36,9 @@ setup(
             sources=sources(),
             include_dirs=[os.path.join(HERE, "csrc")],
             extra_compile_args=["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            # NCCL dlclose()s its net plugin at communicator teardown, while the
+            # transport's threads still run: the library must never be unmapped.
+            extra_link_args=["-Wl,-z,nodelete"],
         )
     ],
     cmdclass={"build_ext": BuildExtension},

@@ -54,7 +54,7 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
     dist.all_reduce(warm)  # connections exist before any fault
     if nic_down and rank == 0:
         torch_reccl.inject_fault(torch_reccl.nics()[0]["name"], "down")
-        dist.all_reduce(warm)
+    dist.all_reduce(warm)  # every rank: the collectives must stay in step
     results = {}
     for name in ("all_reduce", "all_gather", "reduce_scatter"):
         for mib in sizes_mib:

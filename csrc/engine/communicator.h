@@ -130,6 +130,8 @@ class Communicator {
   size_t chunkElems(DataType dtype, size_t largestSegment, int segmentsPerConnection) const;
   std::string label(const OpDescriptor& desc) const;
   RankState sampleState() const;
+  // A work buffer of at least `bytes` for the op in progress (grow-only).
+  uint8_t* opScratch(size_t bytes);
   // Switches to the plan every rank's descriptor of op `seq` agrees on (if any).
   void adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq);
 
@@ -145,6 +147,7 @@ class Communicator {
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel
+  std::vector<uint8_t> opScratch_;              // reduce, reduce_scatter
   std::vector<std::vector<uint8_t>> txBuffers_, rxBuffers_;  // per peer, phase 1
   std::vector<std::shared_ptr<Request>> txPending_;           // per peer: the last descriptor sent
   std::mutex opMutex_;

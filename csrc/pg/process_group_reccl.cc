@@ -465,7 +465,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter_tensor_coalesce
     }
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+  // COALESCED: torch before 2.13 has no REDUCE_SCATTER_TENSOR_COALESCED op type.
+  return enqueue(c10d::OpType::COALESCED,
                  "reccl:reduce_scatter_tensor_coalesced", outs, timeoutOf(opts.timeout),
                  [ins, outs, dts, op](Communicator& c, milliseconds timeout) {
                    for (size_t i = 0; i < ins.size(); ++i) {

@@ -51,14 +51,16 @@ def main() -> int:
             procs.append(subprocess.Popen([sys.executable, "-c", JOB, str(rank), store], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outputs = [p.communicate(timeout=240)[0] for p in procs]
-    ok = True
+    summary = []
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         uses = "Using network ReCCL" in out or "NET/ReCCL" in out
-        print(f"rank {rank}: exit {proc.returncode}, result {'RESULT-OK' in out}, uses ReCCL {uses}")
-        if proc.returncode != 0 or "RESULT-OK" not in out or not uses:
-            ok = False
+        good = proc.returncode == 0 and "RESULT-OK" in out and uses
+        summary.append(f"rank {rank}: {'PASS' if good else 'FAIL'} exit {proc.returncode}, "
+                       f"result {'RESULT-OK' in out}, uses ReCCL {uses}")
+        if not good:
             print(out[-3000:])
-    return 0 if ok else 1
+    print("\n".join(summary))
+    return 0 if all("PASS" in line for line in summary) else 1
 
 
 if __name__ == "__main__":

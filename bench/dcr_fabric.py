@@ -1,0 +1,81 @@
+"""DCR in the emulated fabric: busbw with one NIC down, s-Bond alone against DCR.
+
+Two emulated hosts with 4 rails each, every NIC capped (default 1000 Mbit/s), one
+rank per host, one channel per NIC. `reccl bench --nic-down` measures fault-free
+busbw and then busbw with rank 0's first NIC down (a real veth down); it runs
+twice in this invocation, with RECCL_DCR=0 (s-Bond alone: the failed channel's
+traffic doubles up on the backup NIC) and RECCL_DCR=1 (the failed channel
+carries nothing). Prints each NIC-down busbw as a ratio to the fault-free busbw
+of the same run. Needs root.
+
+    python bench/dcr_fabric.py [--rails 4] [--rate-mbit 1000] [--sizes 16M 64M 128M]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench(dcr: int, args, path: str) -> dict:
+    env = {**os.environ, "RECCL_DCR": str(dcr),
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "torch_reccl", "bench", "--fabric", f"2x{args.rails}",
+           "--rate-mbit", str(args.rate_mbit), "--nic-down", "--ops", "all_reduce",
+           "--min-bytes", args.sizes[0], "--max-bytes", args.sizes[-1], "--factor", "2",
+           "--warmup", str(args.warmup), "--iters", str(args.iters), "--no-progress",
+           "--json", path]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
+    with open(path) as f:
+        return json.load(f)
+
+
+def busbw_by_size(record: dict) -> dict:
+    """{size: (fault-free busbw, nic-down busbw)}."""
+    out = {}
+    for row in record["rows"]:
+        variants = row["variants"]
+        free = next(v["busbw"] for k, v in variants.items() if "down" not in k.lower())
+        down = next(v["busbw"] for k, v in variants.items() if "down" in k.lower())
+        out[row["bytes"]] = (free, down)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rails", type=int, default=4)
+    parser.add_argument("--rate-mbit", type=float, default=1000)
+    parser.add_argument("--sizes", nargs="+", default=["16M", "128M"],
+                        help="smallest and largest all_reduce size (factor 2 between)")
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=540)
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        sbond = busbw_by_size(bench(0, args, os.path.join(tmp, "sbond.json")))
+        dcr = busbw_by_size(bench(1, args, os.path.join(tmp, "dcr.json")))
+    print(f"all_reduce busbw (GB/s), 2 hosts x {args.rails} rails at {args.rate_mbit:g} Mbit/s, "
+          f"rank 0's NIC 0 down")
+    print(f"{'size(B)':>12} {'fault-free':>11} {'s-Bond':>8} {'ratio':>6} {'fault-free':>11} "
+          f"{'DCR':>8} {'ratio':>6}")
+    result = []
+    for size in sorted(sbond):
+        f0, d0 = sbond[size]
+        f1, d1 = dcr.get(size, (float("nan"), float("nan")))
+        print(f"{size:>12} {f0:11.3f} {d0:8.3f} {d0 / f0:6.2f} {f1:11.3f} {d1:8.3f} {d1 / f1:6.2f}")
+        result.append({"size": size, "sbond_ratio": d0 / f0, "dcr_ratio": d1 / f1,
+                       "fault_free": [f0, f1], "sbond": d0, "dcr": d1})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
