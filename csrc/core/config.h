@@ -19,6 +19,9 @@ struct Config {
   bool failback = true;            // RECCL_FAILBACK
   bool backup = true;              // RECCL_BACKUP: 0 = no backup path (baseline runs)
   std::string debug = "WARN";      // RECCL_DEBUG: NONE | WARN | INFO | TRACE
+  std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
+  int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
+  int ibRetryCount = 7;            // RECCL_IB_RETRY_CNT: retries before a QP errors out
 
   // Reads every RECCL_* variable from `env` (name -> value).
   static Config fromEnv(const std::map<std::string, std::string>& env);

@@ -1,0 +1,166 @@
+// Python bindings of the IB verbs transport (torch_reccl._C): the transport
+// over the system libibverbs or over the in-process verbs emulation, the
+// emulation's fault hooks and counters, and a few pure functions for tests.
+// Called from the module definition in bindings.cc; connections, listeners
+// and requests are the classes bound there.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/error.h"
+#include "core/health.h"
+#include "transport/ib/gid_select.h"
+#include "transport/ib/ib_transport.h"
+#include "transport/ib/qp_exchange.h"
+#include "transport/ib/verbs_emulation.h"
+#include "transport/ib/verbs_library.h"
+
+namespace py = pybind11;
+using namespace reccl;
+
+namespace {
+
+const char* gidTypeName(GidType type) {
+  switch (type) {
+    case GidType::kIb: return "IB";
+    case GidType::kRoceV1: return "RoCEv1";
+    case GidType::kRoceV2: return "RoCEv2";
+    case GidType::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+GidType gidTypeFromName(const std::string& name) {
+  if (name == "IB") return GidType::kIb;
+  if (name == "RoCEv1") return GidType::kRoceV1;
+  if (name == "RoCEv2") return GidType::kRoceV2;
+  if (name == "unknown") return GidType::kUnknown;
+  throw ConfigError("GID type '" + name + "' is not valid: expected IB, RoCEv1, RoCEv2 or unknown");
+}
+
+std::map<std::string, std::string> envOf(const py::object& env) {
+  std::map<std::string, std::string> out;
+  py::dict source = env.is_none() ? py::dict(py::module_::import("os").attr("environ").attr("copy")())
+                                  : env.cast<py::dict>();
+  for (auto item : source) out[py::str(item.first)] = py::str(item.second);
+  return out;
+}
+
+py::list gidList(const std::vector<GidEntry>& table) {
+  py::list out;
+  for (const auto& entry : table) {
+    out.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(entry.gid.data()), 16),
+                              gidTypeName(entry.type)));
+  }
+  return out;
+}
+
+}  // namespace
+
+void bindIbTransport(py::module_& m) {
+  py::class_<VerbsEmulation, std::shared_ptr<VerbsEmulation>>(
+      m, "IbEmulation", "In-process verbs with RC semantics and fault hooks (docs/ib.md)")
+      .def(py::init<std::vector<std::string>>(), py::arg("devices"))
+      .def("devices", &VerbsEmulation::deviceNames)
+      .def("port_down", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, false); })
+      .def("port_up", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, true); })
+      .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
+           "Blackholes the device: packets vanish, no event, retry-exceeded later")
+      .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
+      .def("counters", [](VerbsEmulation& e) {
+        EmulationCounters c = e.counters();
+        py::dict d;
+        d["sends"] = c.sends;
+        d["writes"] = c.writes;
+        d["bytes"] = c.bytes;
+        d["flushed"] = c.flushed;
+        d["retry_exceeded"] = c.retryExceeded;
+        d["access_errors"] = c.accessErrors;
+        d["dropped"] = c.dropped;
+        d["corrupted"] = c.corrupted;
+        d["qp_errors"] = c.qpErrors;
+        return d;
+      });
+
+  py::class_<IbTransport, std::shared_ptr<IbTransport>>(m, "IbTransport")
+      .def(py::init([](py::object verbs, py::object env, const std::string& bootstrap) {
+             Config config = Config::fromEnv(envOf(env));
+             config.applyLogLevel();
+             std::shared_ptr<VerbsApi> api;
+             if (verbs.is_none()) {
+               std::string error;
+               api = loadSystemVerbs(&error);
+               if (!api) throw ConfigError(error);
+             } else {
+               api = verbs.cast<std::shared_ptr<VerbsEmulation>>();
+             }
+             py::gil_scoped_release release;
+             return std::make_shared<IbTransport>(config, api, bootstrap);
+           }),
+           py::arg("verbs") = py::none(), py::arg("env") = py::none(),
+           py::arg("bootstrap_address") = "127.0.0.1",
+           "An IB transport. `verbs`: an IbEmulation, or None for the system libibverbs. "
+           "`env`: RECCL_* settings (default os.environ)")
+      .def("nics",
+           [](const IbTransport& t) {
+             py::list out;
+             const auto& nics = t.nics();
+             for (size_t i = 0; i < nics.size(); ++i) {
+               py::dict d;
+               d["index"] = i;
+               d["name"] = nics[i].name;
+               d["backup"] = nics[i].backup >= 0 ? py::object(py::str(nics[nics[i].backup].name)) : py::none();
+               d["backup_index"] = nics[i].backup;
+               d["up"] = NicHealth::instance().usable(t.healthId(static_cast<int>(i)));
+               out.append(d);
+             }
+             return out;
+           })
+      .def("listen", &IbTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def(
+          "connect",
+          [](IbTransport& t, int nic, py::bytes handle) {
+            std::string bytes = handle;
+            return t.connect(nic, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+          },
+          py::arg("nic"), py::arg("handle"), py::keep_alive<0, 1>());
+
+  m.def("ib_verbs_headers_compiled", &verbsHeadersCompiledIn,
+        "True when this build compiled the real verbs backend against <infiniband/verbs.h>");
+  m.def("ib_load_system_verbs", [] {
+    std::string error;
+    std::shared_ptr<VerbsApi> api = loadSystemVerbs(&error);
+    py::dict d;
+    d["loaded"] = static_cast<bool>(api);
+    d["error"] = error;
+    d["devices"] = api ? api->deviceNames() : std::vector<std::string>{};
+    return d;
+  }, "dlopen()s libibverbs.so.1: {'loaded', 'error', 'devices'}");
+  m.def("ib_select_gid", [](const std::vector<std::pair<py::bytes, std::string>>& table, bool ethernet) {
+    std::vector<GidEntry> entries;
+    for (const auto& [gid, type] : table) {
+      std::string raw = gid;
+      if (raw.size() != 16) throw ConfigError("a GID has 16 bytes, not " + std::to_string(raw.size()));
+      GidEntry entry;
+      std::memcpy(entry.gid.data(), raw.data(), 16);
+      entry.type = gidTypeFromName(type);
+      entries.push_back(entry);
+    }
+    return selectGidIndex(entries, ethernet);
+  }, py::arg("table"), py::arg("ethernet") = true);
+  m.def("ib_decode_qp_exchange", [](py::bytes data, const std::string& role) {
+    std::string raw = data;
+    if (role != "sender" && role != "receiver") {
+      throw ConfigError("role '" + role + "' is not valid: expected sender or receiver");
+    }
+    QpExchange e = decodeQpExchange(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(),
+                                    role == "sender" ? QpExchange::Role::kSender : QpExchange::Role::kReceiver);
+    py::dict d;
+    d["qp_number"] = e.qp.qpNumber;
+    d["slot_count"] = e.slotCount;
+    d["slot_bytes"] = e.slotBytes;
+    d["mtu"] = e.mtu;
+    return d;
+  }, "For tests: validates a bootstrap QP description");
+  m.attr("IB_QP_EXCHANGE_BYTES") = kQpExchangeBytes;
+}
