@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/health.h"
 #include "transport/ib/gid_select.h"
@@ -54,13 +57,127 @@ py::list gidList(const std::vector<GidEntry>& table) {
   return out;
 }
 
+// A registered Python buffer: the region keeps the buffer alive.
+struct PyRegion {
+  py::buffer owner;
+  py::buffer_info info;
+  std::unique_ptr<VerbsMemoryRegion> region;
+  uint64_t address(size_t offset, size_t length) const {
+    if (offset > static_cast<size_t>(info.size) || length > static_cast<size_t>(info.size) - offset) {
+      throw ConfigError("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") outside the registered " + std::to_string(info.size) + " bytes");
+    }
+    return reinterpret_cast<uint64_t>(info.ptr) + offset;
+  }
+};
+
+py::dict completionDict(const WorkCompletion& wc) {
+  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "other"};
+  py::dict d;
+  d["wr_id"] = wc.wrId;
+  d["status"] = wcStatusName(wc.status);
+  d["opcode"] = kOpcodes[static_cast<int>(wc.opcode)];
+  d["byte_len"] = wc.byteLength;
+  d["imm"] = wc.hasImmediate ? py::object(py::int_(wc.immediate)) : py::none();
+  return d;
+}
+
+SendRequest::Op opFromName(const std::string& op) {
+  if (op == "send") return SendRequest::Op::kSend;
+  if (op == "write") return SendRequest::Op::kWrite;
+  if (op == "write_imm") return SendRequest::Op::kWriteWithImmediate;
+  throw ConfigError("operation '" + op + "' is not valid: expected send, write or write_imm");
+}
+
+// Raw verbs objects of the emulation, so tests can check its RC semantics
+// directly (tests/test_ib_emulation.py).
+void bindRawVerbs(py::module_& m) {
+  py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "IbMemoryRegion")
+      .def_property_readonly("lkey", [](const PyRegion& r) { return r.region->lkey(); })
+      .def_property_readonly("rkey", [](const PyRegion& r) { return r.region->rkey(); })
+      .def("address", &PyRegion::address, py::arg("offset") = 0, py::arg("length") = 0);
+  py::class_<VerbsCompletionQueue, std::shared_ptr<VerbsCompletionQueue>>(m, "IbCompletionQueue")
+      .def("poll", [](VerbsCompletionQueue& cq, int max) {
+        std::vector<WorkCompletion> wcs(static_cast<size_t>(std::max(max, 1)));
+        int got = cq.poll(wcs.data(), static_cast<int>(wcs.size()));
+        py::list out;
+        for (int i = 0; i < got; ++i) out.append(completionDict(wcs[i]));
+        return out;
+      }, py::arg("max") = 64);
+  py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
+      .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
+      .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
+      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex) {
+        std::string raw = peerGid;
+        if (raw.size() != 16) throw ConfigError("a GID has 16 bytes");
+        QpPeer peer;
+        peer.qpNumber = peerQp;
+        std::memcpy(peer.gid.data(), raw.data(), 16);
+        qp.toReadyToReceive(peer, 1, gidIndex, 3);
+      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
+      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
+           py::arg("timeout"), py::arg("retry_count"))
+      .def("to_error", &VerbsQueuePair::toError)
+      .def("post_send", [](VerbsQueuePair& qp, const std::string& op, const PyRegion& local, size_t offset,
+                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId) {
+        SendRequest request;
+        request.wrId = wrId;
+        request.op = opFromName(op);
+        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
+        request.remoteAddress = remoteAddress;
+        request.rkey = rkey;
+        request.immediate = imm;
+        std::string error;
+        if (!qp.postSend(request, &error)) throw Error(error);
+      }, py::arg("op"), py::arg("local"), py::arg("offset"), py::arg("length"),
+         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0)
+      .def("post_recv", [](VerbsQueuePair& qp, const PyRegion& local, size_t offset, size_t length, uint64_t wrId) {
+        RecvRequest request;
+        request.wrId = wrId;
+        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
+        std::string error;
+        if (!qp.postRecv(request, &error)) throw Error(error);
+      }, py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("wr_id") = 0);
+  py::class_<VerbsDevice, std::shared_ptr<VerbsDevice>>(m, "IbDevice")
+      .def_property_readonly("name", &VerbsDevice::name)
+      .def("port_active", [](VerbsDevice& d) { return d.queryPort(1).active; })
+      .def("gid_table", [](VerbsDevice& d) { return gidList(readGidTable(d, 1)); })
+      .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
+        auto region = std::make_shared<PyRegion>();
+        region->owner = buffer;
+        region->info = buffer.request(true);
+        region->region = d.registerMemory(region->info.ptr, static_cast<size_t>(region->info.size), remoteWrite);
+        return region;
+      }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
+      .def("create_cq", [](VerbsDevice& d) {
+        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64));
+      }, py::keep_alive<0, 1>())
+      .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
+                           std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
+        return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));
+      }, py::arg("send_cq"), py::arg("recv_cq"), py::arg("max_send") = 16, py::arg("max_recv") = 16,
+         py::keep_alive<0, 2>(), py::keep_alive<0, 3>())
+      .def("wait_event", [](VerbsDevice& d, double timeout) -> py::object {
+        AsyncEvent event;
+        bool got;
+        {
+          py::gil_scoped_release release;
+          got = d.waitAsyncEvent(&event, Millis(static_cast<int64_t>(timeout * 1000)));
+        }
+        return got ? py::object(py::str(asyncEventName(event.type))) : py::none();
+      }, py::arg("timeout") = 1.0);
+}
+
 }  // namespace
 
 void bindIbTransport(py::module_& m) {
+  bindRawVerbs(m);
   py::class_<VerbsEmulation, std::shared_ptr<VerbsEmulation>>(
       m, "IbEmulation", "In-process verbs with RC semantics and fault hooks (docs/ib.md)")
       .def(py::init<std::vector<std::string>>(), py::arg("devices"))
       .def("devices", &VerbsEmulation::deviceNames)
+      .def("open", &VerbsEmulation::open, py::arg("device"), py::keep_alive<0, 1>(),
+           "Raw verbs on one device, for tests of the emulation itself")
       .def("port_down", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, false); })
       .def("port_up", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, true); })
       .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
