@@ -13,6 +13,7 @@ does not prove.
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import struct
@@ -138,6 +139,21 @@ def test_transport_lists_devices_with_backups(fabric):
     assert send.paths()[1].startswith("backup " + A1)
 
 
+def test_closing_everything_leaves_no_threads_behind():
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    before = threads()
+    f = Fabric()
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(30, 10, CHUNK), 30)
+    assert threads() > before  # paths, event watchers, emulation, supervisors
+    f.close()
+    del f, send, recv
+    gc.collect()
+    assert wait_until(lambda: threads() <= before, 5), f"{threads()} threads, {before} before"
+
+
 # ------------------------------------------------------------------ faults
 
 
@@ -206,6 +222,14 @@ def test_blackhole_is_caught_by_retry_exceeded_and_flushes_the_rest(fabric, even
     assert after["flushed"] >= before["flushed"] + 32
     downs = events.wait_for(2, "path_down", connection=send.id)
     assert any("retry counter exceeded" in e.detail and "RECCL_IB_TIMEOUT" in e.detail for e in downs), [e.detail for e in downs]
+    # While the blackhole lasts, re-dials of the primary fail their probe write,
+    # so the connection stays on the backup instead of failing back into it.
+    time.sleep(1.0)
+    stream(send, recv, plan_sizes(11, 10, CHUNK), 11)
+    assert send.active_path == 1
+    sender_failovers = [e for e in events.of("failover", connection=send.id)
+                        if e.detail.startswith("sender:")]
+    assert len(sender_failovers) == 1 and not events.of("failback", connection=send.id)
     f.emu.drop(A0, False)
     assert wait_until(lambda: send.active_path == 0, 10), send.paths()
     stream(send, recv, plan_sizes(7, 10, CHUNK), 7)

@@ -1,6 +1,7 @@
 #include "transport/ib/ib_endpoint.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "core/error.h"
 #include "transport/ib/gid_select.h"
@@ -70,6 +71,30 @@ void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount) {
   if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
   qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu));
   qp_->toReadyToSend(packetSequence_, timeout, retryCount);
+}
+
+void IbEndpoint::probe(const QpExchange& peer, Millis timeout) {
+  SendRequest request;
+  request.wrId = workId(WorkKind::kProbe, 0);
+  request.op = SendRequest::Op::kWrite;
+  request.sge = {reinterpret_cast<uint64_t>(controlSend(0)), sizeof(uint64_t), localMr_->lkey()};
+  request.remoteAddress = peer.regionAddress;
+  request.rkey = peer.rkey;
+  std::string error;
+  if (!qp_->postSend(request, &error)) throw Error("probe write: " + error);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  WorkCompletion wc;
+  while (sendCq_->poll(&wc, 1) == 0) {
+    if (Clock::now() > deadline) {
+      qp_->toError();  // no late completion of it may surprise the path
+      throw Error("probe write not acknowledged within " + std::to_string(timeout.count()) +
+                  " ms (link blackholed or peer unreachable)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (wc.status != WcStatus::kSuccess) {
+    throw Error(std::string("probe write: ") + wcStatusName(wc.status));
+  }
 }
 
 }  // namespace reccl

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/frame.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_api.h"
@@ -41,6 +42,12 @@ class IbEndpoint {
   QpExchange describe();
   // INIT -> RTR -> RTS towards `peer`.
   void connect(const QpExchange& peer, int timeout, int retryCount);
+  // Proves the connected QP reaches the peer before the path is used: one
+  // 8-byte RDMA WRITE into the start of the peer's region (overwritten before
+  // it is ever read) must complete within `timeout`. Throws Error otherwise
+  // (a blackholed link then fails the dial instead of being failed back onto).
+  // Call before the path starts: it polls the send CQ itself.
+  void probe(const QpExchange& peer, Millis timeout);
 
   Role role() const { return role_; }
   uint64_t chunkBytes() const { return chunkBytes_; }
@@ -79,7 +86,7 @@ class IbEndpoint {
 };
 
 // Work request ids: what a completion is about, and which buffer.
-enum class WorkKind : uint32_t { kControlRecv = 1, kControlSend = 2, kData = 3, kGrant = 4 };
+enum class WorkKind : uint32_t { kControlRecv = 1, kControlSend = 2, kData = 3, kGrant = 4, kProbe = 5 };
 inline uint64_t workId(WorkKind kind, uint32_t index) {
   return (static_cast<uint64_t>(kind) << 32) | index;
 }

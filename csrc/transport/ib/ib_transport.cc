@@ -168,13 +168,7 @@ void IbTransport::watchEvents(int nic) {
   }
 }
 
-void IbTransport::checkNic(int nic) const {
-  if (nic < 0 || nic >= static_cast<int>(nics_.size())) {
-    throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +
-                      std::to_string(nics_.size()) + " RDMA devices (0.." +
-                      std::to_string(nics_.size() - 1) + ")");
-  }
-}
+void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
 
 uint64_t IbTransport::randomId() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -300,6 +294,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
     QpExchange peer = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kReceiver);
     checkPeerRegions(peer, handle.chunkBytes);
     endpoint->connect(peer, config_.ibTimeout, config_.ibRetryCount);
+    endpoint->probe(peer, timeout);
     exchangeWrite(socket.get(), &kQpReadyByte, 1, timeout, "ready byte");
     return std::make_shared<IbPath>(std::move(endpoint), peer, nics.localNic, nics.remoteNic,
                                     healthIds_.at(nics.localNic),

@@ -125,13 +125,7 @@ TcpTransport::~TcpTransport() {
   supervisor_.reset();
 }
 
-void TcpTransport::checkNic(int nic) const {
-  if (nic < 0 || nic >= static_cast<int>(nics_.size())) {
-    throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +
-                      std::to_string(nics_.size()) + " NICs (0.." +
-                      std::to_string(nics_.size() - 1) + ")");
-  }
-}
+void TcpTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "NICs"); }
 
 uint64_t TcpTransport::randomId() {
   std::lock_guard<std::mutex> lock(mutex_);
