@@ -247,6 +247,30 @@ def test_port_event_moves_every_connection_on_the_nic_at_once(fabric, events):
         stream(send, recv, plan_sizes(20 + i, 5, CHUNK), 20 + i)
 
 
+def test_inject_fault_drills_work_on_rdma_devices(fabric, events):
+    """torch_reccl.inject_fault names an RDMA device like any NIC: "down" fails
+    its paths at once, "blackhole" silences them until the heartbeat fails them."""
+    f = fabric()
+    send, recv = f.pair()
+    try:
+        torch_reccl.inject_fault(A0, "down")
+        assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 2)
+        stream(send, recv, plan_sizes(40, 10, CHUNK), 40)
+        torch_reccl.inject_fault(A0, "up")
+        assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+        torch_reccl.inject_fault(B0, "blackhole")
+        stream(send, recv, plan_sizes(41, 10, CHUNK), 41)
+        assert wait_until(lambda: send.active_path == 1, 3), send.paths()
+        # Silence, seen by whichever end notices first.
+        assert wait_until(lambda: any("nothing from" in e.detail
+                                      for e in events.of("path_down", connection=recv.id)), 3), \
+            [e.detail for e in events.of("path_down", connection=recv.id)]
+    finally:
+        torch_reccl.inject_fault(A0, "up")
+        torch_reccl.inject_fault(B0, "up")
+    assert wait_until(lambda: send.active_path == 0, 10), send.paths()
+
+
 def test_both_nics_down_fails_pending_requests_within_the_bound(fabric):
     f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1000")
     send, recv = f.pair()

@@ -151,6 +151,9 @@ void IbTransport::watchEvents(int nic) {
       continue;
     }
     RECCL_LOG(kInfo, "async event on " + nics_[nic].name + ": " + asyncEventName(event.type));
+    const bool portEvent = event.type == AsyncEventType::kPortError ||
+                           event.type == AsyncEventType::kPortActive;
+    if (portEvent && event.port != IbEndpoint::kPort) continue;  // a port we do not use
     switch (event.type) {
       case AsyncEventType::kPortError:
       case AsyncEventType::kDeviceFatal:
