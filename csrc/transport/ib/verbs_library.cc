@@ -338,16 +338,20 @@ class SystemVerbs : public VerbsApi {
     int count = 0;
     ibv_device** list = fn_->getDeviceList(&count);
     ibv_context* context = nullptr;
+    bool found = false;
     std::string known;
     for (int i = 0; list != nullptr && i < count; ++i) {
       std::string candidate = fn_->getDeviceName(list[i]);
       known += (known.empty() ? "" : ", ") + candidate;
-      if (candidate == name) context = fn_->openDevice(list[i]);
+      if (candidate == name && !found) {
+        found = true;
+        context = fn_->openDevice(list[i]);
+      }
     }
     int openError = errno;
     if (list != nullptr) fn_->freeDeviceList(list);
     if (context == nullptr) {
-      if (known.find(name) == std::string::npos || name.empty()) {
+      if (!found) {
         throw ConfigError("no RDMA device '" + name + "'; devices: " +
                           (known.empty() ? "(none)" : known));
       }
