@@ -149,6 +149,48 @@ def run_receiver(conn, sizes, seed, window=8, timeout=30.0, slack=0,
     return total
 
 
+def in_thread(fn, *args, **kwargs):
+    """Starts fn in a thread; returns join() that re-raises its exception."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - re-raised in join
+            box["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout=60.0):
+        thread.join(timeout)
+        assert not thread.is_alive(), f"{fn.__name__} still running after {timeout} s"
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    return join
+
+
+def stream(send, recv, sizes, seed, window=8, on_sent=None, slack=0):
+    """Streams sizes over send->recv (receiver in a thread); checks every byte."""
+    join = in_thread(run_receiver, recv, sizes, seed, window, 30.0, slack)
+    sent = run_sender(send, sizes, seed, window, 30.0, on_done=on_sent)
+    received = join()
+    assert sent == received == sum(sizes)
+
+
+def wait_until(predicate, timeout, interval=0.02):
+    """Polls `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
 # --------------------------------------------------------------------------- child
 
 

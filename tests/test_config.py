@@ -85,6 +85,8 @@ INT_VARS = {
     "RECCL_WINDOW": (1, 64),
     "RECCL_DCR_PERIOD_MS": (10, 60000),
     "RECCL_DCR_OFFSET": (1, 1000000),
+    "RECCL_IB_TIMEOUT": (1, 31),
+    "RECCL_IB_RETRY_CNT": (0, 7),
 }
 
 

@@ -36,6 +36,12 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_DCR_OFFSET", "4",
        "control plane: a new channel plan starts this many collectives after the most "
        "advanced rank; 1..1000000"},
+      {"RECCL_IB_HCA", "(every RDMA device)",
+       "IB transport: comma list of RDMA device names; order is the rail order"},
+      {"RECCL_IB_TIMEOUT", "20",
+       "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try; 1..31"},
+      {"RECCL_IB_RETRY_CNT", "7",
+       "IB transport: QP retries before a request fails with retry-exceeded; 0..7"},
   };
   return kVars;
 }
@@ -79,8 +85,8 @@ std::vector<std::string> splitList(const std::string& name, const std::string& v
     std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) {
       throw ConfigError(name + "=" + value +
-                        " is not valid: expected a comma list of interface names or IPv4 "
-                        "addresses without empty entries");
+                        " is not valid: expected a comma list of names (interfaces, IPv4 "
+                        "addresses or RDMA devices) without empty entries");
     }
     items.push_back(item);
     if (comma == std::string::npos) break;
@@ -121,6 +127,12 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.dcrPeriodMs = static_cast<int>(parseInt(name, value, 10, 60000));
     } else if (name == "RECCL_DCR_OFFSET") {
       config.dcrOffset = static_cast<int>(parseInt(name, value, 1, 1000000));
+    } else if (name == "RECCL_IB_HCA") {
+      config.ibDevices = splitList(name, value);
+    } else if (name == "RECCL_IB_TIMEOUT") {
+      config.ibTimeout = static_cast<int>(parseInt(name, value, 1, 31));
+    } else if (name == "RECCL_IB_RETRY_CNT") {
+      config.ibRetryCount = static_cast<int>(parseInt(name, value, 0, 7));
     } else if (name == "RECCL_DEBUG") {
       if (value != "NONE" && value != "WARN" && value != "INFO" && value != "TRACE") {
         throw ConfigError(name + "=" + value +

@@ -353,4 +353,31 @@ int Connection::activePath() const {
   return active_;
 }
 
+ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
+                                const std::vector<NicInfo>& nics,
+                                const std::vector<int>& healthIds, const std::string& peer) {
+  ConnectionEnv env;
+  env.config = config;
+  env.supervisor = supervisor;
+  for (const auto& nic : nics) env.localNicNames.push_back(nic.name);
+  env.localHealthIds = healthIds;
+  env.peerName = peer;
+  return env;
+}
+
+uint64_t forwardNicHealth(Supervisor* supervisor, std::vector<int> healthIds) {
+  return NicHealth::instance().addListener(
+      [ids = std::move(healthIds), supervisor](const std::string& name, bool up, Reason reason) {
+        int id = NicHealth::instance().idOf(name);
+        bool ours = false;
+        for (int mine : ids) ours = ours || mine == id;
+        if (!ours) return;
+        supervisor->forEach([&](Serviced& item) {
+          if (auto* connection = dynamic_cast<Connection*>(&item)) {
+            connection->onNicHealth(id, up, reason);
+          }
+        });
+      });
+}
+
 }  // namespace reccl

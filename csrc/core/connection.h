@@ -16,6 +16,7 @@
 #include "core/path.h"
 #include "core/request.h"
 #include "core/supervisor.h"
+#include "core/topology.h"
 
 namespace reccl {
 
@@ -28,6 +29,11 @@ struct ConnectionEnv {
   std::string peerName;                    // for events and errors
   std::vector<std::string> remoteNicAddresses;  // by remote NIC index, where known
 };
+
+// The environment of a connection of a transport with these NICs.
+ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
+                                const std::vector<NicInfo>& nics,
+                                const std::vector<int>& healthIds, const std::string& peer);
 
 struct PathCandidate {
   int localNic = 0;
@@ -128,5 +134,10 @@ class Connection : public PathOwner, public Serviced {
   Clock::time_point stalledSince_{};
   bool stalled_ = false;
 };
+
+// Registers a NicHealth listener that passes every change of one of `healthIds`
+// to each connection `supervisor` serves (Connection::onNicHealth). Returns
+// the listener token for NicHealth::removeListener.
+uint64_t forwardNicHealth(Supervisor* supervisor, std::vector<int> healthIds);
 
 }  // namespace reccl

@@ -172,4 +172,11 @@ std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection) {
   return chosen;
 }
 
+void checkNicIndex(int nic, size_t count, const std::string& kind) {
+  if (nic < 0 || nic >= static_cast<int>(count)) {
+    throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +
+                      std::to_string(count) + " " + kind + " (0.." + std::to_string(count - 1) + ")");
+  }
+}
+
 }  // namespace reccl

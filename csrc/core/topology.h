@@ -38,4 +38,8 @@ void chooseBackups(std::vector<NicInfo>& nics);
 // available interfaces when an entry matches none.
 std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection);
 
+// Throws ConfigError unless 0 <= nic < count; `kind` names what is counted
+// ("NICs", "RDMA devices").
+void checkNicIndex(int nic, size_t count, const std::string& kind);
+
 }  // namespace reccl

@@ -153,6 +153,8 @@ int healthIdOrThrow(const std::string& nic) {
 
 // The reccl process group (csrc/python/pg_bindings.cc).
 void bindProcessGroup(py::module_& m);
+// The IB verbs transport and its emulation (csrc/python/ib_bindings.cc).
+void bindIbTransport(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_reccl native core: bonded connections with failover";
@@ -357,4 +359,5 @@ PYBIND11_MODULE(_C, m) {
   }, "For tests: a valid frame to mutate");
   m.attr("HANDLE_BYTES") = kHandleBytes;
   bindProcessGroup(m);
+  bindIbTransport(m);
 }

@@ -17,36 +17,13 @@
 #include "core/send_connection.h"
 #include "core/supervisor.h"
 #include "core/topology.h"
+#include "transport/job_threads.h"
 #include "transport/link_monitor.h"
+#include "transport/listener.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
 
 namespace reccl {
-
-class TcpTransport;
-
-class Listener {
- public:
-  const std::vector<uint8_t>& handle() const { return handle_; }
-  int nic() const { return nic_; }
-  // The next connection a peer opened, or nullptr after `timeout`.
-  std::shared_ptr<RecvConnection> accept(Millis timeout);
-  // Stops taking new connections; accepted ones keep working (and re-dialing),
-  // since each keeps its listener alive.
-  void close();
-
- private:
-  friend class TcpTransport;
-  uint64_t listenId_ = 0;
-  uint8_t secret_[kSecretBytes] = {};
-  int nic_ = 0;
-  std::vector<uint8_t> handle_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<RecvConnection>> ready_;
-  std::map<uint64_t, std::weak_ptr<RecvConnection>> connections_;
-  bool closed_ = false;
-};
 
 class TcpTransport {
  public:
@@ -92,9 +69,9 @@ class TcpTransport {
 
   std::mutex mutex_;
   std::mt19937_64 random_;
-  std::map<uint64_t, std::weak_ptr<Listener>> listeners_;
+  ListenerTable listeners_;
   std::map<std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>, PartialPath> partial_;
-  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> dials_;
+  JobThreads dials_;
   bool stopping_ = false;
 };
 

@@ -1,0 +1,100 @@
+#include "transport/ib/ib_endpoint.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "core/error.h"
+#include "transport/ib/gid_select.h"
+
+namespace reccl {
+
+IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t chunkBytes,
+                       uint32_t packetSequence)
+    : device_(std::move(device)),
+      role_(role),
+      chunkBytes_(chunkBytes),
+      slotBytes_(static_cast<uint32_t>((kDataHeadBytes + chunkBytes + 63) / 64 * 64)),
+      packetSequence_(packetSequence & 0xFFFFFF) {
+  const size_t dataBytes = role_ == Role::kSender ? static_cast<size_t>(kDataSlots) * slotBytes_
+                                                  : kDataSlots * sizeof(uint64_t);
+  local_.assign((kControlRecvs + kControlSends) * kControlBytes + dataBytes, 0);
+  remote_.assign(role_ == Role::kSender ? kDataSlots * sizeof(uint64_t)
+                                        : static_cast<size_t>(kDataSlots) * slotBytes_,
+                 0);
+  localMr_ = device_->registerMemory(local_.data(), local_.size(), false);
+  remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true);
+  const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + 4);
+  const int maxRecv = static_cast<int>(kControlRecvs);
+  sendCq_ = device_->createCompletionQueue(maxSend);
+  recvCq_ = device_->createCompletionQueue(maxRecv);
+  qp_ = device_->createQueuePair(sendCq_.get(), recvCq_.get(), maxSend, maxRecv);
+  qp_->toInit(kPort);
+  for (uint32_t i = 0; i < kControlRecvs; ++i) {
+    std::string error;
+    if (!postReceive(i, &error)) throw Error("posting receive buffers: " + error);
+  }
+}
+
+bool IbEndpoint::postReceive(uint32_t i, std::string* error) {
+  RecvRequest request;
+  request.wrId = workId(WorkKind::kControlRecv, i);
+  request.sge = {reinterpret_cast<uint64_t>(controlRecv(i)), static_cast<uint32_t>(kControlBytes),
+                 localMr_->lkey()};
+  return qp_->postRecv(request, error);
+}
+
+QpExchange IbEndpoint::describe() {
+  PortAttributes port = device_->queryPort(kPort);
+  if (!port.active) throw Error("port " + std::to_string(kPort) + " of " + device_->name() + " is down");
+  std::vector<GidEntry> table = readGidTable(*device_, kPort);
+  gidIndex_ = selectGidIndex(table, port.ethernet);
+  if (port.ethernet && gidIndex_ < 0) {
+    throw Error(device_->name() + " has no usable RoCE GID (is an IP address configured?)");
+  }
+  mtu_ = port.activeMtu;
+  QpExchange out;
+  out.role = role_ == Role::kSender ? QpExchange::Role::kSender : QpExchange::Role::kReceiver;
+  out.qp.qpNumber = qp_->qpNumber();
+  out.qp.packetSequence = packetSequence_;
+  out.qp.lid = port.lid;
+  out.qp.global = port.ethernet || gidIndex_ >= 0;
+  if (gidIndex_ >= 0) out.qp.gid = table[gidIndex_].gid;
+  out.mtu = mtu_;
+  out.regionAddress = reinterpret_cast<uint64_t>(remote_.data());
+  out.rkey = remoteMr_->rkey();
+  out.slotCount = kDataSlots;
+  out.slotBytes = role_ == Role::kSender ? sizeof(uint64_t) : slotBytes_;
+  return out;
+}
+
+void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount) {
+  if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
+  qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu));
+  qp_->toReadyToSend(packetSequence_, timeout, retryCount);
+}
+
+void IbEndpoint::probe(const QpExchange& peer, Millis timeout) {
+  SendRequest request;
+  request.wrId = workId(WorkKind::kProbe, 0);
+  request.op = SendRequest::Op::kWrite;
+  request.sge = {reinterpret_cast<uint64_t>(controlSend(0)), sizeof(uint64_t), localMr_->lkey()};
+  request.remoteAddress = peer.regionAddress;
+  request.rkey = peer.rkey;
+  std::string error;
+  if (!qp_->postSend(request, &error)) throw Error("probe write: " + error);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  WorkCompletion wc;
+  while (sendCq_->poll(&wc, 1) == 0) {
+    if (Clock::now() > deadline) {
+      qp_->toError();  // no late completion of it may surprise the path
+      throw Error("probe write not acknowledged within " + std::to_string(timeout.count()) +
+                  " ms (link blackholed or peer unreachable)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (wc.status != WcStatus::kSuccess) {
+    throw Error(std::string("probe write: ") + wcStatusName(wc.status));
+  }
+}
+
+}  // namespace reccl

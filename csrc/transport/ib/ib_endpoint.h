@@ -1,0 +1,96 @@
+// The verbs resources of one end of one IB path: an RC QP with its send and
+// receive completion queues, and two registered regions. The local region
+// (only this end touches it) holds the control receive and send buffers and
+// either the sender's data staging slots or the receiver's grant sources. The
+// remote region (the peer may RDMA-write it, nothing else) is the sender's
+// CTS FIFO or the receiver's staging ring. Members are declared so that the
+// QP goes first and the memory last.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/frame.h"
+#include "transport/ib/qp_exchange.h"
+#include "transport/ib/verbs_api.h"
+
+namespace reccl {
+
+class IbEndpoint {
+ public:
+  enum class Role { kSender, kReceiver };
+  static constexpr int kPort = 1;
+  static constexpr uint32_t kDataSlots = 4;       // staging slots (and FIFO entries) per path
+  static constexpr uint32_t kControlRecvs = 32;   // receives kept posted
+  static constexpr uint32_t kControlSends = 32;   // control frames in flight
+  static constexpr size_t kControlBytes =
+      (sizeof(FrameHeader) + kMaxControlBody + 63) / 64 * 64;
+  // FrameHeader + DataHeader in front of each staged chunk.
+  static constexpr size_t kDataHeadBytes = 64;
+  static_assert(sizeof(FrameHeader) + sizeof(DataHeader) <= kDataHeadBytes, "data head fits");
+
+  // Creates the QP (in INIT, receives posted) and registers the regions.
+  IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t chunkBytes,
+             uint32_t packetSequence);
+  IbEndpoint(const IbEndpoint&) = delete;
+  IbEndpoint& operator=(const IbEndpoint&) = delete;
+
+  // Our side of the QP exchange, with the source GID chosen now from the
+  // port's current table. Throws Error when the port has no usable GID.
+  QpExchange describe();
+  // INIT -> RTR -> RTS towards `peer`.
+  void connect(const QpExchange& peer, int timeout, int retryCount);
+  // Proves the connected QP reaches the peer before the path is used: one
+  // 8-byte RDMA WRITE into the start of the peer's region (overwritten before
+  // it is ever read) must complete within `timeout`. Throws Error otherwise
+  // (a blackholed link then fails the dial instead of being failed back onto).
+  // Call before the path starts: it polls the send CQ itself.
+  void probe(const QpExchange& peer, Millis timeout);
+
+  Role role() const { return role_; }
+  uint64_t chunkBytes() const { return chunkBytes_; }
+  uint32_t slotBytes() const { return slotBytes_; }
+  VerbsQueuePair& qp() { return *qp_; }
+  VerbsCompletionQueue& sendCq() { return *sendCq_; }
+  VerbsCompletionQueue& recvCq() { return *recvCq_; }
+  uint32_t localKey() const { return localMr_->lkey(); }
+
+  uint8_t* controlRecv(uint32_t i) { return local_.data() + i * kControlBytes; }
+  uint8_t* controlSend(uint32_t i) { return local_.data() + (kControlRecvs + i) * kControlBytes; }
+  uint8_t* staging(uint32_t i) { return dataArea() + static_cast<size_t>(i) * slotBytes_; }
+  uint64_t* grantSource(uint32_t i) { return reinterpret_cast<uint64_t*>(dataArea()) + i; }
+  uint64_t* ctsFifo(uint32_t i) { return reinterpret_cast<uint64_t*>(remote_.data()) + i; }
+  uint8_t* ring(uint32_t i) { return remote_.data() + static_cast<size_t>(i) * slotBytes_; }
+  // Posts control receive buffer `i`; false (reason in `error`) if refused.
+  bool postReceive(uint32_t i, std::string* error);
+
+ private:
+  uint8_t* dataArea() { return local_.data() + (kControlRecvs + kControlSends) * kControlBytes; }
+
+  const std::shared_ptr<VerbsDevice> device_;
+  const Role role_;
+  const uint64_t chunkBytes_;
+  const uint32_t slotBytes_;
+  const uint32_t packetSequence_;
+  int gidIndex_ = -1;
+  int mtu_ = 3;
+  std::vector<uint8_t> local_;
+  std::vector<uint8_t> remote_;
+  std::unique_ptr<VerbsMemoryRegion> localMr_;
+  std::unique_ptr<VerbsMemoryRegion> remoteMr_;
+  std::unique_ptr<VerbsCompletionQueue> sendCq_;
+  std::unique_ptr<VerbsCompletionQueue> recvCq_;
+  std::unique_ptr<VerbsQueuePair> qp_;
+};
+
+// Work request ids: what a completion is about, and which buffer.
+enum class WorkKind : uint32_t { kControlRecv = 1, kControlSend = 2, kData = 3, kGrant = 4, kProbe = 5 };
+inline uint64_t workId(WorkKind kind, uint32_t index) {
+  return (static_cast<uint64_t>(kind) << 32) | index;
+}
+inline WorkKind workKind(uint64_t id) { return static_cast<WorkKind>(id >> 32); }
+inline uint32_t workIndex(uint64_t id) { return static_cast<uint32_t>(id); }
+
+}  // namespace reccl

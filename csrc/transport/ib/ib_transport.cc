@@ -1,0 +1,312 @@
+#include "transport/ib/ib_transport.h"
+
+#include <climits>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/health.h"
+#include "core/log.h"
+#include "transport/ib/ib_path.h"
+#include "transport/ib/qp_exchange.h"
+#include "transport/path_plan.h"
+#include "transport/random_bytes.h"
+#include "transport/tcp/hello_dial.h"
+
+namespace reccl {
+
+namespace {
+
+// sysfs facts that let chooseBackups() apply the DESIGN distance cost to real
+// devices; emulated devices have none and pair with the next one in order.
+void readDeviceTopology(NicInfo& nic) {
+  const std::string base = "/sys/class/infiniband/" + nic.name + "/device";
+  char resolved[PATH_MAX];
+  if (::realpath(base.c_str(), resolved) != nullptr) nic.pciPath = resolved;
+  std::ifstream numa(base + "/numa_node");
+  int node = -1;
+  if (numa >> node) nic.numaNode = node;
+}
+
+// Reads exactly `length` bytes of the bootstrap exchange within `timeout`.
+void exchangeRead(int fd, uint8_t* out, size_t length, Millis timeout, const char* what) {
+  IoWatch watch;
+  watch.stallLimit = timeout;
+  IoResult result = recvAll(fd, out, length, watch, timeout);
+  if (!result.ok()) throw Error(std::string("reading the ") + what + ": " + result.describe());
+}
+
+void exchangeWrite(int fd, const uint8_t* bytes, size_t length, Millis timeout, const char* what) {
+  IoWatch watch;
+  watch.stallLimit = timeout;
+  IoResult result = sendAll(fd, bytes, length, watch);
+  if (!result.ok()) throw Error(std::string("writing the ") + what + ": " + result.describe());
+}
+
+// The peer's half must describe regions this build can use.
+void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
+  if (peer.slotCount != IbEndpoint::kDataSlots) {
+    throw ProtocolError("QP exchange: " + std::to_string(peer.slotCount) +
+                        " staging slots; this build uses " + std::to_string(IbEndpoint::kDataSlots));
+  }
+  if (peer.role == QpExchange::Role::kReceiver &&
+      peer.slotBytes < IbEndpoint::kDataHeadBytes + chunkBytes) {
+    throw ProtocolError("QP exchange: staging slots of " + std::to_string(peer.slotBytes) +
+                        " bytes cannot hold chunks of " + std::to_string(chunkBytes));
+  }
+}
+
+}  // namespace
+
+// Dials the paths of one connection, each on a job thread of the transport.
+class IbDialer : public Dialer {
+ public:
+  IbDialer(IbTransport* transport, ListenHandle handle, uint64_t connectionId)
+      : transport_(transport),
+        handle_(std::make_shared<const ListenHandle>(std::move(handle))),
+        connectionId_(connectionId) {}
+
+  void dial(int pathIndex, PathCandidate nics, Done done) override {
+    // The job may outlive this dialer (not the transport, which joins it).
+    IbTransport* transport = transport_;
+    auto handle = handle_;
+    uint64_t connectionId = connectionId_;
+    transport_->jobs_.run([=, done = std::move(done)] {
+      std::string error;
+      std::shared_ptr<Path> path = transport->dialPath(*handle, connectionId, pathIndex, nics, &error);
+      done(std::move(path), error);
+    });
+  }
+
+ private:
+  IbTransport* transport_;
+  std::shared_ptr<const ListenHandle> handle_;
+  const uint64_t connectionId_;
+};
+
+IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
+    : config_(std::move(config)), verbs_(std::move(verbs)), bootstrapAddress_(std::move(bootstrapAddress)) {
+  if (!verbs_) throw ConfigError("the IB transport needs a verbs provider");
+  uint64_t seed;
+  randomBytes(reinterpret_cast<uint8_t*>(&seed), sizeof(seed));
+  random_.seed(seed);
+  std::vector<std::string> names = config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
+  if (names.empty()) {
+    throw ConfigError("no RDMA devices found through " + verbs_->describe() +
+                      "; the IB transport needs at least one (RECCL_IB_HCA selects them)");
+  }
+  if (names.size() > kMaxHandleNics) {
+    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
+                      " NICs per process; " + std::to_string(names.size()) + " RDMA devices selected");
+  }
+  NicHealth& health = NicHealth::instance();
+  for (const auto& name : names) {
+    std::shared_ptr<VerbsDevice> device = verbs_->open(name);  // throws naming the valid ones
+    PortAttributes port = device->queryPort(IbEndpoint::kPort);
+    NicInfo nic;
+    nic.name = name;
+    nic.interface = name;
+    nic.address = bootstrapAddress_;
+    nic.linkUp = port.active;
+    readDeviceTopology(nic);
+    int id = health.registerNic(name, port.active);
+    health.setLinkUp(id, port.active, port.active ? Reason::kLinkUp : Reason::kLinkDown);
+    healthIds_.push_back(id);
+    devices_.push_back(std::move(device));
+    nics_.push_back(std::move(nic));
+  }
+  chooseBackups(nics_);
+  supervisor_ = std::make_unique<Supervisor>();
+  acceptor_ = std::make_unique<Acceptor>(
+      bootstrapAddress_, "ib-bootstrap", Millis(config_.connectTimeoutMs),
+      [this](const HelloBody& hello) { return authenticate(hello); },
+      [this](const HelloBody& hello, Fd socket, const std::string& peer) {
+        auto held = std::make_shared<Fd>(std::move(socket));
+        jobs_.run([this, hello, held, peer] { acceptPath(hello, std::move(*held), peer); });
+      });
+  healthToken_ = forwardNicHealth(supervisor_.get(), healthIds_);
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    eventThreads_.emplace_back([this, i] { watchEvents(static_cast<int>(i)); });
+  }
+}
+
+IbTransport::~IbTransport() {
+  NicHealth::instance().removeListener(healthToken_);
+  stopping_.store(true);
+  for (auto& thread : eventThreads_) thread.join();
+  acceptor_.reset();
+  jobs_.stopAndJoin();
+  supervisor_.reset();
+}
+
+void IbTransport::watchEvents(int nic) {
+  NicHealth& health = NicHealth::instance();
+  while (!stopping_.load()) {
+    AsyncEvent event;
+    try {
+      if (!devices_[nic]->waitAsyncEvent(&event, Millis(100))) continue;
+    } catch (const Error& error) {
+      RECCL_LOG(kWarn, "async events of " + nics_[nic].name + ": " + error.what());
+      std::this_thread::sleep_for(Millis(100));
+      continue;
+    }
+    RECCL_LOG(kInfo, "async event on " + nics_[nic].name + ": " + asyncEventName(event.type));
+    const bool portEvent = event.type == AsyncEventType::kPortError ||
+                           event.type == AsyncEventType::kPortActive;
+    if (portEvent && event.port != IbEndpoint::kPort) continue;  // a port we do not use
+    switch (event.type) {
+      case AsyncEventType::kPortError:
+      case AsyncEventType::kDeviceFatal:
+        // NIC-wide at once: every connection with a path on it fails over now.
+        health.setLinkUp(healthIds_[nic], false, Reason::kLinkDown);
+        break;
+      case AsyncEventType::kPortActive:
+        health.setLinkUp(healthIds_[nic], true, Reason::kLinkUp);
+        break;
+      default:
+        // GID changes need nothing here: each new QP reads the table afresh.
+        // A QP's own fatal error shows up as CQE errors on its path.
+        break;
+    }
+  }
+}
+
+void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
+
+uint64_t IbTransport::randomId() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return random_();
+}
+
+ConnectionEnv IbTransport::connectionEnv(const std::string& peer) {
+  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
+}
+
+std::shared_ptr<Listener> IbTransport::listen(int nic) {
+  checkNic(nic);
+  // Every device is reached through the one bootstrap endpoint; the HELLO
+  // names the device (receiverNic).
+  std::vector<HandleEndpoint> endpoints(nics_.size(), {bootstrapAddress_, acceptor_->port()});
+  return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
+                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), randomId());
+}
+
+std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<uint8_t>& bytes) {
+  checkNic(nic);
+  ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
+  std::vector<PathCandidate> candidates = planPaths(
+      nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
+  uint64_t id = randomId();
+  ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
+  for (size_t i = 0; i < handle.nics.size(); ++i) {
+    env.remoteNicAddresses.push_back(handle.nics[i].address + "#" + std::to_string(i));
+  }
+  auto connection = std::make_shared<SendConnection>(
+      std::move(env), id, candidates, std::make_unique<IbDialer>(this, handle, id), handle.chunkBytes);
+  supervisor_->add(connection);
+  return connection;
+}
+
+Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {
+  using Verdict = Acceptor::Verdict;
+  Verdict verdict = listeners_.check(hello);
+  if (verdict.kind != Verdict::kAdmit) return verdict;
+  if (hello.receiverNic >= nics_.size()) {
+    return {Verdict::kReject, "names RDMA device " + std::to_string(hello.receiverNic) + " of " +
+                                  std::to_string(nics_.size())};
+  }
+  if (hello.socketKind != static_cast<uint8_t>(SocketKind::kControl)) {
+    return {Verdict::kReject, "an IB path has one bootstrap socket, not data sockets"};
+  }
+  // A device that is down accepts nothing, as a dead link would; otherwise a
+  // peer could fail back onto it.
+  NicHealth& health = NicHealth::instance();
+  if (!health.usable(healthIds_.at(hello.receiverNic))) return {Verdict::kDecline, "RDMA device is down"};
+  if (health.blackholed(healthIds_.at(hello.receiverNic))) {
+    return {Verdict::kDecline, "RDMA device is blackholed"};
+  }
+  return {};
+}
+
+void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::string& peer) {
+  const Millis timeout(config_.connectTimeoutMs);
+  const int nic = hello.receiverNic;
+  const std::string peerHost = peer.substr(0, peer.find(':'));
+  std::shared_ptr<Path> path;
+  try {
+    uint8_t bytes[kQpExchangeBytes];
+    exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "sender's QP description");
+    QpExchange remote = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kSender);
+    checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
+    auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
+                                                 config_.chunkBytes, static_cast<uint32_t>(randomId()));
+    QpExchange local = endpoint->describe();
+    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount);
+    std::vector<uint8_t> mine = encodeQpExchange(local);
+    exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
+    uint8_t ready = 0;
+    exchangeRead(socket.get(), &ready, 1, timeout, "sender's ready byte");
+    if (ready != kQpReadyByte) throw ProtocolError("QP exchange: bad ready byte");
+    path = std::make_shared<IbPath>(std::move(endpoint), remote, nic, hello.senderNic,
+                                    healthIds_.at(nic), peerHost, config_);
+  } catch (const ProtocolError& error) {
+    NicHealth::instance().countRejectedHandshake();
+    RECCL_LOG(kWarn, "IB path from " + peer + " rejected: " + error.what());
+    return;
+  } catch (const Error& error) {
+    RECCL_LOG(kInfo, "IB path from " + peer + " not set up: " + error.what());
+    return;
+  }
+  std::shared_ptr<Listener> listener = listeners_.find(hello.listenId);
+  if (!listener) return;
+  PathCandidate nics{nic, hello.senderNic, hello.pathIndex < 2};
+  listener->adoptPath(hello, nics, std::move(path), [&] { return connectionEnv(peerHost); },
+                      config_.chunkBytes, supervisor_.get(), listener);
+}
+
+std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
+                                            int pathIndex, PathCandidate nics, std::string* error) {
+  const Millis timeout(config_.connectTimeoutMs);
+  const NicInfo& local = nics_.at(nics.localNic);
+  const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
+  if (!NicHealth::instance().usable(healthIds_.at(nics.localNic))) {
+    *error = "local RDMA device " + local.name + " is down";
+    return nullptr;
+  }
+  HelloBody hello{};
+  hello.version = kProtocolVersion;
+  hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
+  hello.socketCount = 1;  // the bootstrap socket; the path itself is the QP
+  hello.pathIndex = static_cast<uint8_t>(pathIndex);
+  hello.senderNic = static_cast<uint8_t>(nics.localNic);
+  hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
+  hello.listenId = handle.listenId;
+  hello.connectionId = connectionId;
+  hello.pathNonce = randomId();
+  std::memcpy(hello.secret, handle.secret, kSecretBytes);
+  std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
+  Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error);
+  if (!socket.valid()) return nullptr;
+  try {
+    auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
+                                                 handle.chunkBytes, static_cast<uint32_t>(randomId()));
+    std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe());
+    exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
+    uint8_t bytes[kQpExchangeBytes];
+    exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "receiver's QP description");
+    QpExchange peer = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kReceiver);
+    checkPeerRegions(peer, handle.chunkBytes);
+    endpoint->connect(peer, config_.ibTimeout, config_.ibRetryCount);
+    endpoint->probe(peer, timeout);
+    exchangeWrite(socket.get(), &kQpReadyByte, 1, timeout, "ready byte");
+    return std::make_shared<IbPath>(std::move(endpoint), peer, nics.localNic, nics.remoteNic,
+                                    healthIds_.at(nics.localNic),
+                                    remote.address + "#" + std::to_string(nics.remoteNic), config_);
+  } catch (const Error& e) {
+    *error = "IB path " + local.name + "->" + remote.address + "#" + std::to_string(nics.remoteNic) +
+             ": " + e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace reccl

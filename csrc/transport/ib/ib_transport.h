@@ -1,0 +1,82 @@
+// The IB verbs / RoCE transport: one RC QP per path on the chosen RDMA
+// devices, set up through a TCP bootstrap socket (HELLO with the listener's
+// secret, then the QP exchange), as NCCL does. It makes listeners and
+// connections; the core (SendConnection / RecvConnection) does the rest,
+// unchanged. One thread per device turns async port events into NIC health,
+// so a port error fails over every connection on that NIC at once.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "core/recv_connection.h"
+#include "core/send_connection.h"
+#include "core/supervisor.h"
+#include "core/topology.h"
+#include "transport/ib/ib_endpoint.h"
+#include "transport/ib/verbs_api.h"
+#include "transport/job_threads.h"
+#include "transport/listener.h"
+#include "transport/tcp/acceptor.h"
+
+namespace reccl {
+
+class IbTransport {
+ public:
+  // `verbs`: the system library or an emulation. Devices: RECCL_IB_HCA, else
+  // every device `verbs` lists; their order is the rail order. The bootstrap
+  // sockets use `bootstrapAddress` (a local IPv4 address on the management
+  // network), never the RDMA NICs themselves.
+  IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress);
+  ~IbTransport();
+  IbTransport(const IbTransport&) = delete;
+  IbTransport& operator=(const IbTransport&) = delete;
+
+  const Config& config() const { return config_; }
+  // One entry per device: name (the NIC name in health, stats and events),
+  // backup, link state.
+  const std::vector<NicInfo>& nics() const { return nics_; }
+  int healthId(int nic) const { return healthIds_.at(nic); }
+  const std::string& bootstrapAddress() const { return bootstrapAddress_; }
+
+  std::shared_ptr<Listener> listen(int nic);
+  // Starts connecting at once; poll SendConnection::ready().
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle);
+
+ private:
+  friend class IbDialer;
+  void checkNic(int nic) const;
+  Acceptor::Verdict authenticate(const HelloBody& hello);
+  // The receiving half of a path's setup, on a job thread.
+  void acceptPath(const HelloBody& hello, Fd socket, const std::string& peer);
+  // The dialing half; nullptr and `error` on failure.
+  std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
+                                 PathCandidate nics, std::string* error);
+  void watchEvents(int nic);
+  ConnectionEnv connectionEnv(const std::string& peer);
+  uint64_t randomId();
+
+  const Config config_;
+  const std::shared_ptr<VerbsApi> verbs_;
+  const std::string bootstrapAddress_;
+  std::vector<NicInfo> nics_;
+  std::vector<std::shared_ptr<VerbsDevice>> devices_;
+  std::vector<int> healthIds_;
+  std::unique_ptr<Supervisor> supervisor_;
+  std::unique_ptr<Acceptor> acceptor_;
+  uint64_t healthToken_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> eventThreads_;
+  JobThreads jobs_;
+
+  std::mutex mutex_;
+  std::mt19937_64 random_;
+  ListenerTable listeners_;
+};
+
+}  // namespace reccl

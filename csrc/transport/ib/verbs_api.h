@@ -1,0 +1,175 @@
+// The narrow slice of libibverbs the IB transport uses, as an interface with
+// two implementations: the system library loaded at run time (verbs_library)
+// and an in-process emulation with RC semantics (verbs_emulation). Each method
+// stands for one ibv_* call (named in its comment) or a fixed short sequence.
+// The types are our own, so nothing outside verbs_library.cc needs the
+// libibverbs headers and the library builds and loads without them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+
+namespace reccl {
+
+enum class WcStatus : uint8_t {
+  kSuccess,
+  kLocalLengthError,   // IBV_WC_LOC_LEN_ERR
+  kLocalProtection,    // IBV_WC_LOC_PROT_ERR: bad lkey or SGE outside its MR
+  kFlushed,            // IBV_WC_WR_FLUSH_ERR: the QP went to the error state
+  kRemoteAccess,       // IBV_WC_REM_ACCESS_ERR: bad rkey, bounds or rights
+  kRemoteOperation,    // IBV_WC_REM_OP_ERR / REM_INV_REQ_ERR
+  kRetryExceeded,      // IBV_WC_RETRY_EXC_ERR: no ACK within timeout x retries
+  kRnrRetryExceeded,   // IBV_WC_RNR_RETRY_EXC_ERR
+  kOther,
+};
+const char* wcStatusName(WcStatus status);
+
+enum class WcOpcode : uint8_t { kSend, kRdmaWrite, kRecv, kRecvRdmaWithImm, kOther };
+
+// ibv_wc
+struct WorkCompletion {
+  uint64_t wrId = 0;
+  WcStatus status = WcStatus::kSuccess;
+  WcOpcode opcode = WcOpcode::kOther;
+  uint32_t byteLength = 0;
+  bool hasImmediate = false;
+  uint32_t immediate = 0;  // host order
+  uint32_t vendorError = 0;
+};
+
+enum class AsyncEventType : uint8_t {
+  kPortActive,   // IBV_EVENT_PORT_ACTIVE
+  kPortError,    // IBV_EVENT_PORT_ERR
+  kGidChange,    // IBV_EVENT_GID_CHANGE
+  kQpFatal,      // IBV_EVENT_QP_FATAL and other per-QP errors
+  kDeviceFatal,  // IBV_EVENT_DEVICE_FATAL
+  kOther,
+};
+const char* asyncEventName(AsyncEventType type);
+
+struct AsyncEvent {
+  AsyncEventType type = AsyncEventType::kOther;
+  int port = 0;
+};
+
+using Gid = std::array<uint8_t, 16>;
+enum class GidType : uint8_t { kIb, kRoceV1, kRoceV2, kUnknown };
+
+struct GidEntry {
+  Gid gid{};
+  GidType type = GidType::kUnknown;
+};
+
+// ibv_port_attr, the fields we use
+struct PortAttributes {
+  bool active = false;
+  bool ethernet = false;  // link layer: Ethernet (RoCE) or InfiniBand
+  uint16_t lid = 0;
+  int activeMtu = 3;      // IBV_MTU_* enum value: 1=256 .. 5=4096
+  int gidTableLength = 0;
+};
+
+// ibv_sge
+struct ScatterGather {
+  uint64_t address = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+// ibv_send_wr, one SGE
+struct SendRequest {
+  enum class Op : uint8_t { kSend, kWrite, kWriteWithImmediate };
+  uint64_t wrId = 0;
+  Op op = Op::kSend;
+  ScatterGather sge;
+  bool signaled = true;
+  uint64_t remoteAddress = 0;
+  uint32_t rkey = 0;
+  uint32_t immediate = 0;  // host order
+};
+
+// ibv_recv_wr, one SGE (length 0 for a receive that only takes an immediate)
+struct RecvRequest {
+  uint64_t wrId = 0;
+  ScatterGather sge;
+};
+
+// What the peer told us about its QP (the ibv_qp_attr fields of INIT->RTR).
+struct QpPeer {
+  uint32_t qpNumber = 0;
+  uint32_t packetSequence = 0;
+  uint16_t lid = 0;
+  Gid gid{};
+  bool global = true;  // route by GID (always for RoCE)
+};
+
+class VerbsMemoryRegion {
+ public:
+  virtual ~VerbsMemoryRegion() = default;  // ibv_dereg_mr
+  virtual uint32_t lkey() const = 0;
+  virtual uint32_t rkey() const = 0;
+};
+
+class VerbsCompletionQueue {
+ public:
+  virtual ~VerbsCompletionQueue() = default;  // ibv_destroy_cq
+  // ibv_poll_cq: up to `max` completions into `out`; returns how many.
+  virtual int poll(WorkCompletion* out, int max) = 0;
+};
+
+class VerbsQueuePair {
+ public:
+  virtual ~VerbsQueuePair() = default;  // ibv_destroy_qp
+  virtual uint32_t qpNumber() const = 0;
+  // ibv_modify_qp RESET->INIT on `port`, with local and remote write access.
+  virtual void toInit(int port) = 0;
+  // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID.
+  virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) = 0;
+  // ibv_modify_qp RTR->RTS; the ACK timeout is 4.096 us * 2^timeout per try.
+  virtual void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) = 0;
+  // ibv_modify_qp to ERR: outstanding requests complete with kFlushed and no
+  // later write of this QP can land.
+  virtual void toError() = 0;
+  // ibv_post_send / ibv_post_recv: false (errno text in `error`) when refused.
+  virtual bool postSend(const SendRequest& request, std::string* error) = 0;
+  virtual bool postRecv(const RecvRequest& request, std::string* error) = 0;
+};
+
+// One opened device with its protection domain (ibv_open_device + ibv_alloc_pd).
+class VerbsDevice {
+ public:
+  virtual ~VerbsDevice() = default;
+  virtual std::string name() const = 0;
+  virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
+  virtual GidEntry queryGid(int port, int index) = 0;    // ibv_query_gid (+ GID type)
+  // ibv_reg_mr; remote write access when `remoteWrite`.
+  virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
+                                                            bool remoteWrite) = 0;
+  virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) = 0;  // ibv_create_cq
+  // ibv_create_qp, type RC.
+  virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
+                                                          VerbsCompletionQueue* recvCq,
+                                                          int maxSend, int maxRecv) = 0;
+  // ibv_get_async_event + ibv_ack_async_event, waiting at most `timeout`.
+  virtual bool waitAsyncEvent(AsyncEvent* event, Millis timeout) = 0;
+};
+
+class VerbsApi {
+ public:
+  virtual ~VerbsApi() = default;
+  virtual std::string describe() const = 0;  // "libibverbs.so.1" or "emulation"
+  virtual std::vector<std::string> deviceNames() = 0;  // ibv_get_device_list
+  // ibv_open_device + ibv_alloc_pd; throws Error naming the valid devices.
+  virtual std::shared_ptr<VerbsDevice> open(const std::string& name) = 0;
+};
+
+// 4.096 us * 2^timeout * (retryCount + 1): how long an unanswered request is
+// retried before it completes with kRetryExceeded.
+int64_t retryBudgetNs(int timeout, int retryCount);
+
+}  // namespace reccl

@@ -1,0 +1,674 @@
+#include "transport/ib/verbs_emulation.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "core/error.h"
+
+namespace reccl {
+
+namespace {
+
+constexpr int kGidTableLength = 16;
+
+enum class QpState { kReset, kInit, kReadyToReceive, kReadyToSend, kError };
+
+const char* qpStateName(QpState state) {
+  switch (state) {
+    case QpState::kReset: return "RESET";
+    case QpState::kInit: return "INIT";
+    case QpState::kReadyToReceive: return "RTR";
+    case QpState::kReadyToSend: return "RTS";
+    case QpState::kError: return "ERR";
+  }
+  return "?";
+}
+
+struct CompletionQueueRecord {
+  std::deque<WorkCompletion> entries;
+};
+
+struct MemoryRegionRecord {
+  int device = 0;
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  bool remoteWrite = false;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+
+  bool covers(uint64_t address, uint64_t length) const {
+    uint64_t start = reinterpret_cast<uint64_t>(base);
+    return address >= start && length <= bytes && address - start <= bytes - length;
+  }
+};
+
+struct PendingSend {
+  SendRequest request;
+  int64_t firstTryNs = 0;
+  bool countedDrop = false;
+};
+
+struct QueuePairRecord {
+  uint32_t qpNumber = 0;
+  int device = 0;
+  CompletionQueueRecord* sendCq = nullptr;
+  CompletionQueueRecord* recvCq = nullptr;
+  QpState state = QpState::kReset;
+  QpPeer peer;
+  int gidIndex = 0;
+  Gid sourceGid{};
+  int64_t retryBudgetNs = 0;
+  size_t maxSend = 0;
+  size_t maxRecv = 0;
+  std::deque<PendingSend> sends;
+  std::deque<RecvRequest> recvs;
+};
+
+struct AsyncQueue {
+  std::deque<AsyncEvent> events;
+};
+
+struct DeviceRecord {
+  std::string name;
+  bool portUp = true;
+  bool drop = false;
+  int flaps = 0;
+  std::string corruptKind;
+  std::vector<GidEntry> gids;
+  std::vector<AsyncQueue*> listeners;  // one per open handle
+};
+
+std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
+  // Link-local first, then (depending on the flap count) some global IPv6
+  // addresses, then the IPv4-mapped address: its index moves with every flap.
+  std::vector<GidEntry> table;
+  auto pair = [&](Gid gid) {
+    table.push_back({gid, GidType::kRoceV1});
+    table.push_back({gid, GidType::kRoceV2});
+  };
+  Gid linkLocal{};
+  linkLocal[0] = 0xfe;
+  linkLocal[1] = 0x80;
+  linkLocal[15] = static_cast<uint8_t>(deviceIndex + 1);
+  pair(linkLocal);
+  for (int i = 0; i < flaps % 3; ++i) {
+    Gid global{};
+    global[0] = 0xfd;
+    global[1] = 0x00;
+    global[2] = static_cast<uint8_t>(flaps);
+    global[3] = static_cast<uint8_t>(i);
+    global[15] = static_cast<uint8_t>(deviceIndex + 1);
+    pair(global);
+  }
+  Gid mapped{};
+  mapped[10] = 0xff;
+  mapped[11] = 0xff;
+  mapped[12] = 10;
+  mapped[13] = 0;
+  mapped[14] = static_cast<uint8_t>(deviceIndex);
+  mapped[15] = 1;
+  pair(mapped);
+  table.resize(kGidTableLength);  // the rest are empty (all-zero) entries
+  return table;
+}
+
+WcOpcode opcodeOf(SendRequest::Op op) {
+  return op == SendRequest::Op::kSend ? WcOpcode::kSend : WcOpcode::kRdmaWrite;
+}
+
+}  // namespace
+
+struct VerbsEmulation::State {
+  std::mutex mutex;
+  std::condition_variable work;
+  std::condition_variable events;
+  bool stopping = false;
+  std::vector<DeviceRecord> devices;
+  std::map<uint32_t, QueuePairRecord*> qps;
+  std::map<uint32_t, MemoryRegionRecord*> byLkey;
+  std::map<uint32_t, MemoryRegionRecord*> byRkey;
+  std::vector<CompletionQueueRecord*> cqs;
+  std::vector<QueuePairRecord*> allQps;  // to detach destroyed CQs
+  uint32_t nextQpNumber = 0x101;
+  uint32_t nextKey = 0x1001;
+  EmulationCounters counters;
+
+  int deviceIndex(const std::string& name) const {
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (devices[i].name == name) return static_cast<int>(i);
+    }
+    std::string known;
+    for (const auto& device : devices) known += (known.empty() ? "" : ", ") + device.name;
+    throw ConfigError("no emulated RDMA device '" + name + "'; devices: " + known);
+  }
+
+  void complete(CompletionQueueRecord* cq, WorkCompletion wc) {
+    if (cq == nullptr) return;
+    if (wc.status == WcStatus::kFlushed) ++counters.flushed;
+    if (wc.status == WcStatus::kRetryExceeded) ++counters.retryExceeded;
+    if (wc.status == WcStatus::kRemoteAccess || wc.status == WcStatus::kLocalProtection ||
+        wc.status == WcStatus::kLocalLengthError) {
+      ++counters.accessErrors;
+    }
+    cq->entries.push_back(wc);
+  }
+
+  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status) {
+    if (status == WcStatus::kSuccess && !request.signaled) return;
+    WorkCompletion wc;
+    wc.wrId = request.wrId;
+    wc.status = status;
+    wc.opcode = opcodeOf(request.op);
+    wc.byteLength = request.sge.length;
+    complete(qp.sendCq, wc);
+  }
+
+  void toError(QueuePairRecord& qp) {
+    if (qp.state == QpState::kError) return;
+    qp.state = QpState::kError;
+    ++counters.qpErrors;
+    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed);
+    qp.sends.clear();
+    for (const auto& recv : qp.recvs) {
+      WorkCompletion wc;
+      wc.wrId = recv.wrId;
+      wc.status = WcStatus::kFlushed;
+      wc.opcode = WcOpcode::kRecv;
+      complete(qp.recvCq, wc);
+    }
+    qp.recvs.clear();
+  }
+
+  bool linkUsable(int device) const { return devices[device].portUp && !devices[device].drop; }
+
+  // The peer QP a request of `qp` reaches now, or nullptr if it is lost.
+  QueuePairRecord* route(QueuePairRecord& qp) {
+    if (!linkUsable(qp.device)) return nullptr;
+    const DeviceRecord& local = devices[qp.device];
+    if (local.gids.at(qp.gidIndex).gid != qp.sourceGid) return nullptr;  // our GID moved
+    auto it = qps.find(qp.peer.qpNumber);
+    if (it == qps.end()) return nullptr;
+    QueuePairRecord& remote = *it->second;
+    if (remote.state != QpState::kReadyToReceive && remote.state != QpState::kReadyToSend) {
+      return nullptr;  // a QP in RESET/INIT/ERR drops what arrives
+    }
+    if (remote.peer.qpNumber != qp.qpNumber || !linkUsable(remote.device)) return nullptr;
+    if (devices[remote.device].gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
+    return &remote;
+  }
+
+  MemoryRegionRecord* localRegion(int device, const ScatterGather& sge) {
+    auto it = byLkey.find(sge.lkey);
+    if (it == byLkey.end() || it->second->device != device) return nullptr;
+    return it->second->covers(sge.address, sge.length) ? it->second : nullptr;
+  }
+
+  void corrupt(int device, SendRequest::Op op, uint8_t* payload, uint32_t length,
+               uint32_t* immediate) {
+    std::string& kind = devices[device].corruptKind;
+    if (kind.empty() || op == SendRequest::Op::kWrite) return;
+    if (kind == "immediate" && op == SendRequest::Op::kWriteWithImmediate) {
+      *immediate = 0xFFFFFFFFu;
+    } else if (kind == "payload" && length > 0) {
+      payload[0] ^= 0xFF;
+    } else {
+      return;
+    }
+    kind.clear();
+    ++counters.corrupted;
+  }
+
+  // Tries the head request of `qp`; true if it finished (either way).
+  bool advance(QueuePairRecord& qp, int64_t now) {
+    PendingSend& head = qp.sends.front();
+    if (head.firstTryNs == 0) head.firstTryNs = now;
+    const SendRequest request = head.request;
+    QueuePairRecord* remote = route(qp);
+    if (remote == nullptr) {
+      bool dropped = devices[qp.device].drop;
+      auto peer = qps.find(qp.peer.qpNumber);
+      if (peer != qps.end()) dropped = dropped || devices[peer->second->device].drop;
+      if (dropped && !head.countedDrop) {
+        head.countedDrop = true;
+        ++counters.dropped;
+      }
+      if (now - head.firstTryNs <= qp.retryBudgetNs) return false;
+      qp.sends.pop_front();
+      completeSend(qp, request, WcStatus::kRetryExceeded);
+      toError(qp);
+      return true;
+    }
+    uint8_t* source = nullptr;
+    if (request.sge.length > 0) {
+      MemoryRegionRecord* mr = localRegion(qp.device, request.sge);
+      if (mr == nullptr) {
+        qp.sends.pop_front();
+        completeSend(qp, request, WcStatus::kLocalProtection);
+        toError(qp);
+        return true;
+      }
+      source = reinterpret_cast<uint8_t*>(request.sge.address);
+    }
+    const bool consumesRecv = request.op != SendRequest::Op::kWrite;
+    if (consumesRecv && remote->recvs.empty()) return false;  // RNR: retried without bound
+    // The responder fails too on a bad request (its QP goes to ERR).
+    auto failBoth = [&](WcStatus localStatus, WcStatus remoteStatus) {
+      qp.sends.pop_front();
+      if (remoteStatus != WcStatus::kSuccess && consumesRecv) {
+        RecvRequest recv = remote->recvs.front();
+        remote->recvs.pop_front();
+        WorkCompletion wc;
+        wc.wrId = recv.wrId;
+        wc.status = remoteStatus;
+        wc.opcode = WcOpcode::kRecv;
+        complete(remote->recvCq, wc);
+      }
+      completeSend(qp, request, localStatus);
+      toError(*remote);
+      toError(qp);
+      return true;
+    };
+    uint8_t* target = nullptr;
+    if (request.op == SendRequest::Op::kSend) {
+      const RecvRequest& recv = remote->recvs.front();
+      if (recv.sge.length < request.sge.length) {
+        return failBoth(WcStatus::kRemoteOperation, WcStatus::kLocalLengthError);
+      }
+      if (request.sge.length > 0) {
+        MemoryRegionRecord* mr = localRegion(remote->device, recv.sge);
+        if (mr == nullptr) return failBoth(WcStatus::kRemoteOperation, WcStatus::kLocalProtection);
+        target = reinterpret_cast<uint8_t*>(recv.sge.address);
+      }
+    } else {
+      auto it = byRkey.find(request.rkey);
+      MemoryRegionRecord* mr = it == byRkey.end() ? nullptr : it->second;
+      if (mr == nullptr || mr->device != remote->device || !mr->remoteWrite ||
+          !mr->covers(request.remoteAddress, request.sge.length)) {
+        return failBoth(WcStatus::kRemoteAccess, WcStatus::kSuccess);
+      }
+      target = reinterpret_cast<uint8_t*>(request.remoteAddress);
+    }
+    uint32_t immediate = request.immediate;
+    if (request.sge.length > 0) std::memcpy(target, source, request.sge.length);
+    corrupt(qp.device, request.op, target, request.sge.length, &immediate);
+    counters.bytes += request.sge.length;
+    if (request.op == SendRequest::Op::kSend) {
+      ++counters.sends;
+    } else {
+      ++counters.writes;
+    }
+    if (consumesRecv) {
+      RecvRequest recv = remote->recvs.front();
+      remote->recvs.pop_front();
+      WorkCompletion wc;
+      wc.wrId = recv.wrId;
+      wc.byteLength = request.sge.length;
+      if (request.op == SendRequest::Op::kSend) {
+        wc.opcode = WcOpcode::kRecv;
+      } else {
+        wc.opcode = WcOpcode::kRecvRdmaWithImm;
+        wc.hasImmediate = true;
+        wc.immediate = immediate;
+      }
+      complete(remote->recvCq, wc);
+    }
+    qp.sends.pop_front();
+    completeSend(qp, request, WcStatus::kSuccess);
+    return true;
+  }
+
+  bool step(int64_t now) {
+    bool progressed = false;
+    for (auto& [number, qp] : qps) {
+      // In-order: at most the head of each send queue moves per step, and a
+      // head that cannot move blocks those behind it.
+      while (qp->state == QpState::kReadyToSend && !qp->sends.empty() && advance(*qp, now)) {
+        progressed = true;
+      }
+    }
+    return progressed;
+  }
+
+  void raise(int device, AsyncEventType type) {
+    for (AsyncQueue* queue : devices[device].listeners) queue->events.push_back({type, 1});
+    events.notify_all();
+  }
+};
+
+namespace {
+
+using State = VerbsEmulation::State;
+using Lock = std::unique_lock<std::mutex>;
+
+class EmulatedMemoryRegion : public VerbsMemoryRegion {
+ public:
+  EmulatedMemoryRegion(std::shared_ptr<State> state, MemoryRegionRecord record)
+      : state_(std::move(state)), record_(record) {
+    Lock lock(state_->mutex);
+    record_.lkey = state_->nextKey++;
+    record_.rkey = state_->nextKey++;
+    state_->byLkey[record_.lkey] = &record_;
+    state_->byRkey[record_.rkey] = &record_;
+  }
+  ~EmulatedMemoryRegion() override {
+    Lock lock(state_->mutex);
+    state_->byLkey.erase(record_.lkey);
+    state_->byRkey.erase(record_.rkey);
+  }
+  uint32_t lkey() const override { return record_.lkey; }
+  uint32_t rkey() const override { return record_.rkey; }
+
+ private:
+  std::shared_ptr<State> state_;
+  MemoryRegionRecord record_;
+};
+
+class EmulatedCompletionQueue : public VerbsCompletionQueue {
+ public:
+  explicit EmulatedCompletionQueue(std::shared_ptr<State> state) : state_(std::move(state)) {
+    Lock lock(state_->mutex);
+    state_->cqs.push_back(&record_);
+  }
+  ~EmulatedCompletionQueue() override {
+    Lock lock(state_->mutex);
+    for (QueuePairRecord* qp : state_->allQps) {
+      if (qp->sendCq == &record_) qp->sendCq = nullptr;
+      if (qp->recvCq == &record_) qp->recvCq = nullptr;
+    }
+    state_->cqs.erase(std::find(state_->cqs.begin(), state_->cqs.end(), &record_));
+  }
+  int poll(WorkCompletion* out, int max) override {
+    Lock lock(state_->mutex);
+    int count = 0;
+    while (count < max && !record_.entries.empty()) {
+      out[count++] = record_.entries.front();
+      record_.entries.pop_front();
+    }
+    return count;
+  }
+  CompletionQueueRecord* record() { return &record_; }
+
+ private:
+  std::shared_ptr<State> state_;
+  CompletionQueueRecord record_;
+};
+
+class EmulatedQueuePair : public VerbsQueuePair {
+ public:
+  EmulatedQueuePair(std::shared_ptr<State> state, int device, CompletionQueueRecord* sendCq,
+                    CompletionQueueRecord* recvCq, int maxSend, int maxRecv)
+      : state_(std::move(state)) {
+    Lock lock(state_->mutex);
+    record_.qpNumber = state_->nextQpNumber++;
+    record_.device = device;
+    record_.sendCq = sendCq;
+    record_.recvCq = recvCq;
+    record_.maxSend = static_cast<size_t>(maxSend);
+    record_.maxRecv = static_cast<size_t>(maxRecv);
+    state_->qps[record_.qpNumber] = &record_;
+    state_->allQps.push_back(&record_);
+  }
+  ~EmulatedQueuePair() override {
+    Lock lock(state_->mutex);
+    state_->qps.erase(record_.qpNumber);
+    state_->allQps.erase(std::find(state_->allQps.begin(), state_->allQps.end(), &record_));
+  }
+  uint32_t qpNumber() const override { return record_.qpNumber; }
+
+  void toInit(int port) override {
+    Lock lock(state_->mutex);
+    expect(QpState::kReset, "INIT");
+    if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
+    record_.state = QpState::kInit;
+  }
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+    Lock lock(state_->mutex);
+    expect(QpState::kInit, "RTR");
+    const auto& gids = state_->devices[record_.device].gids;
+    if (gidIndex < 0 || gidIndex >= static_cast<int>(gids.size()) || gids[gidIndex].gid == Gid{}) {
+      throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
+    }
+    if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
+    record_.peer = peer;
+    record_.gidIndex = gidIndex;
+    record_.sourceGid = gids[gidIndex].gid;
+    record_.state = QpState::kReadyToReceive;
+  }
+  void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) override {
+    Lock lock(state_->mutex);
+    expect(QpState::kReadyToReceive, "RTS");
+    if (timeout < 1 || timeout > 31 || retryCount < 0 || retryCount > 7) {
+      throw Error("timeout " + std::to_string(timeout) + " / retry count " +
+                  std::to_string(retryCount) + " outside 1..31 / 0..7");
+    }
+    record_.retryBudgetNs = retryBudgetNs(timeout, retryCount);
+    record_.state = QpState::kReadyToSend;
+  }
+  void toError() override {
+    Lock lock(state_->mutex);
+    state_->toError(record_);
+  }
+  bool postSend(const SendRequest& request, std::string* error) override {
+    Lock lock(state_->mutex);
+    if (record_.state == QpState::kError) {
+      state_->completeSend(record_, request, WcStatus::kFlushed);
+      return true;
+    }
+    if (record_.state != QpState::kReadyToSend) {
+      *error = std::string("post_send on a QP in ") + qpStateName(record_.state) + " (EINVAL)";
+      return false;
+    }
+    if (record_.sends.size() >= record_.maxSend) {
+      *error = "send queue full (ENOMEM)";
+      return false;
+    }
+    record_.sends.push_back({request, 0, false});
+    state_->work.notify_all();
+    return true;
+  }
+  bool postRecv(const RecvRequest& request, std::string* error) override {
+    Lock lock(state_->mutex);
+    if (record_.state == QpState::kError) {
+      WorkCompletion wc;
+      wc.wrId = request.wrId;
+      wc.status = WcStatus::kFlushed;
+      wc.opcode = WcOpcode::kRecv;
+      state_->complete(record_.recvCq, wc);
+      return true;
+    }
+    if (record_.state == QpState::kReset) {
+      *error = "post_recv on a QP in RESET (EINVAL)";
+      return false;
+    }
+    if (record_.recvs.size() >= record_.maxRecv) {
+      *error = "receive queue full (ENOMEM)";
+      return false;
+    }
+    record_.recvs.push_back(request);
+    state_->work.notify_all();
+    return true;
+  }
+
+ private:
+  void expect(QpState from, const char* to) {
+    if (record_.state != from) {
+      throw Error(std::string("invalid QP transition ") + qpStateName(record_.state) + "->" + to);
+    }
+  }
+
+  std::shared_ptr<State> state_;
+  QueuePairRecord record_;
+};
+
+class EmulatedDevice : public VerbsDevice {
+ public:
+  EmulatedDevice(std::shared_ptr<State> state, int device)
+      : state_(std::move(state)), device_(device) {
+    Lock lock(state_->mutex);
+    state_->devices[device_].listeners.push_back(&events_);
+  }
+  ~EmulatedDevice() override {
+    Lock lock(state_->mutex);
+    auto& listeners = state_->devices[device_].listeners;
+    listeners.erase(std::find(listeners.begin(), listeners.end(), &events_));
+  }
+  std::string name() const override { return state_->devices[device_].name; }
+
+  PortAttributes queryPort(int port) override {
+    checkPort(port);
+    Lock lock(state_->mutex);
+    PortAttributes attributes;
+    attributes.active = state_->devices[device_].portUp;
+    attributes.ethernet = true;
+    attributes.activeMtu = 3;  // 1024, the usual RoCE MTU
+    attributes.gidTableLength = kGidTableLength;
+    return attributes;
+  }
+  GidEntry queryGid(int port, int index) override {
+    checkPort(port);
+    Lock lock(state_->mutex);
+    const auto& gids = state_->devices[device_].gids;
+    if (index < 0 || index >= static_cast<int>(gids.size())) {
+      throw Error("GID index " + std::to_string(index) + " out of range 0.." +
+                  std::to_string(gids.size() - 1));
+    }
+    return gids[index];
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
+                                                    bool remoteWrite) override {
+    if (address == nullptr || bytes == 0) throw Error("cannot register an empty memory region");
+    MemoryRegionRecord record;
+    record.device = device_;
+    record.base = static_cast<uint8_t*>(address);
+    record.bytes = bytes;
+    record.remoteWrite = remoteWrite;
+    return std::make_unique<EmulatedMemoryRegion>(state_, record);
+  }
+  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
+    if (depth < 1) throw Error("completion queue depth must be at least 1");
+    return std::make_unique<EmulatedCompletionQueue>(state_);
+  }
+  std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
+                                                  VerbsCompletionQueue* recvCq, int maxSend,
+                                                  int maxRecv) override {
+    auto* send = dynamic_cast<EmulatedCompletionQueue*>(sendCq);
+    auto* recv = dynamic_cast<EmulatedCompletionQueue*>(recvCq);
+    if (send == nullptr || recv == nullptr) throw Error("completion queues of another provider");
+    return std::make_unique<EmulatedQueuePair>(state_, device_, send->record(), recv->record(),
+                                               maxSend, maxRecv);
+  }
+  bool waitAsyncEvent(AsyncEvent* event, Millis timeout) override {
+    Lock lock(state_->mutex);
+    if (!state_->events.wait_for(lock, timeout,
+                                 [&] { return !events_.events.empty() || state_->stopping; })) {
+      return false;
+    }
+    if (events_.events.empty()) return false;
+    *event = events_.events.front();
+    events_.events.pop_front();
+    return true;
+  }
+
+ private:
+  static void checkPort(int port) {
+    if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
+  }
+
+  std::shared_ptr<State> state_;
+  const int device_;
+  AsyncQueue events_;
+};
+
+}  // namespace
+
+VerbsEmulation::VerbsEmulation(std::vector<std::string> devices) : state_(std::make_shared<State>()) {
+  if (devices.empty()) throw ConfigError("an emulation needs at least one device");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i].empty()) throw ConfigError("emulated device names must not be empty");
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) throw ConfigError("duplicate emulated device " + devices[i]);
+    }
+    DeviceRecord record;
+    record.name = devices[i];
+    record.gids = buildGidTable(static_cast<int>(i), 0);
+    state_->devices.push_back(std::move(record));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+VerbsEmulation::~VerbsEmulation() {
+  {
+    Lock lock(state_->mutex);
+    state_->stopping = true;
+    state_->work.notify_all();
+    state_->events.notify_all();
+  }
+  thread_.join();
+}
+
+void VerbsEmulation::run() {
+  Lock lock(state_->mutex);
+  while (!state_->stopping) {
+    // Timeouts are checked every millisecond; new work wakes us at once.
+    if (!state_->step(nowNs())) state_->work.wait_for(lock, Millis(1));
+  }
+}
+
+std::vector<std::string> VerbsEmulation::deviceNames() {
+  Lock lock(state_->mutex);
+  std::vector<std::string> names;
+  for (const auto& device : state_->devices) names.push_back(device.name);
+  return names;
+}
+
+std::shared_ptr<VerbsDevice> VerbsEmulation::open(const std::string& name) {
+  int index;
+  {
+    Lock lock(state_->mutex);
+    index = state_->deviceIndex(name);
+  }
+  return std::make_shared<EmulatedDevice>(state_, index);
+}
+
+void VerbsEmulation::setPortUp(const std::string& device, bool up) {
+  Lock lock(state_->mutex);
+  int index = state_->deviceIndex(device);
+  DeviceRecord& record = state_->devices[index];
+  if (record.portUp == up) return;
+  record.portUp = up;
+  if (up) {
+    record.gids = buildGidTable(index, ++record.flaps);
+    state_->raise(index, AsyncEventType::kGidChange);
+    state_->raise(index, AsyncEventType::kPortActive);
+  } else {
+    state_->raise(index, AsyncEventType::kPortError);
+  }
+  state_->work.notify_all();
+}
+
+void VerbsEmulation::setDrop(const std::string& device, bool drop) {
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].drop = drop;
+  state_->work.notify_all();
+}
+
+void VerbsEmulation::corruptNext(const std::string& device, const std::string& kind) {
+  if (kind != "immediate" && kind != "payload") {
+    throw ConfigError("corruption kind '" + kind + "' is not valid: expected immediate or payload");
+  }
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].corruptKind = kind;
+}
+
+std::vector<GidEntry> VerbsEmulation::gidTable(const std::string& device) {
+  Lock lock(state_->mutex);
+  return state_->devices[state_->deviceIndex(device)].gids;
+}
+
+EmulationCounters VerbsEmulation::counters() {
+  Lock lock(state_->mutex);
+  return state_->counters;
+}
+
+}  // namespace reccl

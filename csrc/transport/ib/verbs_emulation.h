@@ -1,0 +1,75 @@
+// An in-process verbs "fabric" with reliable-connected (RC) semantics, so the IB
+// transport runs and is tested where there is no RDMA hardware. Several
+// transports in one process share one emulation: each opens its own devices.
+//
+// What it models: devices with one RoCE port (state, GID table), protection
+// domains, memory regions with lkey/rkey, bounds and access checks, completion
+// queues, RC QPs with the RESET->INIT->RTR->RTS->ERR state machine, and
+// in-order execution of SEND, RDMA WRITE and RDMA WRITE WITH IMMEDIATE by one
+// progress thread. A request that cannot be delivered (a port down, a
+// blackholed device, a peer QP not ready, a stale GID) is retried until the
+// QP's budget 4.096 us * 2^timeout * (retry_cnt + 1) runs out, then completes
+// with kRetryExceeded and the QP goes to ERR; moving a QP to ERR flushes every
+// outstanding request (kFlushed). A SEND or WRITE WITH IMMEDIATE meets an
+// empty receive queue with unbounded RNR retry (rnr_retry = 7), as we
+// configure real QPs. Port changes raise PORT_ERR / PORT_ACTIVE (and
+// GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to other
+// table indices, as re-added addresses do on real hosts.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "transport/ib/verbs_api.h"
+
+namespace reccl {
+
+struct EmulationCounters {
+  uint64_t sends = 0;           // SENDs delivered
+  uint64_t writes = 0;          // RDMA WRITEs delivered (with or without immediate)
+  uint64_t bytes = 0;           // payload bytes delivered
+  uint64_t flushed = 0;         // completions with kFlushed
+  uint64_t retryExceeded = 0;   // completions with kRetryExceeded
+  uint64_t accessErrors = 0;    // kRemoteAccess / kLocalProtection / length errors
+  uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
+  uint64_t corrupted = 0;       // deliveries altered by corruptNext
+  uint64_t qpErrors = 0;        // QPs that entered ERR
+};
+
+class VerbsEmulation : public VerbsApi {
+ public:
+  // `devices`: the names of the emulated devices (one port each, up).
+  explicit VerbsEmulation(std::vector<std::string> devices);
+  ~VerbsEmulation() override;
+  VerbsEmulation(const VerbsEmulation&) = delete;
+  VerbsEmulation& operator=(const VerbsEmulation&) = delete;
+
+  std::string describe() const override { return "emulation"; }
+  std::vector<std::string> deviceNames() override;
+  std::shared_ptr<VerbsDevice> open(const std::string& name) override;
+
+  // Faults. A port going down raises PORT_ERR; coming back it gets a new GID
+  // table layout and raises GID_CHANGE and PORT_ACTIVE.
+  void setPortUp(const std::string& device, bool up);
+  // Silently drops every packet to and from the device (no event, no error
+  // until the retry budget runs out), like a blackholed switch port.
+  void setDrop(const std::string& device, bool drop);
+  // Alters the next delivery sent from `device`: "immediate" (an out-of-range
+  // immediate), "payload" (the first payload byte flipped).
+  void corruptNext(const std::string& device, const std::string& kind);
+  std::vector<GidEntry> gidTable(const std::string& device);
+  EmulationCounters counters();
+
+  struct State;  // shared with the handles it gives out
+
+ private:
+  void run();
+
+  std::shared_ptr<State> state_;
+  std::thread thread_;
+};
+
+}  // namespace reccl

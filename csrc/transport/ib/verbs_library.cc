@@ -1,0 +1,424 @@
+#include "transport/ib/verbs_library.h"
+
+#if __has_include(<infiniband/verbs.h>)
+#define RECCL_HAVE_VERBS_HEADERS 1
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#endif
+
+#include "core/error.h"
+
+namespace reccl {
+
+#ifdef RECCL_HAVE_VERBS_HEADERS
+
+namespace {
+
+// The ibv_* entry points we call by symbol. post_send, post_recv and poll_cq
+// are inline in the header (they go through the context's ops table).
+struct Functions {
+  void* handle = nullptr;
+  decltype(&::ibv_get_device_list) getDeviceList = nullptr;
+  decltype(&::ibv_free_device_list) freeDeviceList = nullptr;
+  decltype(&::ibv_get_device_name) getDeviceName = nullptr;
+  decltype(&::ibv_open_device) openDevice = nullptr;
+  decltype(&::ibv_close_device) closeDevice = nullptr;
+  decltype(&::ibv_alloc_pd) allocPd = nullptr;
+  decltype(&::ibv_dealloc_pd) deallocPd = nullptr;
+  decltype(&::ibv_reg_mr) regMr = nullptr;
+  decltype(&::ibv_dereg_mr) deregMr = nullptr;
+  decltype(&::ibv_create_cq) createCq = nullptr;
+  decltype(&::ibv_destroy_cq) destroyCq = nullptr;
+  decltype(&::ibv_create_qp) createQp = nullptr;
+  decltype(&::ibv_modify_qp) modifyQp = nullptr;
+  decltype(&::ibv_destroy_qp) destroyQp = nullptr;
+  decltype(&::ibv_query_port) queryPort = nullptr;
+  decltype(&::ibv_query_gid) queryGid = nullptr;
+  decltype(&::ibv_get_async_event) getAsyncEvent = nullptr;
+  decltype(&::ibv_ack_async_event) ackAsyncEvent = nullptr;
+
+  ~Functions() {
+    if (handle != nullptr) dlclose(handle);
+  }
+};
+
+template <typename T>
+bool bind(void* handle, const char* name, T* out, std::string* missing) {
+  *out = reinterpret_cast<T>(dlsym(handle, name));
+  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *out != nullptr;
+}
+
+std::string errnoText(const char* call, int code) {
+  return std::string(call) + " failed: " + std::strerror(code);
+}
+
+WcStatus statusOf(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_SUCCESS: return WcStatus::kSuccess;
+    case IBV_WC_LOC_LEN_ERR: return WcStatus::kLocalLengthError;
+    case IBV_WC_LOC_PROT_ERR: return WcStatus::kLocalProtection;
+    case IBV_WC_WR_FLUSH_ERR: return WcStatus::kFlushed;
+    case IBV_WC_REM_ACCESS_ERR: return WcStatus::kRemoteAccess;
+    case IBV_WC_REM_OP_ERR:
+    case IBV_WC_REM_INV_REQ_ERR: return WcStatus::kRemoteOperation;
+    case IBV_WC_RETRY_EXC_ERR: return WcStatus::kRetryExceeded;
+    case IBV_WC_RNR_RETRY_EXC_ERR: return WcStatus::kRnrRetryExceeded;
+    default: return WcStatus::kOther;
+  }
+}
+
+WcOpcode opcodeOf(ibv_wc_opcode opcode) {
+  switch (opcode) {
+    case IBV_WC_SEND: return WcOpcode::kSend;
+    case IBV_WC_RDMA_WRITE: return WcOpcode::kRdmaWrite;
+    case IBV_WC_RECV: return WcOpcode::kRecv;
+    case IBV_WC_RECV_RDMA_WITH_IMM: return WcOpcode::kRecvRdmaWithImm;
+    default: return WcOpcode::kOther;
+  }
+}
+
+class SystemMemoryRegion : public VerbsMemoryRegion {
+ public:
+  SystemMemoryRegion(std::shared_ptr<Functions> fn, ibv_mr* mr) : fn_(std::move(fn)), mr_(mr) {}
+  ~SystemMemoryRegion() override { fn_->deregMr(mr_); }
+  uint32_t lkey() const override { return mr_->lkey; }
+  uint32_t rkey() const override { return mr_->rkey; }
+
+ private:
+  std::shared_ptr<Functions> fn_;
+  ibv_mr* mr_;
+};
+
+class SystemCompletionQueue : public VerbsCompletionQueue {
+ public:
+  SystemCompletionQueue(std::shared_ptr<Functions> fn, ibv_cq* cq) : fn_(std::move(fn)), cq_(cq) {}
+  ~SystemCompletionQueue() override { fn_->destroyCq(cq_); }
+  int poll(WorkCompletion* out, int max) override {
+    ibv_wc wcs[32];
+    int got = ibv_poll_cq(cq_, std::min(max, 32), wcs);
+    if (got < 0) throw Error("ibv_poll_cq failed");
+    for (int i = 0; i < got; ++i) {
+      WorkCompletion& wc = out[i];
+      wc.wrId = wcs[i].wr_id;
+      wc.status = statusOf(wcs[i].status);
+      wc.opcode = opcodeOf(wcs[i].opcode);
+      wc.byteLength = wcs[i].byte_len;
+      wc.hasImmediate = (wcs[i].wc_flags & IBV_WC_WITH_IMM) != 0;
+      wc.immediate = wc.hasImmediate ? ntohl(wcs[i].imm_data) : 0;
+      wc.vendorError = wcs[i].vendor_err;
+    }
+    return got;
+  }
+  ibv_cq* get() const { return cq_; }
+
+ private:
+  std::shared_ptr<Functions> fn_;
+  ibv_cq* cq_;
+};
+
+class SystemQueuePair : public VerbsQueuePair {
+ public:
+  SystemQueuePair(std::shared_ptr<Functions> fn, ibv_qp* qp) : fn_(std::move(fn)), qp_(qp) {}
+  ~SystemQueuePair() override { fn_->destroyQp(qp_); }
+  uint32_t qpNumber() const override { return qp_->qp_num; }
+
+  void toInit(int port) override {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = static_cast<uint8_t>(port);
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
+  }
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTR;
+    attr.path_mtu = static_cast<ibv_mtu>(mtu);
+    attr.dest_qp_num = peer.qpNumber;
+    attr.rq_psn = peer.packetSequence;
+    attr.max_dest_rd_atomic = 1;
+    attr.min_rnr_timer = 12;
+    attr.ah_attr.dlid = peer.lid;
+    attr.ah_attr.port_num = static_cast<uint8_t>(port);
+    if (peer.global) {
+      attr.ah_attr.is_global = 1;
+      std::memcpy(attr.ah_attr.grh.dgid.raw, peer.gid.data(), 16);
+      attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gidIndex);
+      attr.ah_attr.grh.hop_limit = 255;
+    }
+    modify(&attr,
+           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+           "RTR");
+  }
+  void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) override {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTS;
+    attr.sq_psn = packetSequence;
+    attr.timeout = static_cast<uint8_t>(timeout);
+    attr.retry_cnt = static_cast<uint8_t>(retryCount);
+    attr.rnr_retry = 7;  // unbounded: a control SEND waits for the peer to repost
+    attr.max_rd_atomic = 1;
+    modify(&attr,
+           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+               IBV_QP_MAX_QP_RD_ATOMIC,
+           "RTS");
+  }
+  void toError() override {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    modify(&attr, IBV_QP_STATE, "ERR");
+  }
+  bool postSend(const SendRequest& request, std::string* error) override {
+    ibv_sge sge{request.sge.address, request.sge.length, request.sge.lkey};
+    ibv_send_wr wr{};
+    ibv_send_wr* bad = nullptr;
+    wr.wr_id = request.wrId;
+    wr.sg_list = &sge;
+    wr.num_sge = request.sge.length > 0 ? 1 : 0;
+    wr.send_flags = request.signaled ? IBV_SEND_SIGNALED : 0;
+    switch (request.op) {
+      case SendRequest::Op::kSend: wr.opcode = IBV_WR_SEND; break;
+      case SendRequest::Op::kWrite: wr.opcode = IBV_WR_RDMA_WRITE; break;
+      case SendRequest::Op::kWriteWithImmediate:
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data = htonl(request.immediate);
+        break;
+    }
+    wr.wr.rdma.remote_addr = request.remoteAddress;
+    wr.wr.rdma.rkey = request.rkey;
+    int rc = ibv_post_send(qp_, &wr, &bad);
+    if (rc != 0) *error = errnoText("ibv_post_send", rc);
+    return rc == 0;
+  }
+  bool postRecv(const RecvRequest& request, std::string* error) override {
+    ibv_sge sge{request.sge.address, request.sge.length, request.sge.lkey};
+    ibv_recv_wr wr{};
+    ibv_recv_wr* bad = nullptr;
+    wr.wr_id = request.wrId;
+    wr.sg_list = &sge;
+    wr.num_sge = request.sge.length > 0 ? 1 : 0;
+    int rc = ibv_post_recv(qp_, &wr, &bad);
+    if (rc != 0) *error = errnoText("ibv_post_recv", rc);
+    return rc == 0;
+  }
+
+ private:
+  void modify(ibv_qp_attr* attr, int mask, const char* state) {
+    int rc = fn_->modifyQp(qp_, attr, mask);
+    if (rc != 0) throw Error(std::string("ibv_modify_qp to ") + state + ": " + std::strerror(rc));
+  }
+
+  std::shared_ptr<Functions> fn_;
+  ibv_qp* qp_;
+};
+
+class SystemDevice : public VerbsDevice {
+ public:
+  SystemDevice(std::shared_ptr<Functions> fn, std::string name, ibv_context* context, ibv_pd* pd)
+      : fn_(std::move(fn)), name_(std::move(name)), context_(context), pd_(pd) {}
+  ~SystemDevice() override {
+    fn_->deallocPd(pd_);
+    fn_->closeDevice(context_);
+  }
+  std::string name() const override { return name_; }
+
+  PortAttributes queryPort(int port) override {
+    ibv_port_attr attr{};
+    int rc = fn_->queryPort(context_, static_cast<uint8_t>(port),
+                            reinterpret_cast<_compat_ibv_port_attr*>(&attr));
+    if (rc != 0) throw Error(errnoText("ibv_query_port", rc));
+    PortAttributes out;
+    out.active = attr.state == IBV_PORT_ACTIVE;
+    out.ethernet = attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    out.lid = attr.lid;
+    out.activeMtu = attr.active_mtu;
+    out.gidTableLength = attr.gid_tbl_len;
+    return out;
+  }
+  GidEntry queryGid(int port, int index) override {
+    ibv_gid gid{};
+    int rc = fn_->queryGid(context_, static_cast<uint8_t>(port), index, &gid);
+    if (rc != 0) throw Error(errnoText("ibv_query_gid", rc));
+    GidEntry entry;
+    std::memcpy(entry.gid.data(), gid.raw, 16);
+    // The GID type lives in sysfs ("IB/RoCE v1" or "RoCE v2").
+    std::ifstream type("/sys/class/infiniband/" + name_ + "/ports/" + std::to_string(port) +
+                       "/gid_attrs/types/" + std::to_string(index));
+    std::string text;
+    std::getline(type, text);
+    if (text == "RoCE v2") {
+      entry.type = GidType::kRoceV2;
+    } else if (text == "IB/RoCE v1") {
+      entry.type = queryPort(port).ethernet ? GidType::kRoceV1 : GidType::kIb;
+    }
+    return entry;
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
+                                                    bool remoteWrite) override {
+    int access = IBV_ACCESS_LOCAL_WRITE | (remoteWrite ? IBV_ACCESS_REMOTE_WRITE : 0);
+    ibv_mr* mr = fn_->regMr(pd_, address, bytes, access);
+    if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
+    return std::make_unique<SystemMemoryRegion>(fn_, mr);
+  }
+  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
+    ibv_cq* cq = fn_->createCq(context_, depth, nullptr, nullptr, 0);
+    if (cq == nullptr) throw Error(errnoText("ibv_create_cq", errno));
+    return std::make_unique<SystemCompletionQueue>(fn_, cq);
+  }
+  std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
+                                                  VerbsCompletionQueue* recvCq, int maxSend,
+                                                  int maxRecv) override {
+    auto* send = dynamic_cast<SystemCompletionQueue*>(sendCq);
+    auto* recv = dynamic_cast<SystemCompletionQueue*>(recvCq);
+    if (send == nullptr || recv == nullptr) throw Error("completion queues of another provider");
+    ibv_qp_init_attr init{};
+    init.send_cq = send->get();
+    init.recv_cq = recv->get();
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = static_cast<uint32_t>(maxSend);
+    init.cap.max_recv_wr = static_cast<uint32_t>(maxRecv);
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    ibv_qp* qp = fn_->createQp(pd_, &init);
+    if (qp == nullptr) throw Error(errnoText("ibv_create_qp", errno));
+    return std::make_unique<SystemQueuePair>(fn_, qp);
+  }
+  bool waitAsyncEvent(AsyncEvent* event, Millis timeout) override {
+    pollfd pfd{context_->async_fd, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    ibv_async_event raw{};
+    if (fn_->getAsyncEvent(context_, &raw) != 0) return false;
+    switch (raw.event_type) {
+      case IBV_EVENT_PORT_ACTIVE: event->type = AsyncEventType::kPortActive; break;
+      case IBV_EVENT_PORT_ERR: event->type = AsyncEventType::kPortError; break;
+      case IBV_EVENT_GID_CHANGE: event->type = AsyncEventType::kGidChange; break;
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR: event->type = AsyncEventType::kQpFatal; break;
+      case IBV_EVENT_DEVICE_FATAL: event->type = AsyncEventType::kDeviceFatal; break;
+      default: event->type = AsyncEventType::kOther; break;
+    }
+    bool portEvent = raw.event_type == IBV_EVENT_PORT_ACTIVE || raw.event_type == IBV_EVENT_PORT_ERR ||
+                     raw.event_type == IBV_EVENT_GID_CHANGE;
+    event->port = portEvent ? raw.element.port_num : 0;
+    fn_->ackAsyncEvent(&raw);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Functions> fn_;
+  std::string name_;
+  ibv_context* context_;
+  ibv_pd* pd_;
+};
+
+class SystemVerbs : public VerbsApi {
+ public:
+  explicit SystemVerbs(std::shared_ptr<Functions> fn) : fn_(std::move(fn)) {}
+  std::string describe() const override { return "libibverbs.so.1"; }
+  std::vector<std::string> deviceNames() override {
+    std::vector<std::string> names;
+    int count = 0;
+    ibv_device** list = fn_->getDeviceList(&count);
+    if (list == nullptr) return names;
+    for (int i = 0; i < count; ++i) names.push_back(fn_->getDeviceName(list[i]));
+    fn_->freeDeviceList(list);
+    return names;
+  }
+  std::shared_ptr<VerbsDevice> open(const std::string& name) override {
+    int count = 0;
+    ibv_device** list = fn_->getDeviceList(&count);
+    ibv_context* context = nullptr;
+    bool found = false;
+    std::string known;
+    for (int i = 0; list != nullptr && i < count; ++i) {
+      std::string candidate = fn_->getDeviceName(list[i]);
+      known += (known.empty() ? "" : ", ") + candidate;
+      if (candidate == name && !found) {
+        found = true;
+        context = fn_->openDevice(list[i]);
+      }
+    }
+    int openError = errno;
+    if (list != nullptr) fn_->freeDeviceList(list);
+    if (context == nullptr) {
+      if (!found) {
+        throw ConfigError("no RDMA device '" + name + "'; devices: " +
+                          (known.empty() ? "(none)" : known));
+      }
+      throw Error(errnoText("ibv_open_device", openError));
+    }
+    ibv_pd* pd = fn_->allocPd(context);
+    if (pd == nullptr) {
+      fn_->closeDevice(context);
+      throw Error(errnoText("ibv_alloc_pd", errno));
+    }
+    return std::make_shared<SystemDevice>(fn_, name, context, pd);
+  }
+
+ private:
+  std::shared_ptr<Functions> fn_;
+};
+
+}  // namespace
+
+bool verbsHeadersCompiledIn() { return true; }
+
+std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
+  auto fn = std::make_shared<Functions>();
+  fn->handle = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (fn->handle == nullptr) {
+    const char* why = dlerror();
+    *error = std::string("cannot load libibverbs.so.1: ") + (why ? why : "unknown error") +
+             " (install rdma-core / libibverbs1)";
+    return nullptr;
+  }
+  std::string missing;
+  void* h = fn->handle;
+  bind(h, "ibv_get_device_list", &fn->getDeviceList, &missing);
+  bind(h, "ibv_free_device_list", &fn->freeDeviceList, &missing);
+  bind(h, "ibv_get_device_name", &fn->getDeviceName, &missing);
+  bind(h, "ibv_open_device", &fn->openDevice, &missing);
+  bind(h, "ibv_close_device", &fn->closeDevice, &missing);
+  bind(h, "ibv_alloc_pd", &fn->allocPd, &missing);
+  bind(h, "ibv_dealloc_pd", &fn->deallocPd, &missing);
+  bind(h, "ibv_reg_mr", &fn->regMr, &missing);
+  bind(h, "ibv_dereg_mr", &fn->deregMr, &missing);
+  bind(h, "ibv_create_cq", &fn->createCq, &missing);
+  bind(h, "ibv_destroy_cq", &fn->destroyCq, &missing);
+  bind(h, "ibv_create_qp", &fn->createQp, &missing);
+  bind(h, "ibv_modify_qp", &fn->modifyQp, &missing);
+  bind(h, "ibv_destroy_qp", &fn->destroyQp, &missing);
+  bind(h, "ibv_query_port", &fn->queryPort, &missing);
+  bind(h, "ibv_query_gid", &fn->queryGid, &missing);
+  bind(h, "ibv_get_async_event", &fn->getAsyncEvent, &missing);
+  bind(h, "ibv_ack_async_event", &fn->ackAsyncEvent, &missing);
+  if (!missing.empty()) {
+    *error = "libibverbs.so.1 lacks " + missing;
+    return nullptr;
+  }
+  return std::make_shared<SystemVerbs>(fn);
+}
+
+#else  // built without <infiniband/verbs.h>
+
+bool verbsHeadersCompiledIn() { return false; }
+
+std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
+  *error = "this build of reccl has no verbs support: it was compiled without the libibverbs "
+           "headers (install libibverbs-dev and rebuild)";
+  return nullptr;
+}
+
+#endif
+
+}  // namespace reccl

@@ -1,0 +1,196 @@
+"""The verbs emulation itself: the RC semantics the IB transport tests rely on.
+
+Raw QPs, CQs and MRs of ``_C.IbEmulation`` (``emu.open(device)``), driven
+directly: the QP state machine, in-order RDMA writes and write-with-immediate
+completions, SEND into posted receives, lkey/rkey and bounds checks, the error
+state and its flushes, retry-exceeded after 4.096 us * 2^timeout * (retry + 1)
+when a port is down or blackholed, and port events with the GID table rebuilt on
+a flap. If these did not hold, test_ib_transport.py would prove little.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from torch_reccl.transport import ConfigError, RecclError, _C
+
+pytestmark = [pytest.mark.timeout(30)]
+
+
+def roce_v2_ipv4_index(device):
+    return _C.ib_select_gid(device.gid_table())
+
+
+class Pair:
+    """Two connected RC QPs on devices x and y, each with send/recv CQs and a
+    64 KiB buffer registered for remote write."""
+
+    def __init__(self, timeout=10, retry=1, max_send=16):
+        self.emu = _C.IbEmulation(["x", "y"])
+        self.x, self.y = self.emu.open("x"), self.emu.open("y")
+        self.bx, self.by = bytearray(65536), bytearray(65536)
+        self.mx = self.x.register(self.bx, remote_write=True)
+        self.my = self.y.register(self.by, remote_write=True)
+        self.sx, self.rx = self.x.create_cq(), self.x.create_cq()
+        self.sy, self.ry = self.y.create_cq(), self.y.create_cq()
+        self.qx = self.x.create_qp(self.sx, self.rx, max_send=max_send)
+        self.qy = self.y.create_qp(self.sy, self.ry, max_send=max_send)
+        gx, gy = roce_v2_ipv4_index(self.x), roce_v2_ipv4_index(self.y)
+        for qp in (self.qx, self.qy):
+            qp.to_init()
+        self.qx.to_rtr(self.qy.qp_number, self.y.gid_table()[gy][0], gx)
+        self.qy.to_rtr(self.qx.qp_number, self.x.gid_table()[gx][0], gy)
+        self.qx.to_rts(timeout, retry)
+        self.qy.to_rts(timeout, retry)
+
+
+def poll_until(cq, count, timeout=5.0):
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out += cq.poll()
+        time.sleep(0.001)
+    return out
+
+
+def test_qp_state_machine_rejects_illegal_transitions_and_posts():
+    emu = _C.IbEmulation(["x"])
+    x = emu.open("x")
+    cq = x.create_cq()
+    qp = x.create_qp(cq, cq)
+    buf = bytearray(64)
+    mr = x.register(buf)
+    with pytest.raises(RecclError, match="post_recv on a QP in RESET"):
+        qp.post_recv(mr, 0, 64)
+    with pytest.raises(RecclError, match="invalid QP transition RESET->RTS"):
+        qp.to_rts(10, 1)
+    qp.to_init()
+    with pytest.raises(RecclError, match="post_send on a QP in INIT"):
+        qp.post_send("send", mr, 0, 8)
+    with pytest.raises(RecclError, match="GID index 15 is empty"):
+        qp.to_rtr(0x999, b"\x00" * 16, 15)
+    with pytest.raises(RecclError, match="invalid QP transition INIT->INIT"):
+        qp.to_init()
+    with pytest.raises(ConfigError, match="outside the registered"):
+        qp.post_recv(mr, 60, 8)
+
+
+def test_writes_land_in_order_and_immediates_complete_receives():
+    p = Pair()
+    src = bytearray(range(256)) * 16  # 4096 bytes
+    p.bx[:4096] = src
+    p.qy.post_recv(p.my, 0, 0, wr_id=77)
+    for i in range(8):  # eight writes to the same 16 bytes: the last one wins
+        p.bx[8192 + i * 16: 8192 + i * 16 + 16] = bytes([i]) * 16
+        p.qx.post_send("write", p.mx, 8192 + i * 16, 16, p.my.address(100), p.my.rkey, wr_id=i)
+    p.qx.post_send("write_imm", p.mx, 0, 4096, p.my.address(1000), p.my.rkey, imm=0xABCD, wr_id=99)
+    sends = poll_until(p.sx, 9)
+    assert [c["wr_id"] for c in sends] == list(range(8)) + [99]
+    assert all(c["status"] == "success" for c in sends)
+    assert bytes(p.by[100:116]) == bytes([7]) * 16
+    assert bytes(p.by[1000:5096]) == bytes(src)
+    recv = poll_until(p.ry, 1)
+    assert recv == [{"wr_id": 77, "status": "success", "opcode": "recv_rdma_with_imm",
+                     "byte_len": 4096, "imm": 0xABCD}]
+
+
+def test_send_fills_the_posted_receive_and_waits_for_one():
+    p = Pair()
+    p.bx[:5] = b"hello"
+    p.qx.post_send("send", p.mx, 0, 5, wr_id=1)
+    time.sleep(0.05)
+    assert p.sx.poll() == []  # no receive posted: RNR, retried without bound
+    p.qy.post_recv(p.my, 200, 64, wr_id=5)
+    assert poll_until(p.sx, 1)[0]["status"] == "success"
+    recv = poll_until(p.ry, 1)[0]
+    assert (recv["wr_id"], recv["opcode"], recv["byte_len"]) == (5, "recv", 5)
+    assert bytes(p.by[200:205]) == b"hello"
+
+
+def test_bad_rkey_or_bounds_is_a_remote_access_error_that_errors_both_qps():
+    for rkey_delta, offset in [(1000, 0), (0, 65536 - 8)]:
+        p = Pair()
+        p.qy.post_recv(p.my, 0, 0, wr_id=3)
+        p.qx.post_send("write", p.mx, 0, 64, p.my.address(offset, 0), p.my.rkey + rkey_delta, wr_id=1)
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=2)
+        done = poll_until(p.sx, 2)
+        assert [(c["wr_id"], c["status"]) for c in done] == [
+            (1, "remote access error"), (2, "work request flushed")]
+        # The responder went to ERR too: its posted receive is flushed.
+        assert poll_until(p.ry, 1)[0]["status"] == "work request flushed"
+        assert p.by[:8] == b"\x00" * 8
+        assert p.emu.counters()["access_errors"] == 1
+
+
+def test_error_state_flushes_everything_and_later_posts():
+    p = Pair(timeout=18)  # 1 s per try: nothing times out while we look
+    for i in range(3):
+        p.qx.post_recv(p.mx, 0, 64, wr_id=10 + i)
+    p.emu.drop("y", True)  # nothing completes: the requests stay outstanding
+    for i in range(3):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=i)
+    p.qx.to_error()
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=3)
+    flushed = poll_until(p.sx, 4)
+    assert [(c["wr_id"], c["status"]) for c in flushed] == [(i, "work request flushed") for i in range(4)]
+    assert [c["wr_id"] for c in poll_until(p.rx, 3)] == [10, 11, 12]
+    p.emu.drop("y", False)
+    time.sleep(0.05)
+    assert p.by[:8] == b"\x00" * 8  # a QP in ERR writes nothing, ever
+    assert p.emu.counters()["flushed"] == 7
+
+
+@pytest.mark.parametrize("fault", ["port_down", "drop_remote"])
+def test_undeliverable_requests_fail_with_retry_exceeded_after_the_budget(fault):
+    # timeout 12, retry 3: 4.096 us * 4096 * 4 = 67 ms
+    p = Pair(timeout=12, retry=3)
+    if fault == "port_down":
+        p.emu.port_down("x")
+    else:
+        p.emu.drop("y", True)
+    start = time.monotonic()
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=1)
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=2)
+    done = poll_until(p.sx, 2)
+    elapsed = time.monotonic() - start
+    assert [(c["wr_id"], c["status"]) for c in done] == [
+        (1, "transport retry counter exceeded"), (2, "work request flushed")]
+    assert 0.060 <= elapsed < 2.0
+    counters = p.emu.counters()
+    assert counters["retry_exceeded"] == 1 and counters["qp_errors"] == 1
+
+
+def test_port_events_and_a_gid_table_that_moves_on_every_flap():
+    p = Pair()
+    index = roce_v2_ipv4_index(p.x)
+    gid = p.x.gid_table()[index][0]
+    p.emu.port_down("x")
+    assert p.x.wait_event(1.0) == "port error"
+    assert not p.x.port_active()
+    p.emu.port_up("x")
+    assert p.x.wait_event(1.0) == "GID change"
+    assert p.x.wait_event(1.0) == "port active"
+    assert p.x.wait_event(0.05) is None
+    moved = roce_v2_ipv4_index(p.x)
+    assert moved != index and p.x.gid_table()[moved][0] == gid  # same address, new index
+    # The old QP still uses the old index, which now holds another GID: its
+    # requests are lost (retry exceeded); a QP set up afresh gets through.
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=1)
+    assert poll_until(p.sx, 1, timeout=15)[0]["status"] == "transport retry counter exceeded"
+    fresh = Pair()
+    fresh.emu.port_down("x")
+    fresh.emu.port_up("x")
+    q = fresh.x.create_qp(fresh.sx, fresh.rx)
+    r = fresh.y.create_qp(fresh.sy, fresh.ry)
+    q.to_init()
+    r.to_init()
+    gx, gy = roce_v2_ipv4_index(fresh.x), roce_v2_ipv4_index(fresh.y)
+    q.to_rtr(r.qp_number, fresh.y.gid_table()[gy][0], gx)
+    r.to_rtr(q.qp_number, fresh.x.gid_table()[gx][0], gy)
+    q.to_rts(10, 1)
+    r.to_rts(10, 1)
+    fresh.bx[:4] = b"ping"
+    q.post_send("write", fresh.mx, 0, 4, fresh.my.address(0), fresh.my.rkey, wr_id=9)
+    assert poll_until(fresh.sx, 1)[0]["status"] == "success"
+    assert bytes(fresh.by[:4]) == b"ping"
