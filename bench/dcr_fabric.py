@@ -13,26 +13,18 @@ of the same run. Needs root.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from reccl_bench_runs import run_bench, write_json
 
 
 def bench(dcr: int, args, path: str) -> dict:
-    env = {**os.environ, "RECCL_DCR": str(dcr),
-           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "torch_reccl", "bench", "--fabric", f"2x{args.rails}",
-           "--rate-mbit", str(args.rate_mbit), "--nic-down", "--ops", "all_reduce",
-           "--min-bytes", args.sizes[0], "--max-bytes", args.sizes[-1], "--factor", "2",
-           "--warmup", str(args.warmup), "--iters", str(args.iters), "--no-progress",
-           "--json", path]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
-    with open(path) as f:
-        return json.load(f)
+    argv = ["--fabric", f"2x{args.rails}", "--rate-mbit", str(args.rate_mbit), "--nic-down",
+            "--ops", "all_reduce", "--min-bytes", args.sizes[0], "--max-bytes", args.sizes[-1],
+            "--factor", "2", "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    return run_bench(argv, {"RECCL_DCR": str(dcr)}, path, args.timeout)
 
 
 def busbw_by_size(record: dict) -> dict:
@@ -71,9 +63,7 @@ def main() -> int:
         print(f"{size:>12} {f0:11.3f} {d0:8.3f} {d0 / f0:6.2f} {f1:11.3f} {d1:8.3f} {d1 / f1:6.2f}")
         result.append({"size": size, "sbond_ratio": d0 / f0, "dcr_ratio": d1 / f1,
                        "fault_free": [f0, f1], "sbond": d0, "dcr": d1})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

@@ -12,26 +12,20 @@ over both sides.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from reccl_bench_runs import run_bench, write_json
+
 WITHOUT = {"RECCL_BACKUP": "0", "RECCL_HEARTBEAT_MS": "60000", "RECCL_DCR": "0"}
 
 
 def bench(extra_env: dict, args, path: str) -> dict:
-    env = {**os.environ, **extra_env,
-           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "torch_reccl", "bench", "--ranks", str(args.ranks),
-           "--ops", "all_reduce", "--min-bytes", args.sizes[0], "--max-bytes", args.sizes[-1],
-           "--warmup", str(args.warmup), "--iters", str(args.iters), "--no-progress", "--json", path]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=args.timeout)
-    with open(path) as f:
-        record = json.load(f)
+    argv = ["--ranks", str(args.ranks), "--ops", "all_reduce", "--min-bytes", args.sizes[0],
+            "--max-bytes", args.sizes[-1], "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    record = run_bench(argv, extra_env, path, args.timeout)
     return {row["bytes"]: next(iter(row["variants"].values()))["busbw"] for row in record["rows"]}
 
 
@@ -59,9 +53,7 @@ def main() -> int:
         a, b = statistics.median(on[size]), statistics.median(off[size])
         print(f"{size:>12} {a:12.3f} {b:8.3f} {a / b:7.3f}")
         result.append({"size": size, "on": on[size], "off": off[size], "ratio": a / b})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 

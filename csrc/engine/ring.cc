@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 
 #include "core/error.h"
 
@@ -42,15 +43,33 @@ bool anyData(const ChannelJob& job, const SegmentFn& seg) {
   return false;
 }
 
+// A ring phase's neighbours on this channel: send to the next rank, receive
+// from the previous one.
+struct RingNeighbours {
+  int next;
+  int prev;
+  std::shared_ptr<SendConnection> to;
+  std::shared_ptr<RecvConnection> from;
+};
+
+// Nothing (no connection is even made) when the channel has no data to move.
+std::optional<RingNeighbours> ringNeighbours(ChannelJob& job, const SegmentFn& seg) {
+  if (job.size() == 1 || !anyData(job, seg)) return std::nullopt;
+  RingNeighbours r;
+  r.next = job.mod(job.rank() + 1);
+  r.prev = job.mod(job.rank() - 1);
+  r.to = job.links.sender(r.next, job.channel, Lane::kCollective);
+  r.from = job.links.receiver(r.prev, job.channel, Lane::kCollective, job.ctx);
+  return r;
+}
+
 }  // namespace
 
 void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int finalSegment,
                        ReduceOp op, RegionSends& regions, SendList& sends) {
-  const int n = job.size();
-  if (n == 1 || !anyData(job, seg)) return;
-  const int next = job.mod(job.rank() + 1), prev = job.mod(job.rank() - 1);
-  auto to = job.links.sender(next, job.channel, Lane::kCollective);
-  auto from = job.links.receiver(prev, job.channel, Lane::kCollective, job.ctx);
+  const std::optional<RingNeighbours> ring = ringNeighbours(job, seg);
+  if (!ring) return;
+  const int n = job.size(), next = ring->next, prev = ring->prev;
   const size_t elem = job.elem;
 
   // Step s sends segment final-1-s and receives (and reduces) segment final-2-s.
@@ -61,7 +80,8 @@ void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int
   uint8_t* slots = job.scratch.data();
   std::deque<std::shared_ptr<Request>> posted;
   auto post = [&](size_t i) {
-    posted.push_back(from->irecv(slots + (i % window) * slotBytes, items[i].elements.count * elem));
+    posted.push_back(
+        ring->from->irecv(slots + (i % window) * slotBytes, items[i].elements.count * elem));
   };
   for (size_t i = 0; i < window; ++i) post(i);
 
@@ -69,7 +89,7 @@ void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int
   Range g = seg(first);
   for (size_t k = 0; k < job.chunksOf(g.count); ++k) {
     Range c = chunkOf(job, g, k);
-    auto request = to->isend(work + c.offset * elem, c.count * elem);
+    auto request = ring->to->isend(work + c.offset * elem, c.count * elem);
     regions.put(first, k, request);
     sends.add(std::move(request), next);
   }
@@ -82,7 +102,7 @@ void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int
     reduceInto(region, slots + (i % window) * slotBytes, it.elements.count, job.dtype, op);
     if (i + window < items.size()) post(i + window);
     if (it.step < n - 2) {
-      auto request = to->isend(region, bytes);
+      auto request = ring->to->isend(region, bytes);
       regions.put(it.segment, it.chunk, request);
       sends.add(std::move(request), next);
     } else if (op == ReduceOp::kAvg) {
@@ -93,11 +113,9 @@ void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int
 
 void ringAllgather(ChannelJob& job, uint8_t* buffer, const SegmentFn& seg, int ownSegment,
                    RegionSends* regions, SendList& sends) {
-  const int n = job.size();
-  if (n == 1 || !anyData(job, seg)) return;
-  const int next = job.mod(job.rank() + 1), prev = job.mod(job.rank() - 1);
-  auto to = job.links.sender(next, job.channel, Lane::kCollective);
-  auto from = job.links.receiver(prev, job.channel, Lane::kCollective, job.ctx);
+  const std::optional<RingNeighbours> ring = ringNeighbours(job, seg);
+  if (!ring) return;
+  const int n = job.size(), next = ring->next, prev = ring->prev;
   const size_t elem = job.elem;
 
   // Step s sends segment own-s and receives segment own-1-s straight into place.
@@ -107,21 +125,21 @@ void ringAllgather(ChannelJob& job, uint8_t* buffer, const SegmentFn& seg, int o
   auto post = [&](size_t i) {
     const Item& it = items[i];
     if (regions) regions->waitFor(job, it.segment, it.chunk, next);
-    posted.push_back(from->irecv(buffer + it.elements.offset * elem, it.elements.count * elem));
+    posted.push_back(ring->from->irecv(buffer + it.elements.offset * elem, it.elements.count * elem));
   };
   for (size_t i = 0; i < window; ++i) post(i);
 
   Range g = seg(job.mod(ownSegment));
   for (size_t k = 0; k < job.chunksOf(g.count); ++k) {
     Range c = chunkOf(job, g, k);
-    sends.add(to->isend(buffer + c.offset * elem, c.count * elem), next);
+    sends.add(ring->to->isend(buffer + c.offset * elem, c.count * elem), next);
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     const size_t bytes = it.elements.count * elem;
     checkArrived(job, job.ctx.wait(*posted.front(), "data from", prev, job.channel), bytes, prev);
     posted.pop_front();
-    if (it.step < n - 2) sends.add(to->isend(buffer + it.elements.offset * elem, bytes), next);
+    if (it.step < n - 2) sends.add(ring->to->isend(buffer + it.elements.offset * elem, bytes), next);
     if (i + window < items.size()) post(i + window);
   }
 }

@@ -1,6 +1,8 @@
 // Python bindings of the reccl process group (torch_reccl._C): the creator the
 // Python backend registration calls, and a few engine facts for tests/tools.
 // Called from the module definition in bindings.cc.
+#include <optional>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -131,4 +133,57 @@ void bindProcessGroup(py::module_& m) {
       },
       py::arg("backend"), py::arg("device_backend"),
       "Lets the control plane count the collectives the group's GPU backend issues.");
+  m.def(
+      "_dcr_plan_to_adopt",
+      [](uint64_t currentId, const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& carried,
+         uint64_t seq) -> py::object {
+        std::vector<reccl::PlanProposal> proposals;
+        for (const auto& [id, startOp, avoid] : carried) proposals.push_back({id, startOp, avoid});
+        std::optional<reccl::PlanProposal> plan = reccl::planToAdopt(currentId, proposals, seq);
+        if (!plan) return py::none();
+        return py::make_tuple(plan->id, plan->startOp, plan->avoidMask);
+      },
+      py::arg("current_id"), py::arg("carried"), py::arg("seq"),
+      "For tests: the (id, start_op, avoid_mask) op `seq` switches to, or None.");
+  m.def(
+      "_dcr_plan_weights",
+      [](uint64_t avoidMask, int channels, uint64_t count) {
+        reccl::ChannelPlan plan = reccl::planOf({1, 0, avoidMask}, channels);
+        py::list out;
+        for (const auto& range : plan.split(count)) out.append(py::make_tuple(range.offset, range.count));
+        return out;
+      },
+      py::arg("avoid_mask"), py::arg("channels"), py::arg("count"),
+      "For tests: how a plan avoiding `avoid_mask` splits `count` elements over channels.");
+  m.def(
+      "_decode_group_view",
+      [](py::bytes data, int groupSize) {
+        std::string raw = data;
+        reccl::GroupView view =
+            reccl::decodeGroupView(std::vector<uint8_t>(raw.begin(), raw.end()), groupSize);
+        py::list degraded;
+        for (const auto& d : view.degraded) {
+          degraded.append(py::make_tuple(d.rank, d.state.opsDone, d.state.backupChannels,
+                                         d.state.nicsDown, d.state.deviceOps));
+        }
+        return py::make_tuple(view.round, view.plan.id, view.plan.startOp, view.plan.avoidMask,
+                              view.maxOpsDone, degraded);
+      },
+      py::arg("data"), py::arg("group_size"),
+      "For tests: decodes a control-plane group view; raises ProtocolError on bad input.");
+  m.def(
+      "_encode_group_view",
+      [](uint64_t round, uint64_t planId, uint64_t startOp, uint64_t avoid, uint64_t maxOps,
+         const std::vector<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>>& degraded) {
+        reccl::GroupView view;
+        view.round = round;
+        view.plan = {planId, startOp, avoid};
+        view.maxOpsDone = maxOps;
+        for (const auto& [rank, ops, backup, down, device] : degraded) {
+          view.degraded.push_back({rank, {ops, backup, down, device}});
+        }
+        std::vector<uint8_t> bytes = reccl::encodeGroupView(view);
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      "For tests: encodes a control-plane group view.");
 }
