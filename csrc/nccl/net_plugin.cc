@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace reccl {
 
@@ -52,7 +53,7 @@ void NetPlugin::info(const std::string& message) {
   }
 }
 
-TcpTransport* NetPlugin::transport() {
+Transport* NetPlugin::transport() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!transport_) throw Error("plugin used before init()");
   return transport_.get();
@@ -97,7 +98,7 @@ ncclResult_t NetPlugin::devices(int* count) {
 
 ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
   return guard("getProperties", [&] {
-    TcpTransport* t = transport();
+    Transport* t = transport();
     if (dev < 0 || dev >= static_cast<int>(t->nics().size())) {
       warn("getProperties: device " + std::to_string(dev) + " out of range");
       return ncclInvalidArgument;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "nccl/nccl_abi.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
@@ -62,11 +62,11 @@ class NetPlugin {
   }
   void warn(const std::string& message);
   void info(const std::string& message);
-  TcpTransport* transport();
+  Transport* transport();
 
   std::mutex mutex_;
   ncclDebugLogger_t logger_ = nullptr;
-  std::unique_ptr<TcpTransport> transport_;
+  std::unique_ptr<Transport> transport_;
   std::vector<std::string> names_;
 };
 

@@ -6,10 +6,10 @@
 
 #include <memory>
 
-#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
-std::shared_ptr<TcpTransport> sharedTransport();
+std::shared_ptr<Transport> sharedTransport();
 
 }  // namespace reccl
