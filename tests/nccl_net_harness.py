@@ -409,24 +409,36 @@ def ib_case_streams(emu, native) -> dict:
 
 
 def ib_case_failover(emu, native) -> dict:
-    """The primary device's port goes down mid-stream (PORT_ERR), later comes back."""
+    """The primary device's port goes down mid-stream (PORT_ERR) and comes back
+    (PORT_ACTIVE, new GID layout) while the stream still runs."""
     import torch_reccl
 
     events = []
     handle = torch_reccl.on_event(lambda e: events.append(e.to_dict()), kinds=["failover", "failback"])
-    sizes = message_sizes(11, 200, 4 << 20)
+    sizes = message_sizes(11, 600, 4 << 20)
     progress, fault_log = [], {}
 
-    def fault():
+    def wait_received(count):
         deadline = time.monotonic() + 30
-        while len(progress) < 40 and time.monotonic() < deadline:
+        while len(progress) < count and time.monotonic() < deadline:
             time.sleep(0.001)
+
+    def fault():
+        wait_received(40)
         fault_log["received_at_port_down"] = len(progress)
         fault_log["counters_before"] = emu.counters()
         emu.port_down(IB_DEVICES[0])
-        time.sleep(0.5)
+        wait_received(100)
         fault_log["received_at_port_up"] = len(progress)
         emu.port_up(IB_DEVICES[0])
+        # Both ends fail back once the re-dialed primary QP is proven.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(progress) < len(sizes):
+            torch_reccl.events.flush_events()
+            if sum(e["kind"] == "failback" for e in events) >= 2:
+                fault_log["received_at_failback"] = len(progress)
+                break
+            time.sleep(0.005)
 
     errors, good = run_pair(11, sizes, fault=fault, progress=progress)
     torch_reccl.events.flush_events()

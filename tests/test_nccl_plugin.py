@@ -203,19 +203,25 @@ def test_ib_random_sizes_many_in_flight_every_version(tmp_path):
 
 
 @pytest.mark.timeout(160)
-def test_ib_port_down_mid_stream_fails_over_without_loss(tmp_path):
+def test_ib_port_down_mid_stream_fails_over_and_back_without_loss(tmp_path):
     report = run_ib_case(tmp_path, "failover")
     assert report["transport"] == "ib"
     assert report["errors"] == [] and report["good"] == [report["count"]]
     # Each message arrived once, intact (receive_stream compares every byte).
     assert sorted(report["order"]) == list(range(report["count"]))
-    # The port went down mid-stream, not before or after it.
-    assert 40 <= report["received_at_port_down"] < report["count"], report["received_at_port_down"]
+    # The port went down mid-stream, not before or after it, and came back while
+    # messages were still to come.
+    assert 40 <= report["received_at_port_down"] < 100 <= report["received_at_port_up"] < report["count"]
     failovers = [e for e in report["events"] if e["kind"] == "failover"]
     assert failovers, report["events"]
     assert {e["nic"] for e in failovers} == {IB_DEVICES[0]}, failovers
     assert all(e["reason"] == "link down" for e in failovers), failovers
     assert all(e["from_path"] == 0 and e["to_path"] == 1 for e in failovers), failovers
+    # Both ends returned to the primary device once its re-dialed QP was proven,
+    # and the stream went on there.
+    failbacks = [e for e in report["events"] if e["kind"] == "failback"]
+    assert len(failbacks) == 2 and all(e["from_path"] == 1 and e["to_path"] == 0 for e in failbacks)
+    assert report["received_at_failback"] < report["count"]
     # The failed QPs were fenced (moved to ERR, their requests flushed).
     before, after = report["counters_before"], report["counters_after"]
     assert after["qp_errors"] > before["qp_errors"]
