@@ -3,7 +3,9 @@
 The built extension is dlopened with ctypes, each `ncclNetPlugin_vN` table is read
 through our own ctypes mirror of its layout, and a sender and a receiver exchange
 messages with many requests in flight, polling `test()` from separate threads.
-As a script it runs one side inside an emulated host (see test_nccl_plugin.py).
+As a script it runs one side inside an emulated host, or (--ib-case) one whole
+scenario of the plugin over the in-process verbs emulation in a fresh process,
+since the plugin chooses its transport once per process (see test_nccl_plugin.py).
 """
 from __future__ import annotations
 
@@ -26,7 +28,12 @@ VERSIONS = (8, 10, 11, 12)
 vp = C.c_void_p
 pvp = C.POINTER(C.c_void_p)
 res = C.c_int
-Logger = C.CFUNCTYPE(None, C.c_int, C.c_ulong, C.c_char_p, C.c_int, C.c_char_p)
+# NCCL's logger is variadic; ctypes cannot declare that, so the mirror takes one
+# extra pointer argument: on x86-64 (and AArch64 Linux) the first variadic
+# argument travels in the next integer register, exactly as a sixth parameter.
+# It is read only when the format's first conversion is %s (every format this
+# plugin logs with).
+Logger = C.CFUNCTYPE(None, C.c_int, C.c_ulong, C.c_char_p, C.c_int, C.c_char_p, C.c_void_p)
 
 
 def _fn(*args):
@@ -104,19 +111,28 @@ def library_path() -> str:
 class Plugin:
     """One version's table, with NCCL-like calls that raise on an error code."""
 
-    def __init__(self, version: int, path: str | None = None):
+    def __init__(self, version: int, path: str | None = None, require_init: bool = True):
         self.version = version
         self.lib = C.CDLL(path or library_path())
         self.table = table_type(version).in_dll(self.lib, f"ncclNetPlugin_v{version}")
         self.messages = []
-        self._logger = Logger(lambda level, flags, file, line, fmt: self.messages.append(fmt))
+        self._logger = Logger(self._log)
         self.ctx = vp()
         if version == 8:
-            self.check(self.table.init(self._logger), "init")
+            self.init_code = self.table.init(self._logger)
         elif version == 10:
-            self.check(self.table.init(self._logger, None), "init")
+            self.init_code = self.table.init(self._logger, None)
         else:
-            self.check(self.table.init(C.byref(self.ctx), 1, None, self._logger, None), "init")
+            self.init_code = self.table.init(C.byref(self.ctx), 1, None, self._logger, None)
+        if require_init:
+            self.check(self.init_code, "init")
+
+    def _log(self, level, flags, file, line, fmt, first):
+        text = fmt.decode(errors="replace")
+        conversion = text.find("%")
+        if conversion >= 0 and text[conversion:conversion + 2] == "%s" and first:
+            text = text.replace("%s", C.string_at(first).decode(errors="replace"), 1)
+        self.messages.append(text)
 
     @staticmethod
     def check(code: int, what: str) -> None:
@@ -242,7 +258,9 @@ def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: f
         inflight = still
 
 
-def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float):
+def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float,
+                   progress: list | None = None):
+    """Receiver half; checks every byte; appends each intact message's index to `progress`."""
     buffers = [np.zeros(s, np.uint8) for s in sizes]
     _, mhandle = plugin.reg_mr(comm, buffers[1])
     inflight, next_index, good = [], 0, 0
@@ -264,16 +282,203 @@ def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline
                     raise AssertionError(f"message {index} differs ({size} bytes)")
                 good += 1
                 buffers[index] = None
+                if progress is not None:
+                    progress.append(index)
             else:
                 still.append((index, request))
         inflight = still
     return good
 
 
+def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | None = None):
+    """One plugin talks to itself: listen, connect and accept as NCCL's setup does,
+    then a sender and a receiver "proxy" thread stream `sizes`; `fault()` runs
+    on the calling thread meanwhile (`progress` gets each intact message's index as
+    it arrives). Returns (errors, [messages received intact])."""
+    plugin = Plugin(version)
+    handle, listen_comm = plugin.listen(0)
+    errors, good = [], []
+    send_comm_box = []
+
+    def connect():
+        send_comm_box.append(plugin.connect(0, handle))
+
+    connector = threading.Thread(target=connect)
+    connector.start()
+    recv_comm = plugin.accept(listen_comm)  # setup thread and "proxy" run concurrently
+    # NCCL closes the listen comm as soon as accept returns; the backup path and
+    # every later re-dial must still be admitted.
+    assert plugin.table.closeListen(listen_comm) == SUCCESS
+    connector.join(timeout=30)
+    send_comm = send_comm_box[0]
+    deadline = time.monotonic() + 60
+
+    def sender():
+        try:
+            send_stream(plugin, send_comm, sizes, 3, window, deadline)
+        except Exception as error:
+            errors.append(f"send: {error}")
+
+    def receiver():
+        try:
+            good.append(receive_stream(plugin, recv_comm, sizes, 3, window, deadline, progress))
+        except Exception as error:
+            errors.append(f"recv: {error}")
+
+    threads = [threading.Thread(target=sender), threading.Thread(target=receiver)]
+    for t in threads:
+        t.start()
+    if fault is not None:
+        fault()
+    for t in threads:
+        t.join(timeout=70)
+    assert not any(t.is_alive() for t in threads), "a proxy thread hung"
+    for close, comm in ((plugin.table.closeSend, send_comm), (plugin.table.closeRecv, recv_comm)):
+        assert close(comm) == SUCCESS
+    return errors, good
+
+
+# ------------------------------------------------------------ over the IB emulation
+
+IB_DEVICES = ("emu_ib0", "emu_ib1")
+
+
+def ib_emulation_env() -> dict:
+    """What a plugin run over the verbs emulation reads at init (as under NCCL)."""
+    return {
+        "RECCL_TRANSPORT": "ib",
+        "RECCL_IB_HCA": ",".join(IB_DEVICES),
+        "RECCL_IB_BOOTSTRAP": "127.0.0.1",
+        "RECCL_HEARTBEAT_MS": "300",
+        "RECCL_CONNECT_TIMEOUT_MS": "2000",
+        "RECCL_NO_PATH_TIMEOUT_MS": "10000",
+        "RECCL_CHUNK_BYTES": str(256 << 10),
+        # 4.096 us * 2^12 = 16.8 ms per try, 8 tries: retry-exceeded after ~134 ms.
+        "RECCL_IB_TIMEOUT": "12",
+        "RECCL_IB_RETRY_CNT": "7",
+    }
+
+
+def _plugin_properties(plugin: Plugin) -> list:
+    out = []
+    for dev in range(plugin.devices()):
+        p = plugin.properties(dev)
+        d = {"name": p.name.decode(), "pciPath": p.pciPath and p.pciPath.decode(),
+             "speed": p.speed, "ptrSupport": p.ptrSupport, "maxRecvs": p.maxRecvs,
+             "maxComms": p.maxComms, "netDeviceType": p.netDeviceType, "regIsGlobal": p.regIsGlobal}
+        if plugin.version >= 10:
+            d["vDevs"] = list(p.vDevs[:p.vNdevs])
+            d["maxP2pBytes"] = p.maxP2pBytes
+            d["forceFlush"] = p.forceFlush
+        if plugin.version >= 11:
+            d["maxMultiRequestSize"] = p.maxMultiRequestSize
+        if plugin.version >= 12:
+            d["railId"] = p.railId
+        out.append(d)
+    return out
+
+
+def ib_case_properties(emu, native) -> dict:
+    """Every table's devices and properties over the emulation."""
+    result = {"versions": {}}
+    for version in VERSIONS:
+        plugin = Plugin(version)
+        result["versions"][version] = _plugin_properties(plugin)
+        result["out_of_range"] = plugin.table.getProperties(len(IB_DEVICES), None)
+        result.setdefault("messages", []).extend(plugin.messages)
+    result["transport"] = native.nccl_plugin_transport()
+    result["health"] = {name: s["up"] for name, s in native.nic_stats().items()}
+    return result
+
+
+def ib_case_streams(emu, native) -> dict:
+    """Random sizes, many requests in flight, every byte checked, per table version."""
+    result = {"versions": {}, "transport": None}
+    for version in VERSIONS:
+        sizes = message_sizes(version, 120, 4 << 20)
+        before = emu.counters()
+        errors, good = run_pair(version, sizes)
+        after = emu.counters()
+        result["transport"] = native.nccl_plugin_transport()
+        result["versions"][version] = {
+            "errors": errors, "good": good, "count": len(sizes), "payload": sum(sizes),
+            "writes": after["writes"] - before["writes"], "bytes": after["bytes"] - before["bytes"],
+            "retry_exceeded": after["retry_exceeded"] - before["retry_exceeded"],
+            "access_errors": after["access_errors"] - before["access_errors"]}
+    return result
+
+
+def ib_case_failover(emu, native) -> dict:
+    """The primary device's port goes down mid-stream (PORT_ERR) and comes back
+    (PORT_ACTIVE, new GID layout) while the stream still runs."""
+    import torch_reccl
+
+    events = []
+    handle = torch_reccl.on_event(lambda e: events.append(e.to_dict()), kinds=["failover", "failback"])
+    sizes = message_sizes(11, 600, 4 << 20)
+    progress, fault_log = [], {}
+
+    def wait_received(count):
+        deadline = time.monotonic() + 30
+        while len(progress) < count and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def fault():
+        wait_received(40)
+        fault_log["received_at_port_down"] = len(progress)
+        fault_log["counters_before"] = emu.counters()
+        emu.port_down(IB_DEVICES[0])
+        wait_received(100)
+        fault_log["received_at_port_up"] = len(progress)
+        emu.port_up(IB_DEVICES[0])
+        # Both ends fail back once the re-dialed primary QP is proven.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(progress) < len(sizes):
+            torch_reccl.events.flush_events()
+            if sum(e["kind"] == "failback" for e in events) >= 2:
+                fault_log["received_at_failback"] = len(progress)
+                break
+            time.sleep(0.005)
+
+    errors, good = run_pair(11, sizes, fault=fault, progress=progress)
+    torch_reccl.events.flush_events()
+    handle.remove()
+    return {"transport": native.nccl_plugin_transport(), "errors": errors, "good": good,
+            "count": len(sizes), "order": progress, "events": events,
+            "counters_before": fault_log.pop("counters_before", None),
+            "counters_after": emu.counters(), **fault_log}
+
+
+def ib_case_no_devices(emu, native) -> dict:
+    """RECCL_TRANSPORT=ib over the system library of a host without RDMA devices."""
+    plugin = Plugin(11, require_init=False)
+    return {"init_code": plugin.init_code, "messages": plugin.messages,
+            "transport": native.nccl_plugin_transport()}
+
+
+IB_CASES = {"properties": ib_case_properties, "streams": ib_case_streams,
+            "failover": ib_case_failover, "no_devices": ib_case_no_devices}
+
+
+def run_ib_case(name: str) -> dict:
+    """One scenario in this (fresh) process: the plugin's IB transport runs over an
+    emulation installed before init, except for no_devices (the system library)."""
+    import torch_reccl._native as native_module
+
+    native = native_module.native()
+    emu = None
+    if name != "no_devices":
+        emu = native.IbEmulation(list(IB_DEVICES))
+        native.nccl_plugin_use_verbs(emu)
+    return IB_CASES[name](emu, native)
+
+
 def main() -> int:
     """One side of a cross-host run: --role listen|connect, handles via --dir."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--role", choices=["recv", "send"], required=True)
+    parser.add_argument("--role", choices=["recv", "send"])
+    parser.add_argument("--ib-case", choices=sorted(IB_CASES),
+                        help="run one whole scenario over the verbs emulation instead")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--version", type=int, default=11)
     parser.add_argument("--messages", type=int, default=150)
@@ -282,6 +487,16 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=60)
     parser.add_argument("--inject-down", help="NIC to fail (inject_fault) before anything else")
     args = parser.parse_args()
+    if args.ib_case:
+        try:
+            result = {"error": None, **run_ib_case(args.ib_case)}
+        except Exception as error:
+            result = {"error": f"{type(error).__name__}: {error}"}
+        with open(os.path.join(args.dir, f"ib-{args.ib_case}.json"), "w") as f:
+            json.dump(result, f)
+        return 0 if result["error"] is None else 1
+    if args.role is None:
+        parser.error("--role or --ib-case is required")
     import torch_reccl
 
     plugin_first = Plugin(args.version) if args.inject_down else None

@@ -132,6 +132,15 @@ def test_debug_levels():
             assert level in message
 
 
+def test_transport_setting():
+    for value in ("auto", "tcp", "ib"):
+        _C.validate_config({"RECCL_TRANSPORT": value})
+    for bad in ("IB", "rdma", "", "tcp,ib", " tcp"):
+        with pytest.raises(ConfigError) as info:
+            _C.validate_config({"RECCL_TRANSPORT": bad})
+        assert "RECCL_TRANSPORT" in str(info.value) and "auto, tcp or ib" in str(info.value)
+
+
 @pytest.mark.parametrize("value", [",127.0.0.1", "127.0.0.1,,127.0.0.2", ","])
 def test_nics_with_an_empty_entry(value):
     with pytest.raises(ConfigError, match="empty"):

@@ -401,3 +401,63 @@ def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
     if not loaded["devices"]:
         with pytest.raises(ConfigError, match="no RDMA devices|libibverbs"):
             _C.IbTransport(None, {"RECCL_HEARTBEAT_MS": "300"})
+
+
+# ------------------------------------------------------------------ transport choice
+
+
+def test_transport_choice_follows_reccl_transport():
+    emu = _C.IbEmulation([A0, A1])
+    assert _C.choose_transport({"RECCL_TRANSPORT": "tcp"}, emu)["kind"] == "tcp"
+    for setting in ("auto", "ib"):
+        choice = _C.choose_transport({"RECCL_TRANSPORT": setting}, emu)
+        assert choice["kind"] == "ib", choice
+        assert f"lists {A0},{A1}" in choice["reason"] and "emulation" in choice["reason"]
+    assert _C.choose_transport({}, emu)["kind"] == "ib"  # auto is the default
+    with pytest.raises(ConfigError, match="expected auto, tcp or ib"):
+        _C.choose_transport({"RECCL_TRANSPORT": "rdma"}, emu)
+
+
+def test_transport_choice_on_a_host_without_rdma_devices():
+    """Over the system library: auto falls back to TCP, ib says what is missing."""
+    if _C.ib_load_system_verbs()["devices"]:
+        pytest.skip("this host has RDMA devices")
+    choice = _C.choose_transport({"RECCL_TRANSPORT": "auto"})
+    assert choice["kind"] == "tcp"
+    assert "no RDMA devices" in choice["reason"] or "no verbs library" in choice["reason"], choice
+    with pytest.raises(ConfigError) as info:
+        _C.choose_transport({"RECCL_TRANSPORT": "ib"})
+    message = str(info.value)
+    assert message.startswith("RECCL_TRANSPORT=ib, but"), message
+    assert "lists no RDMA devices" in message or "verbs library is unusable" in message, message
+
+
+def test_bootstrap_address_setting():
+    assert _C.ib_bootstrap_address({"RECCL_IB_BOOTSTRAP": "127.0.0.1"}) == "127.0.0.1"
+    assert _C.ib_bootstrap_address({"RECCL_IB_BOOTSTRAP": "lo"}) == "127.0.0.1"
+    # Default: the first NIC RECCL_NICS selects.
+    assert _C.ib_bootstrap_address({"RECCL_NICS": "127.0.0.2,127.0.0.1"}) == "127.0.0.2"
+    with pytest.raises(ConfigError) as info:
+        _C.ib_bootstrap_address({"RECCL_IB_BOOTSTRAP": "nosuchnic9"})
+    assert "RECCL_IB_BOOTSTRAP" in str(info.value) and "lo(127.0.0.1)" in str(info.value)
+    for bad in ("", "lo,eth0"):
+        with pytest.raises(ConfigError, match="one interface name or local IPv4 address"):
+            _C.validate_config({"RECCL_IB_BOOTSTRAP": bad})
+
+
+def test_port_speed_from_active_speed_and_width():
+    four_x = 2  # IB_WIDTH_4X
+    assert _C.ib_port_speed_mbps(32, four_x) == 100000   # EDR
+    assert _C.ib_port_speed_mbps(64, four_x) == 200000   # HDR
+    assert _C.ib_port_speed_mbps(128, four_x) == 400000  # NDR
+    assert _C.ib_port_speed_mbps(1, 1) == 2500           # SDR 1x
+    assert _C.ib_port_speed_mbps(16, 8) == 168000        # FDR 12x
+    assert _C.ib_port_speed_mbps(64, 16) == 100000       # HDR 2x
+    assert _C.ib_port_speed_mbps(3, four_x) == 0         # not one IB_SPEED_* bit
+    assert _C.ib_port_speed_mbps(32, 3) == 0
+
+
+def test_transport_reports_port_speed_and_no_pci_path_for_emulated_devices(fabric):
+    nics = fabric().a.nics()
+    assert [n["speed_mbps"] for n in nics] == [100000, 100000]
+    assert [n["pci_path"] for n in nics] == ["", ""]

@@ -1,4 +1,9 @@
-"""The NCCL net plugin ABI, driven as NCCL's proxy drives it (no NCCL needed)."""
+"""The NCCL net plugin ABI, driven as NCCL's proxy drives it (no NCCL needed).
+
+Over TCP (loopback addresses and emulated hosts) in this process, and over the IB
+verbs transport on the in-process verbs emulation, one fresh process per scenario
+(the plugin picks its transport once per process, at init, as under NCCL).
+"""
 from __future__ import annotations
 
 import json
@@ -12,11 +17,13 @@ import numpy as np
 import pytest
 
 import torch_reccl
-from nccl_net_harness import (INVALID_ARGUMENT, PTR_CUDA, REMOTE_ERROR, SUCCESS, VERSIONS,
-                              Plugin, message_sizes, receive_stream, send_stream)
+from torch_reccl.transport import IbEmulation, RecclError, _C
+from nccl_net_harness import (IB_DEVICES, INTERNAL_ERROR, INVALID_ARGUMENT, PTR_CUDA, REMOTE_ERROR,
+                              SUCCESS, VERSIONS, Plugin, ib_emulation_env, message_sizes, run_pair)
 
 HERE = os.path.dirname(__file__)
-LOOPBACK = {"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_HEARTBEAT_MS": "300"}
+# TCP named explicitly: on a host with RDMA devices auto would pick IB.
+LOOPBACK = {"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_HEARTBEAT_MS": "300", "RECCL_TRANSPORT": "tcp"}
 
 
 @pytest.fixture(autouse=True)
@@ -49,50 +56,6 @@ def test_exported_table_and_properties(version):
         if version >= 12:
             assert props.railId == dev
     assert plugin.table.getProperties(5, None) != SUCCESS  # out of range, no crash
-
-
-def run_pair(version: int, sizes, window: int = 8, fault=None):
-    plugin = Plugin(version)
-    handle, listen_comm = plugin.listen(0)
-    errors, good = [], []
-    send_comm_box = []
-
-    def connect():
-        send_comm_box.append(plugin.connect(0, handle))
-
-    connector = threading.Thread(target=connect)
-    connector.start()
-    recv_comm = plugin.accept(listen_comm)  # setup thread and "proxy" run concurrently
-    # NCCL closes the listen comm as soon as accept returns; the backup path and
-    # every later re-dial must still be admitted.
-    assert plugin.table.closeListen(listen_comm) == SUCCESS
-    connector.join(timeout=30)
-    send_comm = send_comm_box[0]
-    deadline = time.monotonic() + 60
-
-    def sender():
-        try:
-            send_stream(plugin, send_comm, sizes, 3, window, deadline)
-        except Exception as error:
-            errors.append(f"send: {error}")
-
-    def receiver():
-        try:
-            good.append(receive_stream(plugin, recv_comm, sizes, 3, window, deadline))
-        except Exception as error:
-            errors.append(f"recv: {error}")
-
-    threads = [threading.Thread(target=sender), threading.Thread(target=receiver)]
-    for t in threads:
-        t.start()
-    if fault is not None:
-        fault()
-    for t in threads:
-        t.join(timeout=70)
-    assert not any(t.is_alive() for t in threads), "a proxy thread hung"
-    for close, comm in ((plugin.table.closeSend, send_comm), (plugin.table.closeRecv, recv_comm)):
-        assert close(comm) == SUCCESS
-    return errors, good
 
 
 @pytest.mark.timeout(90)
@@ -180,3 +143,106 @@ def test_cross_host_link_down(tmp_path):
     assert results["recv"]["error"] is None, results["recv"]
     assert results["recv"]["good"] == 150
     assert any(e["kind"] == "failover" for e in results["recv"]["events"] + results["send"]["events"])
+
+
+# --------------------------------------------------------- over the IB emulation
+
+
+def run_ib_case(tmp_path, name, timeout=150, **env_changes):
+    """Runs one scenario of nccl_net_harness.py in a fresh process; returns its report."""
+    env = {**os.environ, **ib_emulation_env(),
+           "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.update(env_changes)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "nccl_net_harness.py"),
+                           "--ib-case", name, "--dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    report_path = tmp_path / f"ib-{name}.json"
+    assert report_path.exists(), f"no report (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    with open(report_path) as f:
+        report = json.load(f)
+    assert report["error"] is None, f"{report['error']}\n{proc.stderr[-3000:]}"
+    return report
+
+
+@pytest.mark.timeout(160)
+def test_ib_properties_are_truthful(tmp_path):
+    report = run_ib_case(tmp_path, "properties")
+    assert report["transport"] == "ib"
+    assert report["health"] == {IB_DEVICES[0]: True, IB_DEVICES[1]: True}
+    assert any(f"over ib using {IB_DEVICES[0]}(bootstrap 127.0.0.1, backup {IB_DEVICES[1]})" in m
+               for m in report["messages"]), report["messages"]
+    assert report["out_of_range"] != SUCCESS
+    for version, devices in report["versions"].items():
+        version = int(version)
+        assert [d["name"] for d in devices] == list(IB_DEVICES)
+        for dev, props in enumerate(devices):
+            # Data is staged through registered host memory: host pointers only,
+            # no GPUDirect, nothing to flush, one receive per irecv.
+            assert props["ptrSupport"] == 1 and props["regIsGlobal"] == 0
+            assert props["maxRecvs"] == 1 and props["netDeviceType"] == 0
+            # The emulated port reports 4x EDR; emulated devices have no sysfs entry.
+            assert props["speed"] == 100000 and props["pciPath"] is None
+            if version >= 10:
+                assert props["vDevs"] == [dev] and props["maxP2pBytes"] == 1 << 30
+                assert props["forceFlush"] == 0
+            if version >= 11:
+                assert props["maxMultiRequestSize"] == 1
+            if version >= 12:
+                assert props["railId"] == dev
+
+
+@pytest.mark.timeout(200)
+def test_ib_random_sizes_many_in_flight_every_version(tmp_path):
+    report = run_ib_case(tmp_path, "streams", timeout=190)
+    assert report["transport"] == "ib"
+    for version, run in report["versions"].items():
+        assert run["errors"] == [] and run["good"] == [run["count"]], (version, run)
+        # The bytes went through the emulated RC QPs as RDMA writes, nothing failed.
+        assert run["bytes"] >= run["payload"] and run["writes"] >= run["count"], (version, run)
+        assert run["retry_exceeded"] == 0 and run["access_errors"] == 0, (version, run)
+
+
+@pytest.mark.timeout(160)
+def test_ib_port_down_mid_stream_fails_over_and_back_without_loss(tmp_path):
+    report = run_ib_case(tmp_path, "failover")
+    assert report["transport"] == "ib"
+    assert report["errors"] == [] and report["good"] == [report["count"]]
+    # Each message arrived once, intact (receive_stream compares every byte).
+    assert sorted(report["order"]) == list(range(report["count"]))
+    # The port went down mid-stream, not before or after it, and came back while
+    # messages were still to come.
+    assert 40 <= report["received_at_port_down"] < 100 <= report["received_at_port_up"] < report["count"]
+    failovers = [e for e in report["events"] if e["kind"] == "failover"]
+    assert failovers, report["events"]
+    assert {e["nic"] for e in failovers} == {IB_DEVICES[0]}, failovers
+    assert all(e["reason"] == "link down" for e in failovers), failovers
+    assert all(e["from_path"] == 0 and e["to_path"] == 1 for e in failovers), failovers
+    # Both ends returned to the primary device once its re-dialed QP was proven,
+    # and the stream went on there.
+    failbacks = [e for e in report["events"] if e["kind"] == "failback"]
+    assert len(failbacks) == 2 and all(e["from_path"] == 1 and e["to_path"] == 0 for e in failbacks)
+    assert report["received_at_failback"] < report["count"]
+    # The failed QPs were fenced (moved to ERR, their requests flushed).
+    before, after = report["counters_before"], report["counters_after"]
+    assert after["qp_errors"] > before["qp_errors"]
+
+
+@pytest.mark.timeout(60)
+def test_ib_requested_on_a_host_without_rdma_devices_is_a_clear_error(tmp_path):
+    if _C.ib_load_system_verbs()["devices"]:
+        pytest.skip("this host has RDMA devices")
+    report = run_ib_case(tmp_path, "no_devices", timeout=50)
+    assert report["init_code"] == INTERNAL_ERROR and report["transport"] == ""
+    text = "\n".join(report["messages"])
+    assert "ReCCL plugin disabled: RECCL_TRANSPORT=ib, but" in text, text
+    assert "lists no RDMA devices" in text or "verbs library is unusable" in text, text
+
+
+@pytest.mark.timeout(30)
+def test_verbs_hook_after_init_is_refused():
+    plugin = Plugin(11)
+    assert _C.nccl_plugin_transport() == "tcp"
+    emu = IbEmulation(["hook-late-0"])
+    with pytest.raises(RecclError, match="already runs over tcp"):
+        _C.nccl_plugin_use_verbs(emu)
+    assert plugin.devices() == 2

@@ -36,8 +36,14 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_DCR_OFFSET", "4",
        "control plane: a new channel plan starts this many collectives after the most "
        "advanced rank; 1..1000000"},
+      {"RECCL_TRANSPORT", "auto",
+       "NCCL net plugin: auto, tcp or ib; auto = ib when libibverbs loads and lists RDMA "
+       "devices, else tcp"},
       {"RECCL_IB_HCA", "(every RDMA device)",
        "IB transport: comma list of RDMA device names; order is the rail order"},
+      {"RECCL_IB_BOOTSTRAP", "(the first RECCL_NICS NIC)",
+       "IB transport: interface name or local IPv4 address of the TCP bootstrap sockets that "
+       "set up queue pairs"},
       {"RECCL_IB_TIMEOUT", "20",
        "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try; 1..31"},
       {"RECCL_IB_RETRY_CNT", "7",
@@ -127,6 +133,17 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.dcrPeriodMs = static_cast<int>(parseInt(name, value, 10, 60000));
     } else if (name == "RECCL_DCR_OFFSET") {
       config.dcrOffset = static_cast<int>(parseInt(name, value, 1, 1000000));
+    } else if (name == "RECCL_TRANSPORT") {
+      if (value != "auto" && value != "tcp" && value != "ib") {
+        throw ConfigError(name + "=" + value + " is not valid: expected auto, tcp or ib");
+      }
+      config.transport = value;
+    } else if (name == "RECCL_IB_BOOTSTRAP") {
+      if (value.empty() || value.find(',') != std::string::npos) {
+        throw ConfigError(name + "=" + value +
+                          " is not valid: expected one interface name or local IPv4 address");
+      }
+      config.ibBootstrap = value;
     } else if (name == "RECCL_IB_HCA") {
       config.ibDevices = splitList(name, value);
     } else if (name == "RECCL_IB_TIMEOUT") {

@@ -34,7 +34,7 @@ void copyIfDistinct(void* dst, const void* src, size_t bytes) {
 
 }  // namespace
 
-Communicator::Communicator(std::shared_ptr<TcpTransport> transport, Rendezvous& rendezvous,
+Communicator::Communicator(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
                            const std::string& prefix, int rank, int size, CommOptions options)
     : rank_(rank),
       size_(size),

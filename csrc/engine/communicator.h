@@ -55,7 +55,7 @@ class Communicator {
  public:
   // Publishes this rank's listener handles under `prefix` and reads every
   // peer's; connections are made on first use.
-  Communicator(std::shared_ptr<TcpTransport> transport, Rendezvous& rendezvous,
+  Communicator(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
                const std::string& prefix, int rank, int size, CommOptions options);
   ~Communicator();
   Communicator(const Communicator&) = delete;

@@ -12,7 +12,7 @@ namespace {
 std::string laneName(Lane lane) { return lane == Lane::kP2p ? "p2p" : "collective"; }
 }  // namespace
 
-Links::Links(std::shared_ptr<TcpTransport> transport, Rendezvous& rendezvous,
+Links::Links(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
              const std::string& prefix, int rank, int size, int channels, Millis timeout)
     : transport_(std::move(transport)), rank_(rank), size_(size), channels_(channels) {
   if (size < 1 || rank < 0 || rank >= size) {

@@ -17,7 +17,7 @@
 #include "core/clock.h"
 #include "engine/op_context.h"
 #include "engine/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
@@ -27,7 +27,7 @@ class Links {
  public:
   // Publishes this rank's handles under `prefix` and reads every peer's
   // (bounded by `timeout`).
-  Links(std::shared_ptr<TcpTransport> transport, Rendezvous& rendezvous,
+  Links(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
         const std::string& prefix, int rank, int size, int channels, Millis timeout);
   ~Links();
   Links(const Links&) = delete;
@@ -68,7 +68,7 @@ class Links {
   int slotsPerPeer() const { return channels_ + 1; }
   void checkOpen() const;
 
-  std::shared_ptr<TcpTransport> transport_;
+  std::shared_ptr<Transport> transport_;
   const int rank_;
   const int size_;
   const int channels_;

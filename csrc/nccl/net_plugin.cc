@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "transport/make_transport.h"
 
 namespace reccl {
 
@@ -52,7 +53,7 @@ void NetPlugin::info(const std::string& message) {
   }
 }
 
-TcpTransport* NetPlugin::transport() {
+Transport* NetPlugin::transport() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!transport_) throw Error("plugin used before init()");
   return transport_.get();
@@ -65,17 +66,15 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
   try {
     Config config = Config::fromProcessEnv();
     config.applyLogLevel();
-    transport_ = std::make_unique<TcpTransport>(config);
+    transport_ = makeTransport(config, verbs_);
+    const bool ib = std::string(transport_->kind()) == "ib";
     std::string nics;
     for (const auto& nic : transport_->nics()) {
       names_.push_back(nic.name);
-      nics += " " + nic.name + "(" + nic.address + ", backup " +
+      nics += " " + nic.name + "(" + (ib ? "bootstrap " : "") + nic.address + ", backup " +
               (nic.backup >= 0 ? transport_->nics()[nic.backup].name : std::string("none")) + ")";
     }
-    if (logger_ != nullptr) {
-      logger_(NCCL_LOG_INFO, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__,
-              "ReCCL: failover net plugin using%s", nics.c_str());
-    }
+    info(std::string("failover net plugin over ") + transport_->kind() + " using" + nics);
     return ncclSuccess;
   } catch (const std::exception& error) {
     std::string message = std::string("ReCCL plugin disabled: ") + error.what();
@@ -88,6 +87,20 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
   }
 }
 
+void NetPlugin::useVerbs(std::shared_ptr<VerbsApi> verbs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (transport_) {
+    throw Error(std::string("the plugin already runs over ") + transport_->kind() +
+                "; install a verbs provider before its init()");
+  }
+  verbs_ = std::move(verbs);
+}
+
+std::string NetPlugin::transportKind() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return transport_ ? transport_->kind() : "";
+}
+
 ncclResult_t NetPlugin::devices(int* count) {
   return guard("devices", [&] {
     *count = static_cast<int>(transport()->nics().size());
@@ -97,7 +110,7 @@ ncclResult_t NetPlugin::devices(int* count) {
 
 ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
   return guard("getProperties", [&] {
-    TcpTransport* t = transport();
+    Transport* t = transport();
     if (dev < 0 || dev >= static_cast<int>(t->nics().size())) {
       warn("getProperties: device " + std::to_string(dev) + " out of range");
       return ncclInvalidArgument;
@@ -177,7 +190,7 @@ ncclResult_t NetPlugin::regMr(void* comm, int type, void** mhandle) {
     warn("regMr: only host memory is supported (type " + std::to_string(type) + ")");
     return ncclInternalError;
   }
-  *mhandle = comm;  // TCP needs no registration; any non-null handle will do
+  *mhandle = comm;  // data is staged (kMaxRecvs' comment): any non-null handle will do
   return ncclSuccess;
 }
 

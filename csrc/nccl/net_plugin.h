@@ -1,6 +1,7 @@
 // The version-independent NCCL net plugin: NCCL's listen/connect/accept/isend/
 // irecv/test mapped onto the transport's bonded connections. Everything that
-// makes failover work lives below this layer; this one only translates.
+// makes failover work lives below this layer; this one only translates. The
+// transport (TCP or IB verbs) is chosen at init by RECCL_TRANSPORT.
 #pragma once
 
 #include <memory>
@@ -9,7 +10,8 @@
 #include <vector>
 
 #include "nccl/nccl_abi.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/ib/verbs_api.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
@@ -29,6 +31,11 @@ class NetPlugin {
   static NetPlugin& instance();
 
   ncclResult_t init(ncclDebugLogger_t logger);
+  // For tests: the verbs provider (the emulation) an IB transport uses instead
+  // of the system libibverbs. Must come before init(); throws Error after it.
+  void useVerbs(std::shared_ptr<VerbsApi> verbs);
+  // "tcp" or "ib" once init() succeeded, else "".
+  std::string transportKind();
   ncclResult_t devices(int* count);
   ncclResult_t properties(int dev, NetDeviceProps* props);
   ncclResult_t listen(int dev, void* handle, void** listenComm);
@@ -44,7 +51,10 @@ class NetPlugin {
   ncclResult_t closeRecv(void* recvComm);
   ncclResult_t closeListen(void* listenComm);
 
-  static constexpr int kMaxRecvs = 1;           // no grouped receives
+  // Both transports: one receive per irecv (no grouped receives), and data is
+  // staged through host memory (TCP sockets; IB registered staging slots), so
+  // only host pointers are claimed and regMr needs no per-buffer registration.
+  static constexpr int kMaxRecvs = 1;
   static constexpr size_t kMaxTransferBytes = 1ull << 30;  // NCCL's MAX_NET_SIZE
 
  private:
@@ -62,11 +72,12 @@ class NetPlugin {
   }
   void warn(const std::string& message);
   void info(const std::string& message);
-  TcpTransport* transport();
+  Transport* transport();
 
   std::mutex mutex_;
   ncclDebugLogger_t logger_ = nullptr;
-  std::unique_ptr<TcpTransport> transport_;
+  std::shared_ptr<VerbsApi> verbs_;  // null: the system library, if any
+  std::unique_ptr<Transport> transport_;
   std::vector<std::string> names_;
 };
 

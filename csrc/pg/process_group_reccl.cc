@@ -77,7 +77,7 @@ ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& stor
   // handles. Every rank counts its own incarnations, so they agree.
   int64_t incarnation = rendezvous.add("reccl/incarnation/" + std::to_string(rank), 1);
   std::string prefix = "reccl/" + std::to_string(incarnation) + "/";
-  std::shared_ptr<TcpTransport> transport = sharedTransport();
+  std::shared_ptr<Transport> transport = sharedTransport();
   const Config& config = transport->config();
   if (options_.channels < 0) options_.channels = config.channels;
   if (options_.chunkBytes == 0) options_.chunkBytes = static_cast<size_t>(config.chunkBytes);

@@ -2,11 +2,13 @@
 
 #include <mutex>
 
+#include "transport/tcp/tcp_transport.h"
+
 namespace reccl {
 
-std::shared_ptr<TcpTransport> sharedTransport() {
+std::shared_ptr<Transport> sharedTransport() {
   static std::mutex mutex;
-  static std::weak_ptr<TcpTransport> current;
+  static std::weak_ptr<Transport> current;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto transport = current.lock()) return transport;
   Config config = Config::fromProcessEnv();

@@ -1,6 +1,8 @@
 // Python bindings of the IB verbs transport (torch_reccl._C): the transport
 // over the system libibverbs or over the in-process verbs emulation, the
-// emulation's fault hooks and counters, and a few pure functions for tests.
+// emulation's fault hooks and counters, the transport choice (RECCL_TRANSPORT)
+// and the hook that runs the NCCL plugin over the emulation, and a few pure
+// functions for tests.
 // Called from the module definition in bindings.cc; connections, listeners
 // and requests are the classes bound there.
 #include <pybind11/pybind11.h>
@@ -11,11 +13,13 @@
 
 #include "core/error.h"
 #include "core/health.h"
+#include "nccl/net_plugin.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_emulation.h"
 #include "transport/ib/verbs_library.h"
+#include "transport/make_transport.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -229,6 +233,8 @@ void bindIbTransport(py::module_& m) {
                d["backup"] = nics[i].backup >= 0 ? py::object(py::str(nics[nics[i].backup].name)) : py::none();
                d["backup_index"] = nics[i].backup;
                d["up"] = NicHealth::instance().usable(t.healthId(static_cast<int>(i)));
+               d["speed_mbps"] = nics[i].speedMbps;
+               d["pci_path"] = nics[i].pciPath;
                out.append(d);
              }
              return out;
@@ -242,6 +248,29 @@ void bindIbTransport(py::module_& m) {
           },
           py::arg("nic"), py::arg("handle"), py::keep_alive<0, 1>());
 
+  m.def("choose_transport", [](py::object env, py::object verbs) {
+    Config config = Config::fromEnv(envOf(env));
+    std::shared_ptr<VerbsApi> api;
+    if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsEmulation>>();
+    TransportChoice choice = chooseTransport(config, api);
+    py::dict d;
+    d["kind"] = choice.kind;
+    d["reason"] = choice.reason;
+    return d;
+  }, py::arg("env") = py::none(), py::arg("verbs") = py::none(),
+     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: an "
+     "IbEmulation standing for the system libibverbs; raises ConfigError for ib without devices");
+  m.def("ib_bootstrap_address", [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
+        py::arg("env") = py::none());
+  m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
+    NetPlugin::instance().useVerbs(std::move(emulation));
+  }, py::arg("emulation"),
+     "Test-only: the NCCL net plugin's IB transport (RECCL_TRANSPORT=ib or auto) runs over "
+     "this emulation instead of libibverbs. Call before the plugin's init(); once per process");
+  m.def("nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
+        "'tcp' or 'ib' once the NCCL plugin's init() succeeded, else ''");
+  m.def("ib_port_speed_mbps", &portSpeedMbps, py::arg("active_speed"), py::arg("active_width"),
+        "For tests: the rate a port reports from ibv_port_attr active_speed / active_width");
   m.def("ib_verbs_headers_compiled", &verbsHeadersCompiledIn,
         "True when this build compiled the real verbs backend against <infiniband/verbs.h>");
   m.def("ib_load_system_verbs", [] {

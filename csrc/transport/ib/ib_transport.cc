@@ -108,6 +108,8 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     nic.interface = name;
     nic.address = bootstrapAddress_;
     nic.linkUp = port.active;
+    // NicInfo's default stands when the port does not say (NCCL needs a rate).
+    if (port.speedMbps > 0) nic.speedMbps = port.speedMbps;
     readDeviceTopology(nic);
     int id = health.registerNic(name, port.active);
     health.setLinkUp(id, port.active, port.active ? Reason::kLinkUp : Reason::kLinkDown);

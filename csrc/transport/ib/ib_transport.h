@@ -23,30 +23,31 @@
 #include "transport/job_threads.h"
 #include "transport/listener.h"
 #include "transport/tcp/acceptor.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
-class IbTransport {
+class IbTransport : public Transport {
  public:
   // `verbs`: the system library or an emulation. Devices: RECCL_IB_HCA, else
   // every device `verbs` lists; their order is the rail order. The bootstrap
   // sockets use `bootstrapAddress` (a local IPv4 address on the management
   // network), never the RDMA NICs themselves.
   IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress);
-  ~IbTransport();
+  ~IbTransport() override;
   IbTransport(const IbTransport&) = delete;
   IbTransport& operator=(const IbTransport&) = delete;
 
-  const Config& config() const { return config_; }
+  const char* kind() const override { return "ib"; }
+  const Config& config() const override { return config_; }
   // One entry per device: name (the NIC name in health, stats and events),
-  // backup, link state.
-  const std::vector<NicInfo>& nics() const { return nics_; }
-  int healthId(int nic) const { return healthIds_.at(nic); }
+  // backup, link state, port speed, sysfs PCI path where there is one.
+  const std::vector<NicInfo>& nics() const override { return nics_; }
+  int healthId(int nic) const override { return healthIds_.at(nic); }
   const std::string& bootstrapAddress() const { return bootstrapAddress_; }
 
-  std::shared_ptr<Listener> listen(int nic);
-  // Starts connecting at once; poll SendConnection::ready().
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle);
+  std::shared_ptr<Listener> listen(int nic) override;
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
 
  private:
   friend class IbDialer;

@@ -72,7 +72,13 @@ struct PortAttributes {
   uint16_t lid = 0;
   int activeMtu = 3;      // IBV_MTU_* enum value: 1=256 .. 5=4096
   int gidTableLength = 0;
+  int speedMbps = 0;      // active_speed x active_width (portSpeedMbps); 0 = unknown
 };
+
+// A port's data rate in Mb/s from ibv_port_attr's active_speed (IB_SPEED_*
+// bit: SDR .. NDR) and active_width (1x, 4x, 8x, 12x, 2x bit); 0 when either
+// is a value this table does not know.
+int portSpeedMbps(uint8_t activeSpeed, uint8_t activeWidth);
 
 // ibv_sge
 struct ScatterGather {

@@ -11,6 +11,9 @@ namespace reccl {
 namespace {
 
 constexpr int kGidTableLength = 16;
+// What an emulated port reports as its rate (4x EDR). Nothing is paced by it:
+// emulated timing says nothing about real bandwidth.
+constexpr int kEmulatedPortMbps = 100000;
 
 enum class QpState { kReset, kInit, kReadyToReceive, kReadyToSend, kError };
 
@@ -523,6 +526,7 @@ class EmulatedDevice : public VerbsDevice {
     attributes.ethernet = true;
     attributes.activeMtu = 3;  // 1024, the usual RoCE MTU
     attributes.gidTableLength = kGidTableLength;
+    attributes.speedMbps = kEmulatedPortMbps;
     return attributes;
   }
   GidEntry queryGid(int port, int index) override {

@@ -242,6 +242,7 @@ class SystemDevice : public VerbsDevice {
     out.lid = attr.lid;
     out.activeMtu = attr.active_mtu;
     out.gidTableLength = attr.gid_tbl_len;
+    out.speedMbps = portSpeedMbps(attr.active_speed, attr.active_width);
     return out;
   }
   GidEntry queryGid(int port, int index) override {

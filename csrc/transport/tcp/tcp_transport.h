@@ -22,23 +22,24 @@
 #include "transport/listener.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
+#include "transport/transport.h"
 
 namespace reccl {
 
-class TcpTransport {
+class TcpTransport : public Transport {
  public:
   explicit TcpTransport(Config config);
-  ~TcpTransport();
+  ~TcpTransport() override;
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
 
-  const Config& config() const { return config_; }
-  const std::vector<NicInfo>& nics() const { return nics_; }
-  int healthId(int nic) const { return healthIds_.at(nic); }
+  const char* kind() const override { return "tcp"; }
+  const Config& config() const override { return config_; }
+  const std::vector<NicInfo>& nics() const override { return nics_; }
+  int healthId(int nic) const override { return healthIds_.at(nic); }
 
-  std::shared_ptr<Listener> listen(int nic);
-  // Starts connecting at once; poll SendConnection::ready().
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle);
+  std::shared_ptr<Listener> listen(int nic) override;
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
 
  private:
   friend class TcpDialer;
