@@ -413,7 +413,7 @@ def test_transport_choice_follows_reccl_transport():
         choice = _C.choose_transport({"RECCL_TRANSPORT": setting}, emu)
         assert choice["kind"] == "ib", choice
         assert f"lists {A0},{A1}" in choice["reason"] and "emulation" in choice["reason"]
-    assert _C.choose_transport({}, emu)["kind"] == "ib"  # auto is the default
+    assert _C.choose_transport({}, emu)["kind"] == "tcp"  # tcp is the default until a hardware run
     with pytest.raises(ConfigError, match="expected auto, tcp or ib"):
         _C.choose_transport({"RECCL_TRANSPORT": "rdma"}, emu)
 

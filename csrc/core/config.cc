@@ -36,9 +36,9 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_DCR_OFFSET", "4",
        "control plane: a new channel plan starts this many collectives after the most "
        "advanced rank; 1..1000000"},
-      {"RECCL_TRANSPORT", "auto",
-       "NCCL net plugin: auto, tcp or ib; auto = ib when libibverbs loads and lists RDMA "
-       "devices, else tcp"},
+      {"RECCL_TRANSPORT", "tcp",
+       "NCCL net plugin: tcp, auto or ib; auto = ib when libibverbs loads and lists RDMA "
+       "devices, else tcp (ib is verified only against the verbs emulation so far)"},
       {"RECCL_IB_HCA", "(every RDMA device)",
        "IB transport: comma list of RDMA device names; order is the rail order"},
       {"RECCL_IB_BOOTSTRAP", "(the first RECCL_NICS NIC)",

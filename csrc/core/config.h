@@ -26,7 +26,7 @@ struct Config {
   bool dcr = true;                 // RECCL_DCR: rebalance channels away from backup NICs
   int dcrPeriodMs = 100;           // RECCL_DCR_PERIOD_MS: control-plane exchange period
   int dcrOffset = 4;               // RECCL_DCR_OFFSET: ops ahead at which a new plan starts
-  std::string transport = "auto";  // RECCL_TRANSPORT: auto | tcp | ib (the NCCL plugin's)
+  std::string transport = "tcp";   // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
   int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
