@@ -78,10 +78,24 @@ def listen_for_commands(handle: Callable[[dict], None]) -> threading.Thread:
 # ---------------------------------------------------------------- placements
 
 
+# Store ports come from below Linux's ephemeral range (32768-60999 by default):
+# a port the kernel hands out for bind(0) - as reccl's own listeners on the
+# loopback NICs do - could be taken again before the store binds it.
+STORE_PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now, outside the ephemeral range."""
+    import random
+
+    for port in random.sample(STORE_PORTS, 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {STORE_PORTS.start}..{STORE_PORTS.stop - 1} for the store")
 
 
 class LoopbackPlacement:
