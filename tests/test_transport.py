@@ -341,6 +341,10 @@ def test_sustained_blackhole_settles_on_the_backup(pair_factory, events):
 @pytest.mark.timeout(30)
 def test_all_paths_dead_fails_pending_requests_within_the_bound(pair_factory, events):
     _t, _l, send, recv = pair_factory(reccl_env(RECCL_NO_PATH_TIMEOUT_MS="1000"))
+    # Both paths up at both ends first, so the error names both (under load the
+    # backup can still be dialing when the faults land).
+    assert wait_until(lambda: all(len(c.paths()) >= 2 and all(" up" in p for p in c.paths()[:2])
+                                  for c in (send, recv)), 10), (send.paths(), recv.paths())
     buf = bytearray(10)
     r = recv.irecv(buf)
     start = time.monotonic()
