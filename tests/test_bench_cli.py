@@ -135,3 +135,14 @@ def test_fabric_nic_down_run_fails_over():
     for row in record["rows"]:
         for m in row["variants"].values():
             assert m["wrong"] == 0 and m["busbw"] > 0
+
+
+@pytest.mark.timeout(150)
+def test_loopback_nic_down_run_fails_over():
+    # On loopback the driver cannot reach the ranks' NICs: rank 0 injects the fault.
+    done = run_bench("--ops", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M",
+                     "--iters", "2", "--nic-down", "--json", "-")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["failovers"]["reccl"] == 0
+    assert record["failovers"]["reccl,NIC0-down"] >= 1, record

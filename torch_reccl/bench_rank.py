@@ -72,8 +72,20 @@ def main(argv=None) -> int:
     from torch_reccl.launch import listen_for_commands, report
 
     go = threading.Event()
+
+    def on_command(message: dict) -> None:
+        if message.get("cmd") != "go":
+            return
+        # Loopback placement: the driver cannot reach this process's NICs, so it
+        # names the faults to inject here before the ranks go on.
+        for nic, kind in message.get("inject", []):
+            import torch_reccl
+
+            torch_reccl.inject_fault(nic, kind)
+        go.set()
+
     if args.pause_before:
-        listen_for_commands(lambda message: go.set() if message.get("cmd") == "go" else None)
+        listen_for_commands(on_command)
 
     import torch
     import torch.distributed as dist
