@@ -265,6 +265,7 @@ void Connection::onPathFailed(uint64_t pathId, Reason reason, const std::string&
   Lock lock(mutex_);
   int index = slotOf(pathId);
   if (index >= 0) failPathLocked(index, reason, detail);
+  if (closed_) peerClosedCv_.notify_all();  // close() stops waiting on a path that is gone
 }
 
 void Connection::close() {
@@ -277,8 +278,16 @@ void Connection::close() {
   }
   if (active && active->sendControl(encodeClose())) {
     // Wait (bounded) for the peer's CLOSE, so it never mistakes our EOFs for a fault.
+    // The peer's end going away ends the wait too: it closes right after its own
+    // CLOSE, and the reset of its socket can overtake that frame.
     Lock lock(mutex_);
-    peerClosedCv_.wait_for(lock, Millis(env_.config.heartbeatMs), [&] { return peerClosed_; });
+    peerClosedCv_.wait_for(lock, Millis(env_.config.heartbeatMs), [&] {
+      if (peerClosed_) return true;
+      for (const Slot& slot : slots_) {
+        if (slot.path == active) return slot.state != SlotState::kUp;
+      }
+      return true;  // no longer in a slot
+    });
   }
   {
     Lock lock(mutex_);

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "transport/ib/ib_path.h"
 #include "transport/ib/qp_exchange.h"
+#include "transport/job_dialer.h"
 #include "transport/path_plan.h"
 #include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
@@ -57,32 +58,6 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 }
 
 }  // namespace
-
-// Dials the paths of one connection, each on a job thread of the transport.
-class IbDialer : public Dialer {
- public:
-  IbDialer(IbTransport* transport, ListenHandle handle, uint64_t connectionId)
-      : transport_(transport),
-        handle_(std::make_shared<const ListenHandle>(std::move(handle))),
-        connectionId_(connectionId) {}
-
-  void dial(int pathIndex, PathCandidate nics, Done done) override {
-    // The job may outlive this dialer (not the transport, which joins it).
-    IbTransport* transport = transport_;
-    auto handle = handle_;
-    uint64_t connectionId = connectionId_;
-    transport_->jobs_.run([=, done = std::move(done)] {
-      std::string error;
-      std::shared_ptr<Path> path = transport->dialPath(*handle, connectionId, pathIndex, nics, &error);
-      done(std::move(path), error);
-    });
-  }
-
- private:
-  IbTransport* transport_;
-  std::shared_ptr<const ListenHandle> handle_;
-  const uint64_t connectionId_;
-};
 
 IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
     : config_(std::move(config)), verbs_(std::move(verbs)), bootstrapAddress_(std::move(bootstrapAddress)) {
@@ -204,7 +179,11 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
     env.remoteNicAddresses.push_back(handle.nics[i].address + "#" + std::to_string(i));
   }
   auto connection = std::make_shared<SendConnection>(
-      std::move(env), id, candidates, std::make_unique<IbDialer>(this, handle, id), handle.chunkBytes);
+      std::move(env), id, candidates, std::make_unique<JobDialer>(
+          [this](std::function<void()> job) { jobs_.run(std::move(job)); },
+          [this](const ListenHandle& h, uint64_t connectionId, int pathIndex, PathCandidate nics,
+                 std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
+          handle, id), handle.chunkBytes);
   supervisor_->add(connection);
   return connection;
 }

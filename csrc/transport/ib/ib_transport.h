@@ -50,7 +50,6 @@ class IbTransport : public Transport {
   std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
 
  private:
-  friend class IbDialer;
   void checkNic(int nic) const;
   Acceptor::Verdict authenticate(const HelloBody& hello);
   // The receiving half of a path's setup, on a job thread.

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "transport/job_dialer.h"
 #include "transport/path_plan.h"
 #include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
@@ -16,71 +17,37 @@ namespace {
 constexpr size_t kMaxPartialPaths = 256;
 }  // namespace
 
-// Dials the paths of one connection, each on a short-lived thread of the transport.
-class TcpDialer : public Dialer {
- public:
-  TcpDialer(TcpTransport* transport, ListenHandle handle, uint64_t connectionId)
-      : transport_(transport),
-        handle_(std::make_shared<const ListenHandle>(std::move(handle))),
-        connectionId_(connectionId) {}
-
-  void dial(int pathIndex, PathCandidate nics, Done done) override {
-    // The job outlives neither the transport (which joins it) nor its copies;
-    // it may outlive this dialer, so it captures no `this`.
-    TcpTransport* transport = transport_;
-    auto handle = handle_;
-    uint64_t connectionId = connectionId_;
-    transport_->runDial([=, done = std::move(done)] {
-      std::string error;
-      std::shared_ptr<Path> path = open(transport, *handle, connectionId, pathIndex, nics, &error);
-      done(std::move(path), error);
-    });
+std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
+                                             int pathIndex, PathCandidate nics, std::string* error) {
+  const NicInfo& local = nics_.at(nics.localNic);
+  const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
+  const Millis timeout(config_.connectTimeoutMs);
+  HelloBody hello{};
+  hello.version = kProtocolVersion;
+  hello.socketCount = static_cast<uint8_t>(config_.socketsPerPath);
+  hello.pathIndex = static_cast<uint8_t>(pathIndex);
+  hello.senderNic = static_cast<uint8_t>(nics.localNic);
+  hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
+  hello.listenId = handle.listenId;
+  hello.connectionId = connectionId;
+  hello.pathNonce = randomId();
+  std::memcpy(hello.secret, handle.secret, kSecretBytes);
+  std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
+  hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
+  Fd control = dialWithHello(local.address, remote, hello, timeout, error);
+  if (!control.valid()) return nullptr;
+  std::vector<Fd> data;
+  for (int i = 0; i < config_.socketsPerPath; ++i) {
+    hello.socketKind = static_cast<uint8_t>(SocketKind::kData);
+    hello.socketIndex = static_cast<uint8_t>(i);
+    Fd fd = dialWithHello(local.address, remote, hello, timeout, error);
+    if (!fd.valid()) return nullptr;
+    data.push_back(std::move(fd));
   }
-
- private:
-  static Fd openSocket(TcpTransport* transport, const HelloBody& hello, const NicInfo& local,
-                       const HandleEndpoint& remote, std::string* error) {
-    return dialWithHello(local.address, remote, hello, Millis(transport->config().connectTimeoutMs),
-                         error);
-  }
-
-  static std::shared_ptr<Path> open(TcpTransport* transport, const ListenHandle& handle,
-                                    uint64_t connectionId, int pathIndex, PathCandidate nics,
-                                    std::string* error) {
-    const NicInfo& local = transport->nics().at(nics.localNic);
-    const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
-    HelloBody hello{};
-    hello.version = kProtocolVersion;
-    hello.socketCount = static_cast<uint8_t>(transport->config().socketsPerPath);
-    hello.pathIndex = static_cast<uint8_t>(pathIndex);
-    hello.senderNic = static_cast<uint8_t>(nics.localNic);
-    hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
-    hello.listenId = handle.listenId;
-    hello.connectionId = connectionId;
-    hello.pathNonce = transport->randomId();
-    std::memcpy(hello.secret, handle.secret, kSecretBytes);
-    std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
-    hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
-    Fd control = openSocket(transport, hello, local, remote, error);
-    if (!control.valid()) return nullptr;
-    std::vector<Fd> data;
-    for (int i = 0; i < transport->config().socketsPerPath; ++i) {
-      hello.socketKind = static_cast<uint8_t>(SocketKind::kData);
-      hello.socketIndex = static_cast<uint8_t>(i);
-      Fd fd = openSocket(transport, hello, local, remote, error);
-      if (!fd.valid()) return nullptr;
-      data.push_back(std::move(fd));
-    }
-    return std::make_shared<TcpPath>(TcpPath::Role::kSender, std::move(control), std::move(data),
-                                     nics.localNic, nics.remoteNic,
-                                     transport->healthId(nics.localNic), remote.address,
-                                     transport->config());
-  }
-
-  TcpTransport* transport_;
-  std::shared_ptr<const ListenHandle> handle_;
-  const uint64_t connectionId_;
-};
+  return std::make_shared<TcpPath>(TcpPath::Role::kSender, std::move(control), std::move(data),
+                                   nics.localNic, nics.remoteNic, healthId(nics.localNic),
+                                   remote.address, config_);
+}
 
 TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
   uint64_t seed;
@@ -153,7 +120,11 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
   ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
   for (const auto& endpoint : handle.nics) env.remoteNicAddresses.push_back(endpoint.address);
   auto connection = std::make_shared<SendConnection>(
-      std::move(env), id, candidates, std::make_unique<TcpDialer>(this, handle, id),
+      std::move(env), id, candidates, std::make_unique<JobDialer>(
+          [this](std::function<void()> job) { dials_.run(std::move(job)); },
+          [this](const ListenHandle& h, uint64_t connectionId, int pathIndex, PathCandidate nics,
+                 std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
+          handle, id),
       handle.chunkBytes);
   supervisor_->add(connection);
   return connection;
@@ -235,6 +206,5 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
                       config_.chunkBytes, supervisor_.get(), listener);
 }
 
-void TcpTransport::runDial(std::function<void()> job) { dials_.run(std::move(job)); }
 
 }  // namespace reccl

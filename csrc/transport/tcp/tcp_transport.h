@@ -42,7 +42,6 @@ class TcpTransport : public Transport {
   std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
 
  private:
-  friend class TcpDialer;
   struct PartialPath {
     HelloBody hello{};
     std::string peer;
@@ -56,7 +55,9 @@ class TcpTransport : public Transport {
   Acceptor::Verdict authenticate(int nic, const HelloBody& hello);
   void admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer);
   void deliver(PartialPath partial, int nic);
-  void runDial(std::function<void()> job);
+  // The dialing half of a path's setup, on a job thread; nullptr and `error` on failure.
+  std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
+                                 PathCandidate nics, std::string* error);
   ConnectionEnv connectionEnv(const std::string& peer);
   uint64_t randomId();
 
