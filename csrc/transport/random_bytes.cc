@@ -22,4 +22,15 @@ void randomBytes(uint8_t* out, size_t length) {
   }
 }
 
+RandomIds::RandomIds() {
+  uint64_t seed;
+  randomBytes(reinterpret_cast<uint8_t*>(&seed), sizeof(seed));
+  generator_.seed(seed);
+}
+
+uint64_t RandomIds::next() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return generator_();
+}
+
 }  // namespace reccl

@@ -62,9 +62,6 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
     : config_(std::move(config)), verbs_(std::move(verbs)), bootstrapAddress_(std::move(bootstrapAddress)) {
   if (!verbs_) throw ConfigError("the IB transport needs a verbs provider");
-  uint64_t seed;
-  randomBytes(reinterpret_cast<uint8_t*>(&seed), sizeof(seed));
-  random_.seed(seed);
   std::vector<std::string> names = config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
   if (names.empty()) {
     throw ConfigError("no RDMA devices found through " + verbs_->describe() +
@@ -150,11 +147,6 @@ void IbTransport::watchEvents(int nic) {
 
 void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
 
-uint64_t IbTransport::randomId() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return random_();
-}
-
 ConnectionEnv IbTransport::connectionEnv(const std::string& peer) {
   return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
 }
@@ -165,7 +157,7 @@ std::shared_ptr<Listener> IbTransport::listen(int nic) {
   // names the device (receiverNic).
   std::vector<HandleEndpoint> endpoints(nics_.size(), {bootstrapAddress_, acceptor_->port()});
   return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
-                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), randomId());
+                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
 }
 
 std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<uint8_t>& bytes) {
@@ -173,7 +165,7 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
   ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
   std::vector<PathCandidate> candidates = planPaths(
       nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
-  uint64_t id = randomId();
+  uint64_t id = ids_.next();
   ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
   for (size_t i = 0; i < handle.nics.size(); ++i) {
     env.remoteNicAddresses.push_back(handle.nics[i].address + "#" + std::to_string(i));
@@ -220,7 +212,7 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     QpExchange remote = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kSender);
     checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
-                                                 config_.chunkBytes, static_cast<uint32_t>(randomId()));
+                                                 config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
     QpExchange local = endpoint->describe();
     endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount);
     std::vector<uint8_t> mine = encodeQpExchange(local);
@@ -263,14 +255,14 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
   hello.listenId = handle.listenId;
   hello.connectionId = connectionId;
-  hello.pathNonce = randomId();
+  hello.pathNonce = ids_.next();
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
   Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error);
   if (!socket.valid()) return nullptr;
   try {
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
-                                                 handle.chunkBytes, static_cast<uint32_t>(randomId()));
+                                                 handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
     std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe());
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t bytes[kQpExchangeBytes];

@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "transport/ib/verbs_api.h"
 #include "transport/job_threads.h"
 #include "transport/listener.h"
+#include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/transport.h"
 
@@ -59,7 +59,6 @@ class IbTransport : public Transport {
                                  PathCandidate nics, std::string* error);
   void watchEvents(int nic);
   ConnectionEnv connectionEnv(const std::string& peer);
-  uint64_t randomId();
 
   const Config config_;
   const std::shared_ptr<VerbsApi> verbs_;
@@ -74,8 +73,7 @@ class IbTransport : public Transport {
   std::vector<std::thread> eventThreads_;
   JobThreads jobs_;
 
-  std::mutex mutex_;
-  std::mt19937_64 random_;
+  RandomIds ids_;
   ListenerTable listeners_;
 };
 

@@ -30,7 +30,7 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
   hello.listenId = handle.listenId;
   hello.connectionId = connectionId;
-  hello.pathNonce = randomId();
+  hello.pathNonce = ids_.next();
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
   hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
@@ -50,9 +50,6 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
 }
 
 TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
-  uint64_t seed;
-  randomBytes(reinterpret_cast<uint8_t*>(&seed), sizeof(seed));
-  random_.seed(seed);
   nics_ = discoverNics(config_.nics);
   if (nics_.size() > kMaxHandleNics) {
     throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
@@ -94,11 +91,6 @@ TcpTransport::~TcpTransport() {
 
 void TcpTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "NICs"); }
 
-uint64_t TcpTransport::randomId() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return random_();
-}
-
 ConnectionEnv TcpTransport::connectionEnv(const std::string& peer) {
   return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
 }
@@ -108,7 +100,7 @@ std::shared_ptr<Listener> TcpTransport::listen(int nic) {
   std::vector<HandleEndpoint> endpoints;
   for (size_t i = 0; i < nics_.size(); ++i) endpoints.push_back({nics_[i].address, acceptors_[i]->port()});
   return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
-                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), randomId());
+                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
 }
 
 std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector<uint8_t>& bytes) {
@@ -116,7 +108,7 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
   ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
   std::vector<PathCandidate> candidates = planPaths(
       nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
-  uint64_t id = randomId();
+  uint64_t id = ids_.next();
   ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
   for (const auto& endpoint : handle.nics) env.remoteNicAddresses.push_back(endpoint.address);
   auto connection = std::make_shared<SendConnection>(

@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "transport/job_threads.h"
 #include "transport/link_monitor.h"
 #include "transport/listener.h"
+#include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
 #include "transport/transport.h"
@@ -59,7 +59,6 @@ class TcpTransport : public Transport {
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
                                  PathCandidate nics, std::string* error);
   ConnectionEnv connectionEnv(const std::string& peer);
-  uint64_t randomId();
 
   const Config config_;
   std::vector<NicInfo> nics_;
@@ -69,8 +68,8 @@ class TcpTransport : public Transport {
   std::unique_ptr<LinkMonitor> linkMonitor_;
   uint64_t healthToken_ = 0;
 
+  RandomIds ids_;
   std::mutex mutex_;
-  std::mt19937_64 random_;
   ListenerTable listeners_;
   std::map<std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>, PartialPath> partial_;
   JobThreads dials_;
