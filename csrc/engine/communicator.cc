@@ -111,8 +111,8 @@ uint8_t* Communicator::opScratch(size_t bytes) {
 RankState Communicator::sampleState() const {
   RankState state;
   state.opsDone = opsDone_.load();
-  state.backupChannels = links_->channelsOnBackup();
   state.nicsDown = links_->nicsDown();
+  state.backupChannels = links_->channelsOnBackup(state.nicsDown);
   std::lock_guard<std::mutex> lock(planMutex_);
   if (deviceOps_) state.deviceOps = deviceOps_();
   return state;
@@ -121,6 +121,11 @@ RankState Communicator::sampleState() const {
 void Communicator::setDeviceOpsCounter(std::function<uint64_t()> counter) {
   std::lock_guard<std::mutex> lock(planMutex_);
   deviceOps_ = std::move(counter);
+}
+
+int Communicator::channels() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return plan_.channels();
 }
 
 PlanProposal Communicator::currentPlan() const {
@@ -136,9 +141,9 @@ void Communicator::adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq)
   for (const auto& d : all) carried.push_back(d.proposal);
   std::optional<PlanProposal> next = planToAdopt(plan_.id(), carried, seq);
   if (!next) return;
-  plan_ = planOf(*next, plan_.channels());
   {
     std::lock_guard<std::mutex> lock(planMutex_);
+    plan_ = planOf(*next, plan_.channels());
     current_ = *next;
   }
   Event event;
@@ -330,6 +335,32 @@ size_t largestRange(const std::vector<Range>& ranges) {
 
 }  // namespace
 
+// Small messages: reduces every rank's payload (this rank's at `mine`, the
+// peers' inline) into `out`.
+void Communicator::reduceInline(const char* what, const std::vector<Inline>& from, int rank,
+                                const void* mine, void* out, size_t count, DataType dtype,
+                                ReduceOp op) {
+  const size_t bytes = count * elementSize(dtype);
+  std::vector<const void*> inputs(from.size());
+  for (size_t p = 0; p < from.size(); ++p) {
+    const int peer = static_cast<int>(p);
+    if (peer != rank) checkInlineBytes(what, peer, from[p].bytes, bytes);
+    inputs[p] = peer == rank ? mine : from[p].data;
+  }
+  reduceAll(out, inputs.data(), static_cast<int>(from.size()), count, dtype, op);
+}
+
+// Small messages: copies every peer's inline payload into its block of `out`.
+void Communicator::gatherInline(const char* what, const std::vector<Inline>& from, int rank,
+                                void* out, size_t bytes) {
+  for (size_t p = 0; p < from.size(); ++p) {
+    const int peer = static_cast<int>(p);
+    if (peer == rank) continue;
+    checkInlineBytes(what, peer, from[p].bytes, bytes);
+    if (bytes) std::memcpy(bytesOf(out) + p * bytes, from[p].data, bytes);
+  }
+}
+
 void Communicator::allreduce(const void* in, void* out, size_t count, DataType dtype,
                              ReduceOp op, Millis timeout) {
   checkReduceOp(op, dtype);
@@ -341,12 +372,7 @@ void Communicator::allreduce(const void* in, void* out, size_t count, DataType d
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
         if (size_ == 1) return copyIfDistinct(out, in, bytes);
         if (small) {
-          std::vector<const void*> inputs(size_);
-          for (int p = 0; p < size_; ++p) {
-            if (p != rank_) checkInlineBytes("all_reduce", p, from[p].bytes, bytes);
-            inputs[p] = p == rank_ ? in : from[p].data;
-          }
-          reduceAll(out, inputs.data(), size_, count, dtype, op);
+          reduceInline("all_reduce", from, rank_, in, out, count, dtype, op);
           return;
         }
         copyIfDistinct(out, in, bytes);
@@ -400,12 +426,7 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
         if (size_ == 1) return copyIfDistinct(out, in, bytes);
         if (small) {
           if (rank_ != root) return;
-          std::vector<const void*> inputs(size_);
-          for (int p = 0; p < size_; ++p) {
-            if (p != rank_) checkInlineBytes("reduce", p, from[p].bytes, bytes);
-            inputs[p] = p == rank_ ? in : from[p].data;
-          }
-          reduceAll(out, inputs.data(), size_, count, dtype, op);
+          reduceInline("reduce", from, rank_, in, out, count, dtype, op);
           return;
         }
         // Ring reduce-scatter (rank r ends with segment r reduced), then every
@@ -448,11 +469,7 @@ void Communicator::allgather(const void* in, void* out, size_t count, DataType d
         copyIfDistinct(bytesOf(out) + rank_ * bytes, in, bytes);
         if (size_ == 1) return;
         if (small) {
-          for (int p = 0; p < size_; ++p) {
-            if (p == rank_) continue;
-            checkInlineBytes("all_gather", p, from[p].bytes, bytes);
-            if (bytes) std::memcpy(bytesOf(out) + p * bytes, from[p].data, bytes);
-          }
+          gatherInline("all_gather", from, rank_, out, bytes);
           return;
         }
         const std::vector<Range> ranges = plan_.split(count);
@@ -476,12 +493,8 @@ void Communicator::reduceScatter(const void* in, void* out, size_t count, DataTy
       [&](const OpContext& ctx, const std::vector<Inline>& from) {
         if (size_ == 1) return copyIfDistinct(out, in, bytes);
         if (small) {
-          std::vector<const void*> inputs(size_);
-          for (int p = 0; p < size_; ++p) {
-            if (p != rank_) checkInlineBytes("reduce_scatter", p, from[p].bytes, bytes);
-            inputs[p] = p == rank_ ? bytesOf(in) + rank_ * bytes : from[p].data;
-          }
-          reduceAll(out, inputs.data(), size_, count, dtype, op);
+          reduceInline("reduce_scatter", from, rank_, bytesOf(in) + rank_ * bytes, out, count,
+                       dtype, op);
           return;
         }
         uint8_t* work = opScratch(bytes * size_);
@@ -511,11 +524,7 @@ void Communicator::gather(const void* in, void* out, size_t count, DataType dtyp
         if (size_ == 1) return;
         if (small) {
           if (rank_ != root) return;
-          for (int p = 0; p < size_; ++p) {
-            if (p == root) continue;
-            checkInlineBytes("gather", p, from[p].bytes, bytes);
-            if (bytes) std::memcpy(bytesOf(out) + p * bytes, from[p].data, bytes);
-          }
+          gatherInline("gather", from, rank_, out, bytes);  // only on the root
           return;
         }
         const std::vector<Range> ranges = plan_.split(count);

@@ -63,8 +63,7 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int channels() const { return plan_.channels(); }
-  const ChannelPlan& plan() const { return plan_; }
+  int channels() const;
   // The plan in force (id 0: every channel); changes only between collectives.
   PlanProposal currentPlan() const;
   // The job-wide fault picture as of the last control-plane period.
@@ -116,6 +115,13 @@ class Communicator {
     size_t bytes = 0;
   };
   using Body = std::function<void(const OpContext&, const std::vector<Inline>&)>;
+  // Small messages: reduces every rank's payload (this rank's at `mine`, the
+  // peers' inline) into `out`.
+  static void reduceInline(const char* what, const std::vector<Inline>& from, int rank,
+                           const void* mine, void* out, size_t count, DataType dtype, ReduceOp op);
+  // Small messages: copies every peer's inline payload into its block of `out`.
+  static void gatherInline(const char* what, const std::vector<Inline>& from, int rank, void* out,
+                           size_t bytes);
 
   // Phase 1 then `body` (the data phase), with the error policy above.
   void run(OpDescriptor desc, Millis timeout, const std::function<Inline(int peer)>& payloadTo,
@@ -141,7 +147,9 @@ class Communicator {
   std::shared_ptr<Links> links_;
   std::unique_ptr<ControlPlane> control_;  // stopped before links_ go
   ChannelPlan plan_;
-  mutable std::mutex planMutex_;  // current_ and deviceOps_ for other threads
+  // Guards writes of plan_ (only the op thread writes it, and reads it freely)
+  // and every access to current_ and deviceOps_ from other threads.
+  mutable std::mutex planMutex_;
   PlanProposal current_;
   std::function<uint64_t()> deviceOps_;
   std::shared_ptr<P2p> p2p_;
