@@ -1,9 +1,9 @@
 // How a collective's data is divided over channels. Every channel of a peer pair
 // is its own connection pinned to one NIC (channel c uses NIC c % nics), so the
-// plan is also the division over NICs. Today every channel gets an equal share;
-// DCR will install plans that give no data to channels whose path runs over a
-// backup NIC, switching all ranks at the same agreed op (the plan id travels in
-// every descriptor and must match).
+// plan is also the division over NICs. The initial plan gives every channel an
+// equal share; DCR (rebalance.h) installs plans that give no data to channels
+// whose path runs over a backup NIC, switching all ranks at the same op (the
+// plan id travels in every descriptor and must match).
 #pragma once
 
 #include <cstddef>

@@ -124,11 +124,10 @@ uint64_t Links::nicsDown() const {
   return mask;
 }
 
-uint64_t Links::channelsOnBackup() const {
-  const uint64_t down = nicsDown();
+uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
   uint64_t mask = 0;
   for (int c = 0; c < channels_; ++c) {
-    if (down & (uint64_t{1} << nicOf(c))) mask |= uint64_t{1} << c;
+    if (nicsDown & (uint64_t{1} << nicOf(c))) mask |= uint64_t{1} << c;
   }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;

@@ -46,8 +46,9 @@ class Links {
   std::shared_ptr<RecvConnection> tryReceiver(int peer, int channel, Lane lane);
 
   // Bit c: a collective connection of channel c runs over a backup path, or
-  // channel c's local NIC is down. Never blocks on a link being connected.
-  uint64_t channelsOnBackup() const;
+  // channel c's local NIC is in `nicsDown` (as nicsDown() returns it). Never
+  // blocks on a link being connected.
+  uint64_t channelsOnBackup(uint64_t nicsDown) const;
   // Bit n: local NIC n is down.
   uint64_t nicsDown() const;
 
