@@ -17,9 +17,9 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from torch_reccl.launch import spawn_bounded  # noqa: E402
 
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
@@ -115,9 +115,8 @@ def main() -> int:
             out = os.path.join(tmp, f"{label}.json")
             store = os.path.join(tmp, f"{label}.store")
             try:
-                mp.spawn(worker, args=({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out,
-                                       store, args.preload),
-                         nprocs=2, join=True)
+                spawn_bounded(worker, ({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out,
+                                       store, args.preload), nprocs=2, timeout_s=540)
                 with open(out) as f:
                     table[label] = json.load(f)
             except Exception as error:  # one broken variant must not hide the others

@@ -75,6 +75,23 @@ def listen_for_commands(handle: Callable[[dict], None]) -> threading.Thread:
     return thread
 
 
+def spawn_bounded(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
+    """torch.multiprocessing.spawn with a bound: ranks still running after
+    ``timeout_s`` are killed and TimeoutError is raised (a rank's exception is
+    re-raised as spawn does)."""
+    import torch.multiprocessing as mp
+
+    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            raise TimeoutError(f"{nprocs} ranks of {getattr(fn, '__name__', fn)} did not finish "
+                               f"within {timeout_s:.0f} s; killed")
+
+
 # ---------------------------------------------------------------- placements
 
 

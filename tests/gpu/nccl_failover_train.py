@@ -24,10 +24,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from torch_reccl.launch import spawn_bounded  # noqa: E402
 
 
 def worker(rank: int, args, mode: str, out_dir: str, nics: str, in_fabric: bool):
@@ -157,7 +157,8 @@ def main() -> int:
                 run_dir = os.path.join(out, mode)
                 os.makedirs(run_dir)
                 if fabric is None:
-                    mp.spawn(worker, args=(args, mode, run_dir, nics, False), nprocs=2, join=True)
+                    spawn_bounded(worker, (args, mode, run_dir, nics, False), nprocs=2,
+                                  timeout_s=600)
                 else:
                     run_in_fabric(fabric, args, mode, run_dir, nics)
                 with open(os.path.join(run_dir, f"{mode}-0.json")) as f:

@@ -21,9 +21,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from torch_reccl.launch import spawn_bounded  # noqa: E402
 
 STEPS = 40
 FAULT_AT = 15
@@ -88,7 +87,7 @@ def main() -> int:
         print("needs 2 GPUs; skipped")
         return 0
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(worker, args=(out,), nprocs=2, join=True)
+        spawn_bounded(worker, (out,), nprocs=2, timeout_s=300)
         failed = 0
         for rank in range(2):
             with open(os.path.join(out, f"rank{rank}.json")) as f:
