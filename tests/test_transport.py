@@ -98,6 +98,24 @@ def test_zero_byte_messages_and_buffer_kinds(pair_factory):
     assert (done, nbytes) == (False, 0)  # no receive posted yet
 
 
+@pytest.mark.timeout(30)
+def test_a_lone_zero_byte_message_is_not_held_back(pair_factory):
+    """Regression: a data header went out with MSG_MORE even when no payload
+    followed, so a lone 0-byte message sat in the kernel until the 200 ms cork
+    timer (or the peer's next delayed ACK): NCCL's 0-byte sends cost ~40 ms each
+    on the GPU machine. Each round trip must now end long before the cork timer
+    (the median of 10 is compared, so one slow scheduling blip cannot fail it)."""
+    _t, _l, send, recv = pair_factory()
+    latencies = []
+    for _ in range(10):
+        start = time.perf_counter()
+        posted = recv.irecv(bytearray(0))
+        assert send.isend(b"").wait(10) == 0
+        assert posted.wait(10) == 0
+        latencies.append(time.perf_counter() - start)
+    assert sorted(latencies)[5] < 0.1, [f"{x * 1e3:.1f} ms" for x in latencies]
+
+
 @pytest.mark.timeout(20)
 def test_send_larger_than_posted_receive_fails_the_send(pair_factory):
     _t, _l, send, recv = pair_factory()

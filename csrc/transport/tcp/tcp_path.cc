@@ -168,7 +168,10 @@ void TcpPath::writerLoop(size_t index) {
     uint8_t head[sizeof(FrameHeader) + sizeof(DataHeader)];
     std::memcpy(head, &frameHeader, sizeof(frameHeader));
     std::memcpy(head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
-    IoResult result = sendAll(fd, head, sizeof(head), watch(dataStallLimit_), MSG_MORE);
+    // MSG_MORE only when a payload follows: a corked header with nothing after it
+    // waits for the peer's next (delayed) ACK or the 200 ms cork timer.
+    const int headFlags = chunk.header.bytes > 0 ? MSG_MORE : 0;
+    IoResult result = sendAll(fd, head, sizeof(head), watch(dataStallLimit_), headFlags);
     if (result.ok() && chunk.header.bytes > 0) {
       result = sendAll(fd, chunk.payload, chunk.header.bytes, watch(dataStallLimit_));
     }
