@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -545,6 +548,55 @@ def test_malformed_frames_from_an_authenticated_peer(events, bad):
     finally:
         raw.close()
         listener.close()
+
+
+# Rounds of RawSender delivering one message, each connection dropped the moment
+# its receive completes. Run as a child so that an abort fails one test, not the run.
+DROP_WHILE_ACKING = r"""
+import random, sys
+from conftest import reccl_env
+from test_wire_fuzz import DATA, RawSender, Transport, _C, frame
+
+rounds = int(sys.argv[1])
+transport = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000"))
+listener = transport.listen(0)
+address, port = _C.decode_handle(listener.handle)["nics"][0]
+for _ in range(rounds):
+    raw = RawSender(address, port, listener.handle, connection=random.getrandbits(63))
+    try:
+        conn = listener.accept(5)
+        buf = bytearray(8)
+        r = conn.irecv(buf)
+        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.read_control(6)
+        raw.data.sendall(frame(9, DATA.pack(0, 1, 8, 0, 8)) + b"12345678")
+        assert r.wait(5) == 8 and buf == b"12345678", buf
+        del conn  # now: the reader thread is sending the ACK on its own path
+    finally:
+        raw.close()
+print(rounds, "rounds")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_connection_dropped_while_its_path_thread_sends_on_that_path():
+    """A receive completes before the path's reader thread sends its ACK, on the
+    same path, holding a reference to it. A connection dropped right then used to
+    leave that thread the last reference: ~TcpPath joined its own thread
+    (std::terminate, SIGABRT) after the connection, still in use, was gone. Before
+    Connection::destroyAllPaths joined its paths, the child aborted within about
+    50 rounds (1 to 163 seen); 1000 rounds take a few seconds."""
+    rounds = 1000
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([tests, root, os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run([sys.executable, "-c", DROP_WHILE_ACKING, str(rounds)], cwd=tests,
+                           env=env, capture_output=True, text=True, timeout=100)
+    how = (signal.Signals(-child.returncode).name if child.returncode < 0
+           else f"exit status {child.returncode}")
+    assert child.returncode == 0, f"child ended with {how}: {child.stderr[-3000:]}"
+    assert child.stdout.split() == [str(rounds), "rounds"], child.stdout
 
 
 # --------------------------------------------------------------------------- raw receiver

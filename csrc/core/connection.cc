@@ -36,6 +36,11 @@ void Connection::destroyAllPaths() {
     for (auto& path : retired_) paths.push_back(std::move(path));
     retired_.clear();
   }
+  // Join before letting go: a path thread may still hold a path of its own
+  // (activate() answering on it, endData() sending an ACK). Were ours not the
+  // last reference, that thread would destroy the path, i.e. join itself
+  // (std::terminate), after this connection, which it is still using, is gone.
+  for (auto& path : paths) path->stopAndJoin();
   paths.clear();
 }
 

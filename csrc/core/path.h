@@ -36,8 +36,8 @@ class PathOwner {
 
 class Path {
  public:
-  virtual ~Path() = default;  // stops and joins every thread: a fence
-  // Starts I/O; callbacks go to `owner` until the path is destroyed.
+  virtual ~Path() = default;  // stops and joins every thread (stopAndJoin): a fence
+  // Starts I/O; callbacks go to `owner` until the path is stopped and joined.
   virtual void start(PathOwner* owner, uint64_t pathId) = 0;
   // Writes a whole control frame; bounded. False when the path is failing.
   virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;
@@ -45,6 +45,13 @@ class Path {
   virtual void dropQueuedData() = 0;
   // Stops all I/O at once (blocked calls return); threads exit soon after.
   virtual void shutdown() = 0;
+  // shutdown(), then waits until every thread of this path has exited: once it
+  // returns, no callback reaches the owner. The owner calls it before letting
+  // go of the path, since its reference need not be the last: a path thread may
+  // hold one while it sends (even on its own path), and dropping the last one
+  // there would make that thread join itself. Idempotent; never call it from
+  // one of the path's own threads.
+  virtual void stopAndJoin() = 0;
   virtual int localNic() const = 0;
   virtual int remoteNic() const = 0;
   virtual std::string peer() const = 0;  // remote address for events and errors

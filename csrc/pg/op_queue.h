@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -34,14 +35,21 @@ class OpQueue {
   void stop(const std::string& why);
 
  private:
-  void loop();
+  // What the worker thread uses, shared with it: when the queue is destroyed
+  // from one of its own jobs (a future callback dropping the last reference to
+  // the process group), the thread is detached and must not touch freed memory
+  // on its way out.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::condition_variable idle;
+    std::deque<Job> jobs;
+    bool running = false;
+    bool stopping = false;
+  };
+  static void loop(const std::shared_ptr<State>& state);
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  std::deque<Job> jobs_;
-  bool running_ = false;
-  bool stopping_ = false;
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
 };
 

@@ -38,8 +38,11 @@ IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int
   }
 }
 
-IbPath::~IbPath() {
+IbPath::~IbPath() { stopAndJoin(); }
+
+void IbPath::stopAndJoin() {
   shutdown();
+  std::lock_guard<std::mutex> lock(joinMutex_);
   if (thread_.joinable()) thread_.join();
 }
 

@@ -40,6 +40,7 @@ class IbPath : public Path {
   void sendData(const DataChunk& chunk) override;
   void dropQueuedData() override;
   void shutdown() override;
+  void stopAndJoin() override;
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
   std::string peer() const override { return peerName_; }
@@ -94,6 +95,7 @@ class IbPath : public Path {
   std::deque<DataChunk> queue_;
   uint64_t grantsUsed_ = 0;  // sender: FIFO entries consumed so far (progress thread only)
 
+  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one joins, the other waits
   std::thread thread_;
 };
 

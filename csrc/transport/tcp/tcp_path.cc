@@ -28,9 +28,14 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
   for (const auto& fd : data_) setNoDelay(fd.get());
 }
 
-TcpPath::~TcpPath() {
+TcpPath::~TcpPath() { stopAndJoin(); }
+
+void TcpPath::stopAndJoin() {
   shutdown();
-  for (auto& thread : threads_) thread.join();
+  std::lock_guard<std::mutex> lock(joinMutex_);
+  for (auto& thread : threads_) {
+    if (thread.joinable()) thread.join();
+  }
 }
 
 void TcpPath::start(PathOwner* owner, uint64_t pathId) {

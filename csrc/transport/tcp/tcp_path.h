@@ -28,6 +28,7 @@ class TcpPath : public Path {
   void sendData(const DataChunk& chunk) override;
   void dropQueuedData() override;
   void shutdown() override;
+  void stopAndJoin() override;
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
   std::string peer() const override { return peer_; }
@@ -62,6 +63,7 @@ class TcpPath : public Path {
   std::mutex queueMutex_;
   std::condition_variable queueCv_;
   std::deque<DataChunk> queue_;
+  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one joins, the other waits
   std::vector<std::thread> threads_;
 };
 
