@@ -3,7 +3,8 @@
 Both ranks run on one machine but look like two hosts (NCCL_HOSTID, P2P and SHM
 off), so every byte crosses the net transport: NCCL's own socket transport
 (defaults, and tuned) or the ReCCL plugin (fault-free, and with rank 0's primary
-NIC down via inject_fault). All variants run in the same invocation.
+NIC down via inject_fault; host buffers, and GPU buffers staged by NVL). All
+variants run in the same invocation.
 
     python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--json PATH]
 """
@@ -24,6 +25,10 @@ from torch_reccl.launch import spawn_bounded  # noqa: E402
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
 LOOPBACK_NICS = "127.0.0.1,127.0.0.2"
+# Loopback NICs have no PCI path: say which GPU each sits next to, and let NCCL
+# hand GPU buffers to the plugin at any distance.
+NVL = {"RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1", "NCCL_NET_GDR_LEVEL": "SYS",
+       "NCCL_NET_GDR_READ": "1"}
 
 
 def variants(plugin: str):
@@ -36,6 +41,9 @@ def variants(plugin: str):
         "reccl": (reccl, False),
         "reccl-8ch": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-nic-down": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
+        # NVL: GPU buffers staged by the plugin; NIC 0 sits next to GPU 0, NIC 1 next to GPU 1
+        "reccl-nvl-8ch": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
+        "reccl-nvl-nic-down": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
     }
 
 

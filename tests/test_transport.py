@@ -273,13 +273,17 @@ def test_every_connection_on_a_dead_nic_moves_at_once(pair_factory, events):
 @pytest.mark.timeout(30)
 def test_outstanding_requests_are_bounded(pair_factory):
     _t, _l, send, recv = pair_factory()
+    # Each bound on its own: receives posted while sends wait would complete them.
+    bufs = [bytearray(1) for _ in range(1024)]
+    recvs = [recv.irecv(b) for b in bufs]  # no send for any
+    with pytest.raises(RecclError, match="1024"):
+        recv.irecv(bytearray(1))
+    assert all(send.isend(b"").wait(10) == 0 for _ in range(1024))
+    assert all(r.wait(10) == 0 for r in recvs)
     sends = [send.isend(b"") for _ in range(1024)]  # no receive posted for any
     with pytest.raises(RecclError, match="1024"):
         send.isend(b"")
-    bufs = [bytearray(1) for _ in range(1024)]
     recvs = [recv.irecv(b) for b in bufs]
-    with pytest.raises(RecclError, match="1024"):
-        recv.irecv(bytearray(1))
     assert all(s.wait(10) == 0 for s in sends)
     assert all(r.wait(10) == 0 for r in recvs)
     buf = bytearray(2)  # room again

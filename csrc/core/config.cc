@@ -48,6 +48,16 @@ const std::vector<ConfigVar>& configVars() {
        "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try; 1..31"},
       {"RECCL_IB_RETRY_CNT", "7",
        "IB transport: QP retries before a request fails with retry-exceeded; 0..7"},
+      {"RECCL_NVL", "off",
+       "NCCL plugin: off or on (experimental). on: NCCL hands the plugin GPU buffers, which it "
+       "stages to host memory itself, and a message whose active NIC sits next to another GPU "
+       "crosses NVLink to that GPU first; see docs/nvl.md for when this can stall"},
+      {"RECCL_NVL_MAX_BYTES", "33554432",
+       "NVL: transit GPU memory per connection in bytes (larger messages go in pieces); "
+       "1048576..1073741824"},
+      {"RECCL_NIC_GPUS", "(from PCI paths)",
+       "NVL: comma list of CUDA device indices, the GPU next to each NIC in rail order, for "
+       "NICs without a PCI path (emulated fabrics)"},
   };
   return kVars;
 }
@@ -90,9 +100,7 @@ std::vector<std::string> splitList(const std::string& name, const std::string& v
     size_t comma = value.find(',', start);
     std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty()) {
-      throw ConfigError(name + "=" + value +
-                        " is not valid: expected a comma list of names (interfaces, IPv4 "
-                        "addresses or RDMA devices) without empty entries");
+      throw ConfigError(name + "=" + value + " is not valid: expected a comma list without empty entries");
     }
     items.push_back(item);
     if (comma == std::string::npos) break;
@@ -150,6 +158,18 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.ibTimeout = static_cast<int>(parseInt(name, value, 1, 31));
     } else if (name == "RECCL_IB_RETRY_CNT") {
       config.ibRetryCount = static_cast<int>(parseInt(name, value, 0, 7));
+    } else if (name == "RECCL_NVL") {
+      if (value != "off" && value != "on") {
+        throw ConfigError(name + "=" + value + " is not valid: expected off or on");
+      }
+      config.nvl = value;
+    } else if (name == "RECCL_NVL_MAX_BYTES") {
+      config.nvlMaxBytes = parseInt(name, value, 1 << 20, 1 << 30);
+    } else if (name == "RECCL_NIC_GPUS") {
+      config.nicGpus.clear();
+      for (const auto& item : splitList(name, value)) {
+        config.nicGpus.push_back(static_cast<int>(parseInt(name + " entry", item, 0, 1023)));
+      }
     } else if (name == "RECCL_DEBUG") {
       if (value != "NONE" && value != "WARN" && value != "INFO" && value != "TRACE") {
         throw ConfigError(name + "=" + value +

@@ -31,6 +31,10 @@ struct Config {
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
   int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
   int ibRetryCount = 7;            // RECCL_IB_RETRY_CNT: retries before a QP errors out
+  // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
+  std::string nvl = "off";         // RECCL_NVL: off | on (experimental, docs/nvl.md)
+  int64_t nvlMaxBytes = 32 << 20;  // RECCL_NVL_MAX_BYTES: transit memory per connection
+  std::vector<int> nicGpus;        // RECCL_NIC_GPUS: GPU next to each NIC; empty = PCI paths
 
   // Reads every RECCL_* variable from `env` (name -> value).
   static Config fromEnv(const std::map<std::string, std::string>& env);

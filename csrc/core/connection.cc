@@ -367,6 +367,11 @@ int Connection::activePath() const {
   return active_;
 }
 
+int Connection::activeLocalNic() const {
+  Lock lock(mutex_);
+  return active_ < 0 ? -1 : slots_.at(active_).nics.localNic;
+}
+
 ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
                                 const std::vector<NicInfo>& nics,
                                 const std::vector<int>& healthIds, const std::string& peer) {

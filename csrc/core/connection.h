@@ -63,6 +63,8 @@ class Connection : public PathOwner, public Serviced {
   // Per path: "primary eth0->198.18.0.2 up" etc.
   std::vector<std::string> describePaths() const;
   int activePath() const;
+  // The local NIC the active path leaves from; -1 while no path is active.
+  int activeLocalNic() const;
 
  protected:
   enum class SlotState { kIdle, kDialing, kUp, kFailed };

@@ -104,4 +104,11 @@ void NicHealth::notify(int id, bool wasUsable, Reason reason) {
   for (const auto& listener : listeners) listener(name, nowUsable, reason);
 }
 
+void NicHealth::addTransitBytes(int64_t delta) {
+  int64_t now = transitBytes_.fetch_add(delta) + delta;
+  int64_t peak = transitPeakBytes_.load();
+  while (now > peak && !transitPeakBytes_.compare_exchange_weak(peak, now)) {
+  }
+}
+
 }  // namespace reccl

@@ -23,6 +23,7 @@ struct NicCounters {
   std::atomic<uint64_t> failovers{0};   // failovers away from a path on this NIC
   std::atomic<uint64_t> failbacks{0};   // failbacks onto a path on this NIC
   std::atomic<uint64_t> pathsDown{0};
+  std::atomic<uint64_t> nvlBytes{0};    // bytes staged through a transit GPU for this NIC
 };
 
 class NicHealth {
@@ -54,6 +55,11 @@ class NicHealth {
   EventRing& events() { return events_; }
   void emit(Event event);
 
+  // NVL transit GPU memory held now and at most, over all connections.
+  void addTransitBytes(int64_t delta);
+  int64_t transitBytes() const { return transitBytes_.load(); }
+  int64_t transitPeakBytes() const { return transitPeakBytes_.load(); }
+
   uint64_t rejectedHandshakes() const { return rejectedHandshakes_.load(); }
   void countRejectedHandshake() { rejectedHandshakes_.fetch_add(1); }
 
@@ -77,6 +83,8 @@ class NicHealth {
   uint64_t nextToken_ = 1;
   EventRing events_;
   std::atomic<uint64_t> rejectedHandshakes_{0};
+  std::atomic<int64_t> transitBytes_{0};
+  std::atomic<int64_t> transitPeakBytes_{0};
 };
 
 }  // namespace reccl

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <map>
@@ -67,8 +68,25 @@ void fillSysfsInfo(NicInfo& nic) {
 }  // namespace
 
 int nicDistance(const NicInfo& a, const NicInfo& b) {
-  std::vector<std::string> pa = pciComponents(a.pciPath);
-  std::vector<std::string> pb = pciComponents(b.pciPath);
+  return pciDistance({a.pciPath, a.numaNode}, {b.pciPath, b.numaNode});
+}
+
+PciLocation pciLocationOfBusId(const std::string& busId) {
+  std::string lower;
+  for (char c : busId) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  PciLocation location;
+  char resolved[PATH_MAX];
+  std::string link = "/sys/bus/pci/devices/" + lower;
+  if (realpath(link.c_str(), resolved) == nullptr) return location;
+  location.path = resolved;
+  std::string numa = readSysfs(link + "/numa_node");
+  location.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
+  return location;
+}
+
+int pciDistance(const PciLocation& a, const PciLocation& b) {
+  std::vector<std::string> pa = pciComponents(a.path);
+  std::vector<std::string> pb = pciComponents(b.path);
   if (pa.empty() || pb.empty()) return -1;
   int cost = 0;
   if (a.numaNode >= 0 && b.numaNode >= 0 && a.numaNode != b.numaNode) cost += 200;

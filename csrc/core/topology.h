@@ -22,10 +22,21 @@ struct NicInfo {
   int backupCost = -1;    // distance cost to the backup; -1 = unknown (no PCI path)
 };
 
-// Distance between two NICs from their sysfs device paths and NUMA nodes:
+// Where a PCI device sits: its sysfs device path and NUMA node.
+struct PciLocation {
+  std::string path;  // "/sys/devices/pci0000:00/..."; empty when unknown
+  int numaNode = -1;
+};
+
+// Distance between two PCI devices from their sysfs paths and NUMA nodes:
 // +1 for crossing a shared PCIe switch, +100 for crossing the root complex,
 // +200 for crossing NUMA nodes. -1 when either has no PCI path.
+int pciDistance(const PciLocation& a, const PciLocation& b);
 int nicDistance(const NicInfo& a, const NicInfo& b);
+
+// The location of the device with PCI bus id `busId` ("0000:3B:00.0", any case);
+// an empty path when sysfs does not list it.
+PciLocation pciLocationOfBusId(const std::string& busId);
 
 // Fills `backup` and `backupCost` for every NIC: the cheapest other NIC; ties go
 // to the NIC serving as backup the fewest times so far (spreading load evenly),

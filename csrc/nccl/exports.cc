@@ -16,7 +16,7 @@ ncclResult_t fillCommon(int dev, Props* props) {
   props->name = const_cast<char*>(common.name);
   props->pciPath = const_cast<char*>(common.pciPath);
   props->guid = common.guid;
-  props->ptrSupport = RECCL_NCCL_PTR_HOST;
+  props->ptrSupport = common.ptrSupport;
   props->regIsGlobal = 0;
   props->speed = common.speedMbps;
   props->port = 0;
@@ -89,32 +89,32 @@ ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** d
   if (devComm != nullptr) *devComm = nullptr;
   return plugin().accept(listenComm, recvComm);
 }
-ncclResult_t regMr(void* comm, void*, size_t, int type, void** mhandle) {
-  return plugin().regMr(comm, type, mhandle);
+ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return plugin().regMr(comm, data, size, type, mhandle);
 }
 ncclResult_t regMrDmaBuf(void*, void*, size_t, int, uint64_t, int, void**) {
-  return ncclInternalError;  // ptrSupport says host memory only
+  return ncclInternalError;  // ptrSupport never claims dma-buf: NVL copies GPU buffers itself
 }
 ncclResult_t deregMr(void* comm, void* mhandle) { return plugin().deregMr(comm, mhandle); }
-ncclResult_t isendV8(void* sendComm, void* data, int size, int, void*, void** request) {
+ncclResult_t isendV8(void* sendComm, void* data, int size, int, void* mhandle, void** request) {
   if (size < 0) return ncclInvalidArgument;
-  return plugin().isend(sendComm, data, static_cast<size_t>(size), request);
+  return plugin().isend(sendComm, data, static_cast<size_t>(size), mhandle, request);
 }
-ncclResult_t isendV10(void* sendComm, void* data, size_t size, int, void*, void*, void** request) {
-  return plugin().isend(sendComm, data, size, request);
+ncclResult_t isendV10(void* sendComm, void* data, size_t size, int, void* mhandle, void*, void** request) {
+  return plugin().isend(sendComm, data, size, mhandle, request);
 }
-ncclResult_t irecvV8(void* recvComm, int n, void** data, int* sizes, int*, void**, void** request) {
+ncclResult_t irecvV8(void* recvComm, int n, void** data, int* sizes, int*, void** mhandles, void** request) {
   if (n < 1 || n > 8) return ncclInvalidArgument;
   size_t wide[8];
   for (int i = 0; i < n; ++i) {
     if (sizes[i] < 0) return ncclInvalidArgument;
     wide[i] = static_cast<size_t>(sizes[i]);
   }
-  return plugin().irecv(recvComm, n, data, wide, request);
+  return plugin().irecv(recvComm, n, data, wide, mhandles, request);
 }
-ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, void**, void**,
+ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, void** mhandles, void**,
                       void** request) {
-  return plugin().irecv(recvComm, n, data, sizes, request);
+  return plugin().irecv(recvComm, n, data, sizes, mhandles, request);
 }
 ncclResult_t iflush(void* recvComm, int, void**, int*, void**, void** request) {
   return plugin().iflush(recvComm, request);

@@ -19,9 +19,22 @@ struct SendComm {
 struct RecvComm {
   std::shared_ptr<RecvConnection> connection;
 };
+// What regMr registered: host memory needs nothing; a GPU buffer (NVL) is
+// staged through its region's pinned mirror.
+struct MemoryRegion {
+  std::unique_ptr<Nvl::Region> gpu;  // null for host memory
+};
 struct PluginRequest {
   std::shared_ptr<Request> request;
+  // A staged receive: copied from the mirror into the GPU buffer on completion.
+  Nvl::Region* deliverTo = nullptr;
+  uint8_t* deviceData = nullptr;
+  std::shared_ptr<RecvConnection> connection;
 };
+
+Nvl::Region* gpuRegion(void* mhandle) {
+  return mhandle == nullptr ? nullptr : static_cast<MemoryRegion*>(mhandle)->gpu.get();
+}
 
 // NCCL calls connect() again with the same handle until it returns a comm; the
 // pending connection rides in the handle's unused tail, as NCCL's own socket
@@ -75,6 +88,19 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
               (nic.backup >= 0 ? transport_->nics()[nic.backup].name : std::string("none")) + ")";
     }
     info(std::string("failover net plugin over ") + transport_->kind() + " using" + nics);
+    std::vector<int> healthIds;
+    for (size_t nic = 0; nic < transport_->nics().size(); ++nic) {
+      healthIds.push_back(transport_->healthId(static_cast<int>(nic)));
+    }
+    std::string why;
+    nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), &why);
+    if (nvl_) {
+      warn("RECCL_NVL=on (experimental): GPU buffers are staged on NCCL's proxy thread; CUDA "
+           "work the application issues while a collective is in flight can stall them "
+           "(docs/nvl.md). " + nvl_->describe());
+    } else {
+      info("NVL off, host buffers only: " + why);
+    }
     return ncclSuccess;
   } catch (const std::exception& error) {
     std::string message = std::string("ReCCL plugin disabled: ") + error.what();
@@ -120,6 +146,7 @@ ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
     props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
     props->guid = static_cast<uint64_t>(dev);
     props->speedMbps = nic.speedMbps;
+    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ ? RECCL_NCCL_PTR_CUDA : 0);
     props->maxComms = 65536;
     props->maxRecvs = kMaxRecvs;
     props->maxTransferBytes = kMaxTransferBytes;
@@ -185,26 +212,45 @@ ncclResult_t NetPlugin::accept(void* listenComm, void** recvComm) {
   });
 }
 
-ncclResult_t NetPlugin::regMr(void* comm, int type, void** mhandle) {
-  if (type != RECCL_NCCL_PTR_HOST) {
-    warn("regMr: only host memory is supported (type " + std::to_string(type) + ")");
-    return ncclInternalError;
-  }
-  *mhandle = comm;  // data is staged (kMaxRecvs' comment): any non-null handle will do
+ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** mhandle) {
+  return guard("regMr", [&] {
+    *mhandle = nullptr;
+    if (type == RECCL_NCCL_PTR_HOST) {
+      *mhandle = new MemoryRegion{};
+      return ncclSuccess;
+    }
+    if (type != RECCL_NCCL_PTR_CUDA || !nvl_) {
+      warn("regMr: memory type " + std::to_string(type) + " is not supported; valid: host" +
+           (nvl_ ? ", cuda" : " (GPU buffers need RECCL_NVL)"));
+      return ncclInternalError;
+    }
+    auto region = std::make_unique<MemoryRegion>();
+    region->gpu = nvl_->registerRegion(data, size);
+    *mhandle = region.release();
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::deregMr(void*, void* mhandle) {
+  delete static_cast<MemoryRegion*>(mhandle);
   return ncclSuccess;
 }
 
-ncclResult_t NetPlugin::deregMr(void*, void*) { return ncclSuccess; }
-
-ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void** request) {
+ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mhandle, void** request) {
   return guard("isend", [&] {
     auto* comm = static_cast<SendComm*>(sendComm);
     *request = nullptr;
+    Nvl::Region* region = gpuRegion(mhandle);
+    uint8_t* bytes = static_cast<uint8_t*>(data);
+    if (region != nullptr) bytes = region->stageSend(bytes, size, comm->connection->activeLocalNic());
     try {
-      auto sent = comm->connection->isend(static_cast<uint8_t*>(data), size);
+      auto sent = comm->connection->isend(bytes, size);
       RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
-                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size));
-      *request = new PluginRequest{std::move(sent)};
+                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size) +
+                            (region ? " from GPU " + std::to_string(region->gpu()) : std::string()));
+      auto* pending = new PluginRequest();
+      pending->request = std::move(sent);
+      *request = pending;
     } catch (const Error&) {
       // Too many in flight: a NULL request tells NCCL to retry later. A failed
       // connection says so through error().
@@ -214,7 +260,8 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void** re
   });
 }
 
-ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request) {
+ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* sizes, void** mhandles,
+                              void** request) {
   return guard("irecv", [&] {
     if (n != kMaxRecvs) {
       warn("irecv: " + std::to_string(n) + " grouped receives; this plugin reports maxRecvs=1");
@@ -222,12 +269,23 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
     }
     auto* comm = static_cast<RecvComm*>(recvComm);
     *request = nullptr;
+    Nvl::Region* region = gpuRegion(mhandles == nullptr ? nullptr : mhandles[0]);
+    uint8_t* bytes = static_cast<uint8_t*>(data[0]);
+    if (region != nullptr) bytes = region->receiveBuffer(bytes, sizes[0]);
     try {
-      auto posted = comm->connection->irecv(static_cast<uint8_t*>(data[0]), sizes[0]);
+      auto posted = comm->connection->irecv(bytes, sizes[0]);
       RECCL_LOG(kTrace, "plugin irecv connection " + std::to_string(comm->connection->id()) +
                             " seq " + std::to_string(posted->seq()) + " bytes " +
-                            std::to_string(sizes[0]));
-      *request = new PluginRequest{std::move(posted)};
+                            std::to_string(sizes[0]) +
+                            (region ? " into GPU " + std::to_string(region->gpu()) : std::string()));
+      auto* pending = new PluginRequest();
+      pending->request = std::move(posted);
+      if (region != nullptr) {
+        pending->deliverTo = region;
+        pending->deviceData = static_cast<uint8_t*>(data[0]);
+        pending->connection = comm->connection;
+      }
+      *request = pending;
     } catch (const Error&) {
       if (!comm->connection->error().empty()) throw;
     }
@@ -236,7 +294,9 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
 }
 
 ncclResult_t NetPlugin::iflush(void*, void** request) {
-  *request = nullptr;  // host memory: nothing to flush
+  // Host memory needs no flush, and a staged GPU receive completes only after
+  // its copy into the GPU buffer finished.
+  *request = nullptr;
   return ncclSuccess;
 }
 
@@ -247,10 +307,13 @@ ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
     std::string error;
     *done = 0;
     if (!pending->request->test(&bytes, &error)) return ncclSuccess;
-    delete pending;
+    std::unique_ptr<PluginRequest> finished(pending);
     if (!error.empty()) {
       warn("operation failed: " + error);
       return ncclRemoteError;
+    }
+    if (finished->deliverTo != nullptr) {
+      finished->deliverTo->deliver(finished->deviceData, bytes, finished->connection->activeLocalNic());
     }
     *done = 1;
     if (sizes != nullptr) *sizes = static_cast<int>(bytes);

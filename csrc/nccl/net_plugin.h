@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/nvl.h"
 #include "nccl/nccl_abi.h"
 #include "transport/ib/verbs_api.h"
 #include "transport/transport.h"
@@ -20,6 +21,7 @@ struct NetDeviceProps {
   const char* pciPath;  // nullptr for virtual interfaces
   uint64_t guid;
   int speedMbps;
+  int ptrSupport;  // RECCL_NCCL_PTR_* bits
   int maxComms;
   int maxRecvs;
   size_t maxTransferBytes;
@@ -41,10 +43,11 @@ class NetPlugin {
   ncclResult_t listen(int dev, void* handle, void** listenComm);
   ncclResult_t connect(int dev, void* handle, void** sendComm);
   ncclResult_t accept(void* listenComm, void** recvComm);
-  ncclResult_t regMr(void* comm, int type, void** mhandle);
+  ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle);
   ncclResult_t deregMr(void* comm, void* mhandle);
-  ncclResult_t isend(void* sendComm, void* data, size_t size, void** request);
-  ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request);
+  ncclResult_t isend(void* sendComm, void* data, size_t size, void* mhandle, void** request);
+  ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, void** mhandles,
+                     void** request);
   ncclResult_t iflush(void* recvComm, void** request);
   ncclResult_t test(void* request, int* done, int* sizes);
   ncclResult_t closeSend(void* sendComm);
@@ -53,7 +56,8 @@ class NetPlugin {
 
   // Both transports: one receive per irecv (no grouped receives), and data is
   // staged through host memory (TCP sockets; IB registered staging slots), so
-  // only host pointers are claimed and regMr needs no per-buffer registration.
+  // regMr needs no per-buffer registration. GPU buffers are claimed only with
+  // NVL (gpu/nvl.h), which stages them to host memory itself.
   static constexpr int kMaxRecvs = 1;
   static constexpr size_t kMaxTransferBytes = 1ull << 30;  // NCCL's MAX_NET_SIZE
 
@@ -78,6 +82,7 @@ class NetPlugin {
   ncclDebugLogger_t logger_ = nullptr;
   std::shared_ptr<VerbsApi> verbs_;  // null: the system library, if any
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Nvl> nvl_;  // null: host buffers only
   std::vector<std::string> names_;
 };
 

@@ -155,6 +155,7 @@ int healthIdOrThrow(const std::string& nic) {
 void bindProcessGroup(py::module_& m);
 // The IB verbs transport and its emulation (csrc/python/ib_bindings.cc).
 void bindIbTransport(py::module_& m);
+void bindGpu(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_reccl native core: bonded connections with failover";
@@ -314,6 +315,7 @@ PYBIND11_MODULE(_C, m) {
       d["failovers"] = c.failovers.load();
       d["failbacks"] = c.failbacks.load();
       d["paths_down"] = c.pathsDown.load();
+      d["nvl_bytes"] = c.nvlBytes.load();
       out[py::str(names[i])] = d;
     }
     return out;
@@ -322,6 +324,8 @@ PYBIND11_MODULE(_C, m) {
     py::dict d;
     d["rejected_handshakes"] = NicHealth::instance().rejectedHandshakes();
     d["events_dropped"] = NicHealth::instance().events().dropped();
+    d["nvl_transit_bytes"] = NicHealth::instance().transitBytes();
+    d["nvl_transit_peak_bytes"] = NicHealth::instance().transitPeakBytes();
     return d;
   });
   m.def("parse_frame", [](py::bytes data) {
@@ -360,4 +364,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("HANDLE_BYTES") = kHandleBytes;
   bindProcessGroup(m);
   bindIbTransport(m);
+  bindGpu(m);
 }

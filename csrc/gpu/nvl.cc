@@ -1,0 +1,104 @@
+#include "gpu/nvl.h"
+
+#include "core/error.h"
+#include "core/health.h"
+
+namespace reccl {
+
+std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo>& nics,
+                                 std::vector<int> healthIds, std::string* why) {
+  if (config.nvl == "off") {
+    *why = "RECCL_NVL=off";
+    return nullptr;
+  }
+  std::string error;
+  std::shared_ptr<CudaRuntime> cuda = CudaRuntime::load(&error);
+  const int gpus = cuda ? cuda->deviceCount() : 0;
+  if (cuda && gpus == 0) error = "the CUDA runtime sees no GPU";
+  if (gpus == 0) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
+  auto peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
+  TransitMap map;
+  if (!config.nicGpus.empty()) {
+    map = TransitMap::fromNicGpus(config.nicGpus, nics.size(), gpus, peer);
+  } else {
+    std::vector<PciLocation> gpuLocations, nicLocations;
+    for (int g = 0; g < gpus; ++g) gpuLocations.push_back(pciLocationOfBusId(cuda->pciBusId(g)));
+    for (const auto& nic : nics) nicLocations.push_back({nic.pciPath, nic.numaNode});
+    map = TransitMap::fromPci(gpuLocations, nicLocations, peer);
+  }
+  // Peer access for the device NCCL initialises now, before its kernels run:
+  // enabling it maps memory, which is no call to make while they wait on us.
+  const int current = cuda->currentDevice();
+  for (size_t nic = 0; nic < nics.size(); ++nic) {
+    int transit = map.transitGpu(current, static_cast<int>(nic));
+    if (transit >= 0) {
+      CudaRuntime::DeviceScope scope(*cuda);
+      cuda->enablePeerAccess(current, transit);
+    }
+  }
+  return std::unique_ptr<Nvl>(new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds)));
+}
+
+std::string Nvl::describe() const {
+  std::string out;
+  for (size_t n = 0; n < map_.nicGpus().size(); ++n) {
+    if (!out.empty()) out += ", ";
+    int gpu = map_.nicGpus()[n];
+    out += "NIC " + std::to_string(n) + " next to " +
+           (gpu < 0 ? std::string("no known GPU") : "GPU " + std::to_string(gpu));
+  }
+  return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) + " bytes per connection";
+}
+
+std::unique_ptr<Nvl::Region> Nvl::registerRegion(void* data, size_t size) {
+  const int gpu = cuda_->deviceOf(data);
+  if (gpu < 0) {
+    throw Error("regMr: " + std::to_string(size) + " bytes registered as GPU memory are not known to CUDA");
+  }
+  return std::unique_ptr<Region>(new Region(*this, gpu, static_cast<uint8_t*>(data), size));
+}
+
+Nvl::Region::Region(Nvl& nvl, int gpu, uint8_t* base, size_t size)
+    : nvl_(nvl),
+      gpu_(gpu),
+      base_(base),
+      size_(size),
+      mirror_(nvl.cuda_, size),
+      stager_(nvl.cuda_, nvl.config_.nvlMaxBytes, nvl.config_.noPathTimeoutMs) {
+  std::vector<int> transits;
+  for (size_t nic = 0; nic < nvl.healthIds_.size(); ++nic) {
+    transits.push_back(nvl.map_.transitGpu(gpu, static_cast<int>(nic)));
+  }
+  stager_.prepare(gpu, size, transits);
+}
+
+size_t Nvl::Region::offsetOf(const uint8_t* data, size_t bytes, const char* what) const {
+  if (data < base_ || bytes > size_ || static_cast<size_t>(data - base_) > size_ - bytes) {
+    throw Error(std::string(what) + ": " + std::to_string(bytes) +
+                " bytes lie outside the GPU buffer registered for them (" + std::to_string(size_) + " bytes)");
+  }
+  return static_cast<size_t>(data - base_);
+}
+
+int Nvl::Region::transitFor(int nic, size_t bytes) {
+  int transit = nvl_.map_.transitGpu(gpu_, nic);
+  if (transit >= 0) NicHealth::instance().counters(nvl_.healthIds_[nic]).nvlBytes.fetch_add(bytes);
+  return transit;
+}
+
+uint8_t* Nvl::Region::stageSend(const uint8_t* data, size_t bytes, int nic) {
+  uint8_t* host = mirror_.data() + offsetOf(data, bytes, "isend");
+  stager_.toHost(host, data, gpu_, bytes, transitFor(nic, bytes));
+  return host;
+}
+
+uint8_t* Nvl::Region::receiveBuffer(const uint8_t* data, size_t bytes) {
+  return mirror_.data() + offsetOf(data, bytes, "irecv");
+}
+
+void Nvl::Region::deliver(uint8_t* data, size_t bytes, int nic) {
+  stager_.toDevice(data, gpu_, mirror_.data() + offsetOf(data, bytes, "irecv"), bytes,
+                   transitFor(nic, bytes));
+}
+
+}  // namespace reccl

@@ -1,0 +1,77 @@
+// NVL for the NCCL plugin (DESIGN §2): when NCCL hands the plugin GPU buffers,
+// each message is staged between the GPU and host memory for the transport;
+// when the connection's active NIC sits next to another GPU (a backup NIC
+// across the root complex, or every channel on one NIC), the message crosses
+// NVLink to that GPU first and takes only its short PCIe hop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/topology.h"
+#include "gpu/cuda_runtime.h"
+#include "gpu/device_stager.h"
+#include "gpu/pinned_buffer.h"
+#include "gpu/transit_map.h"
+
+namespace reccl {
+
+class Nvl {
+ public:
+  // The plugin's NVL, or nullptr (host buffers only) for RECCL_NVL=off, with
+  // the reason in `why`. Throws ConfigError when RECCL_NVL=on finds no CUDA
+  // GPU or RECCL_NIC_GPUS is wrong. `healthIds[n]` is NIC n's health-table id.
+  static std::unique_ptr<Nvl> create(const Config& config, const std::vector<NicInfo>& nics,
+                                     std::vector<int> healthIds, std::string* why);
+
+  // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit cap 32 MiB per connection".
+  std::string describe() const;
+
+  // One GPU buffer NCCL registered on a connection: its pinned host mirror
+  // (a message at offset k of the buffer is staged at offset k of the mirror,
+  // so messages in flight never share staging memory) and a stager prepared
+  // for every transit GPU the buffer's GPU may use. All allocated here, at
+  // registration, never on the data path.
+  class Region {
+   public:
+    int gpu() const { return gpu_; }
+    // Stages `bytes` at `data` (inside this region) to the mirror, for a message
+    // leaving over local NIC `nic` (-1: none active; direct); returns the
+    // mirror's copy.
+    uint8_t* stageSend(const uint8_t* data, size_t bytes, int nic);
+    // Where a message for `data` (inside this region) is received on the host.
+    uint8_t* receiveBuffer(const uint8_t* data, size_t bytes);
+    // Copies the received `bytes` from the mirror into `data`; they arrived
+    // over local NIC `nic`.
+    void deliver(uint8_t* data, size_t bytes, int nic);
+
+   private:
+    friend class Nvl;
+    Region(Nvl& nvl, int gpu, uint8_t* base, size_t size);
+    size_t offsetOf(const uint8_t* data, size_t bytes, const char* what) const;
+    int transitFor(int nic, size_t bytes);
+    Nvl& nvl_;
+    const int gpu_;
+    uint8_t* const base_;
+    const size_t size_;
+    PinnedBuffer mirror_;
+    DeviceStager stager_;
+  };
+  // Registers `size` bytes of GPU memory at `data`; throws Error when CUDA does
+  // not know it as device memory.
+  std::unique_ptr<Region> registerRegion(void* data, size_t size);
+
+ private:
+  Nvl(const Config& config, std::shared_ptr<CudaRuntime> cuda, TransitMap map, std::vector<int> healthIds)
+      : config_(config), cuda_(std::move(cuda)), map_(std::move(map)), healthIds_(std::move(healthIds)) {}
+
+  Config config_;
+  std::shared_ptr<CudaRuntime> cuda_;
+  TransitMap map_;
+  std::vector<int> healthIds_;
+};
+
+}  // namespace reccl

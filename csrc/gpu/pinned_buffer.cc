@@ -1,0 +1,21 @@
+#include "gpu/pinned_buffer.h"
+
+#include "core/log.h"
+
+namespace reccl {
+
+PinnedBuffer::PinnedBuffer(std::shared_ptr<CudaRuntime> cuda, size_t bytes)
+    : cuda_(std::move(cuda)), size_(bytes) {
+  if (bytes > 0) data_ = static_cast<uint8_t*>(cuda_->pinnedAlloc(bytes));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ == nullptr) return;
+  try {
+    cuda_->pinnedFree(data_);
+  } catch (const std::exception& error) {
+    RECCL_LOG(kWarn, std::string("freeing a staging buffer: ") + error.what());
+  }
+}
+
+}  // namespace reccl

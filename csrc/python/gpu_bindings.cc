@@ -1,0 +1,99 @@
+// Python bindings of the NVL pieces (torch_reccl._C), for tests and bench/:
+// the transit map (pure logic, testable without a GPU) and the device stager
+// over the process's CUDA runtime. The NCCL plugin uses them directly.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/error.h"
+#include "core/health.h"
+#include "gpu/cuda_runtime.h"
+#include "gpu/device_stager.h"
+#include "gpu/transit_map.h"
+
+namespace py = pybind11;
+using namespace reccl;
+
+namespace {
+
+TransitMap::PeerAccess peerMatrix(const std::vector<std::vector<bool>>& peers) {
+  return [peers](int gpu, int other) {
+    return gpu < static_cast<int>(peers.size()) && other < static_cast<int>(peers[gpu].size()) &&
+           peers[gpu][other];
+  };
+}
+
+py::dict describeMap(const TransitMap& map, int gpus, size_t nics) {
+  py::dict out;
+  out["nic_gpus"] = map.nicGpus();
+  std::vector<std::vector<int>> transit(gpus, std::vector<int>(nics, -1));
+  for (int g = 0; g < gpus; ++g) {
+    for (size_t n = 0; n < nics; ++n) transit[g][n] = map.transitGpu(g, static_cast<int>(n));
+  }
+  out["transit"] = transit;
+  out["any_transit"] = map.anyTransit();
+  return out;
+}
+
+uint8_t* pointer(uintptr_t address) { return reinterpret_cast<uint8_t*>(address); }
+
+}  // namespace
+
+void bindGpu(py::module_& m) {
+  m.def("transit_map_from_nic_gpus",
+        [](const std::vector<int>& nicGpus, size_t nicCount, int gpuCount,
+           const std::vector<std::vector<bool>>& peers) {
+          return describeMap(TransitMap::fromNicGpus(nicGpus, nicCount, gpuCount, peerMatrix(peers)),
+                             gpuCount, nicCount);
+        },
+        py::arg("nic_gpus"), py::arg("nic_count"), py::arg("gpu_count"), py::arg("peers"),
+        "For tests: NVL's transit GPU per (buffer GPU, NIC) from RECCL_NIC_GPUS");
+  m.def("transit_map_from_pci",
+        [](const std::vector<std::pair<std::string, int>>& gpus,
+           const std::vector<std::pair<std::string, int>>& nics,
+           const std::vector<std::vector<bool>>& peers) {
+          std::vector<PciLocation> gpuLocations, nicLocations;
+          for (const auto& [path, numa] : gpus) gpuLocations.push_back({path, numa});
+          for (const auto& [path, numa] : nics) nicLocations.push_back({path, numa});
+          return describeMap(TransitMap::fromPci(gpuLocations, nicLocations, peerMatrix(peers)),
+                             static_cast<int>(gpus.size()), nics.size());
+        },
+        py::arg("gpus"), py::arg("nics"), py::arg("peers"),
+        "For tests: NVL's transit GPU per (buffer GPU, NIC) from (sysfs path, NUMA node) pairs");
+  m.def("cuda_runtime_problem", [] {
+    std::string error;
+    auto cuda = CudaRuntime::load(&error);
+    if (cuda && cuda->deviceCount() == 0) error = "the CUDA runtime sees no GPU";
+    return error;
+  }, "Why NVL cannot stage here ('' when a CUDA runtime with GPUs is loadable)");
+
+  py::class_<DeviceStager, std::shared_ptr<DeviceStager>>(m, "DeviceStager",
+      "NVL's copies between GPU buffers and pinned host memory (addresses as ints)")
+      .def(py::init([](int64_t maxTransitBytes, int timeoutMs) {
+             std::string error;
+             std::shared_ptr<CudaRuntime> cuda = CudaRuntime::load(&error);
+             if (cuda && cuda->deviceCount() == 0) error = "the CUDA runtime sees no GPU";
+             if (!cuda || !error.empty()) throw ConfigError("DeviceStager needs CUDA GPUs: " + error);
+             return std::make_shared<DeviceStager>(std::move(cuda), maxTransitBytes, timeoutMs);
+           }),
+           py::arg("max_transit_bytes") = 32 << 20, py::arg("timeout_ms") = 10000)
+      .def("prepare",
+           [](DeviceStager& s, int bufferGpu, size_t messageBytes, const std::vector<int>& transitGpus) {
+             py::gil_scoped_release release;
+             s.prepare(bufferGpu, messageBytes, transitGpus);
+           },
+           py::arg("buffer_gpu"), py::arg("message_bytes"), py::arg("transit_gpus"),
+           "Streams, peer access and transit buffers; once, before any copy")
+      .def("to_host",
+           [](DeviceStager& s, uintptr_t host, uintptr_t src, int srcGpu, size_t bytes, int transitGpu) {
+             py::gil_scoped_release release;
+             s.toHost(pointer(host), pointer(src), srcGpu, bytes, transitGpu);
+           },
+           py::arg("host"), py::arg("src"), py::arg("src_gpu"), py::arg("bytes"), py::arg("transit_gpu"))
+      .def("to_device",
+           [](DeviceStager& s, uintptr_t dst, int dstGpu, uintptr_t host, size_t bytes, int transitGpu) {
+             py::gil_scoped_release release;
+             s.toDevice(pointer(dst), dstGpu, pointer(host), bytes, transitGpu);
+           },
+           py::arg("dst"), py::arg("dst_gpu"), py::arg("host"), py::arg("bytes"), py::arg("transit_gpu"))
+      .def_property_readonly("transit_bytes", &DeviceStager::transitBytes);
+}
