@@ -90,10 +90,13 @@ class Out:
             sys.stdout.flush()
 
 
-def worker_common(out: Out, role: str):
+def worker_common(role: str) -> Out:
+    """Says hello (pid, clocks, namespaces, extension) and forwards the library's
+    events; returns the worker's output."""
     import torch_reccl
     from torch_reccl._native import native
 
+    out = Out()
     so = native().__file__
     built = datetime.datetime.fromtimestamp(os.stat(so).st_mtime).isoformat(timespec="seconds")
     wall_minus_mono = time.time() - time.monotonic()
@@ -108,6 +111,7 @@ def worker_common(out: Out, role: str):
             from_path=e.from_path, to_path=e.to_path, nic=e.nic, detail=e.detail)
 
     torch_reccl.on_event(on_event, kinds=EVENT_KINDS)
+    return out
 
 
 def stdin_commands(handler):
@@ -121,12 +125,45 @@ def stdin_commands(handler):
     threading.Thread(target=run, name="stdin", daemon=True).start()
 
 
+def quiet_gc() -> None:
+    """No GC pass over torch's heap (imported with torch_reccl) in the middle of a
+    timed stream: freeze what exists, then leave the GC off."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
+def stream(reqs: collections.deque, post_next, stop: threading.Event,
+           max_run_s: float):
+    """The loop of both workers: waits for the oldest request in ``reqs`` and, when
+    it completes, replaces it with ``post_next(n)``, n being the completions so
+    far. Ends on ``stop``, after ``max_run_s``, or when the connection fails.
+    Returns ``(n, error)``, error None unless the connection failed."""
+    from torch_reccl.transport import TimeoutError as RTimeout
+
+    n = 0
+    deadline = time.monotonic() + max_run_s
+    error = None
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            reqs[0].wait(0.05)
+        except RTimeout:
+            continue
+        except Exception as e:  # the connection failed: report it
+            error = f"{type(e).__name__}: {e}"
+            break
+        n += 1
+        posted = post_next(n)
+        reqs.popleft()
+        reqs.append(posted)
+    return n, error
+
+
 def worker_receiver(args) -> int:
     import numpy as np
-    from torch_reccl.transport import Transport, TimeoutError as RTimeout
+    from torch_reccl.transport import Transport
 
-    out = Out()
-    worker_common(out, "receiver")
+    out = worker_common("receiver")
     stop = threading.Event()
 
     def handle(cmd):
@@ -145,25 +182,10 @@ def worker_receiver(args) -> int:
     depth = 2 * args.window
     bufs = [np.empty(size, np.uint8) for _ in range(depth)]
     reqs = collections.deque(conn.irecv(b) for b in bufs)
-    gc.collect()
-    gc.freeze()
-    gc.disable()   # no GC pass over torch's heap in the middle of a timed stream
-    slot = 0
-    n = 0
-    deadline = time.monotonic() + args.max_run_s
-    error = None
-    while not stop.is_set() and time.monotonic() < deadline:
-        try:
-            reqs[0].wait(0.05)
-        except RTimeout:
-            continue
-        except Exception as e:  # the connection failed: report it
-            error = f"{type(e).__name__}: {e}"
-            break
-        reqs.popleft()
-        n += 1
-        reqs.append(conn.irecv(bufs[slot]))
-        slot = (slot + 1) % depth
+    quiet_gc()
+    # the buffer of the n-th completed receive is free again: post the next one there
+    n, error = stream(reqs, lambda done: conn.irecv(bufs[(done - 1) % depth]), stop,
+                      args.max_run_s)
     out(ev="stopped", received=n, error=error)
     conn.close()
     return 0 if error is None else 1
@@ -171,10 +193,9 @@ def worker_receiver(args) -> int:
 
 def worker_sender(args) -> int:
     import numpy as np
-    from torch_reccl.transport import Transport, TimeoutError as RTimeout
+    from torch_reccl.transport import Transport
 
-    out = Out()
-    worker_common(out, "sender")
+    out = worker_common("sender")
     stop = threading.Event()
     box = {}
     handle_q = queue.Queue()
@@ -204,30 +225,22 @@ def worker_sender(args) -> int:
     out(ev="ready", paths=conn.paths(), active=conn.active_path)
     msg = (np.arange(args.msg_kib * 1024, dtype=np.uint32) % 251).astype(np.uint8)
     reqs = collections.deque(conn.isend(msg) for _ in range(args.window))
-    gc.collect()
-    gc.freeze()
-    gc.disable()   # no GC pass over torch's heap in the middle of a timed stream
-    last_path, last_t, n = conn.active_path, time.monotonic(), 0
-    deadline = time.monotonic() + args.max_run_s
-    error = None
-    while not stop.is_set() and time.monotonic() < deadline:
-        try:
-            reqs[0].wait(0.05)
-        except RTimeout:
-            continue
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-            break
+    quiet_gc()
+    last = {"path": conn.active_path, "t": time.monotonic()}
+
+    def note_and_send(n):
+        """Time and path of the n-th completion (reported on a change of path),
+        then the next send."""
         t = time.monotonic()
         path = conn.active_path
-        reqs.popleft()
-        n += 1
         box["n"] = n
-        if path != last_path:
-            out(ev="switch", t=t, path=path, prev_path=last_path, prev_t=last_t, n=n)
-            last_path = path
-        last_t = t
-        reqs.append(conn.isend(msg))
+        if path != last["path"]:
+            out(ev="switch", t=t, path=path, prev_path=last["path"], prev_t=last["t"], n=n)
+            last["path"] = path
+        last["t"] = t
+        return conn.isend(msg)
+
+    n, error = stream(reqs, note_and_send, stop, args.max_run_s)
     for r in reqs:   # let the tail finish (bounded), so the receiver is not cut mid-message
         try:
             r.wait(2)
@@ -355,6 +368,19 @@ def clock_check(driver_ns: str, workers, probes: int = 5) -> dict:
     return res
 
 
+def set_fault(fab, kind: str, host: int, on: bool) -> None:
+    """Applies (``on``) or heals the scenario's fault on NIC 0 of ``host``: carrier
+    loss for "link" (the netlink request only, not waiting for it to take effect),
+    silent drops for "blackhole"."""
+    if kind == "link":
+        if on:
+            fab.nic_down(host, 0, wait=False)
+        else:
+            fab.nic_up(host, 0, wait=False)
+    else:
+        fab.blackhole(host, 0, on)
+
+
 def run_scenario(fab, sc: dict, args, log_dir: str, out_rows: list, raw: list):
     kind, hb = sc["kind"], sc["hb"]
     env = {"RECCL_NICS": "eth0,eth1", "RECCL_HEARTBEAT_MS": str(hb),
@@ -418,10 +444,7 @@ def run_scenario(fab, sc: dict, args, log_dir: str, out_rows: list, raw: list):
             n_before = paths_now()["n"]
             mark_s, mark_r = len(send.records), len(recv.records)
             t_call = time.monotonic()
-            if kind == "link":
-                fab.nic_down(host, 0, wait=False)
-            else:
-                fab.blackhole(host, 0, True)
+            set_fault(fab, kind, host, True)
             t_fault = time.monotonic()
             try:
                 sw = send.wait_for(lambda r: r.get("ev") == "switch" and r["path"] == 1
@@ -433,10 +456,7 @@ def run_scenario(fab, sc: dict, args, log_dir: str, out_rows: list, raw: list):
             finally:
                 time.sleep(args.hold_s)
                 t_heal0 = time.monotonic()
-                if kind == "link":
-                    fab.nic_up(host, 0, wait=False)
-                else:
-                    fab.blackhole(host, 0, False)
+                set_fault(fab, kind, host, False)
                 t_heal = time.monotonic()
             fb = send.wait_for(lambda r: r.get("ev") == "switch" and r["path"] == 0
                                and r["t"] > t_heal0, 30, "failback to primary", since=mark_s)

@@ -108,9 +108,60 @@ def windows_for(size: int, window: int) -> int:
     return max(1, min(window, MAX_INFLIGHT_BYTES // size))
 
 
+# ------------------------------------------------------- shared worker loops
+def trials(pipe):
+    """The driver's trial commands, one ``(size, count, window)`` each, until it
+    says quit."""
+    while True:
+        cmd, arg = recv_msg(pipe, 3600)
+        if cmd == "quit":
+            return
+        yield arg
+
+
+def serve_receiver(pipe, cfg, receive) -> None:
+    """The receiving end of every variant, once connected.
+
+    For each trial, ``receive(bufs, count, prepped)`` takes ``count`` messages into
+    ``bufs`` (the trial's ``window`` slices of one preallocated pool, in turn) and
+    calls ``prepped()`` as soon as the first receives are posted, so the driver can
+    start the sender. Reported per trial: the process CPU time ``receive`` took and
+    whether the last message holds the expected bytes (checked outside the timing).
+    """
+    import numpy as np
+
+    expected = pattern(cfg["max_size"])
+    pool = np.empty(cfg["pool_bytes"], np.uint8)
+    pool.fill(0)   # touch every page now, not inside a timed trial
+    quiet_gc()
+    for size, count, window in trials(pipe):
+        bufs = [pool[i * size:(i + 1) * size] for i in range(window)]
+        c0 = cpu_s()
+        receive(bufs, count, lambda: pipe.send(("prepped", None)))
+        cpu = cpu_s() - c0
+        ok = bool(np.array_equal(bufs[(count - 1) % window], expected[:size]))
+        pipe.send(("done", (cpu, ok)))
+
+
+def serve_sender(pipe, cfg, send) -> None:
+    """The sending end of every variant, once connected.
+
+    For each trial, ``send(payload, size, count, window)`` sends ``count`` messages
+    of ``payload[:size]`` and returns the ``time.perf_counter()`` at which the
+    receiver had acknowledged the last one. Reported per trial: seconds from the
+    start of ``send`` to that instant, and the process CPU time ``send`` took.
+    """
+    payload = pattern(cfg["max_size"])
+    quiet_gc()
+    for size, count, window in trials(pipe):
+        c0 = cpu_s()
+        t0 = time.perf_counter()
+        t1 = send(payload, size, count, window)
+        pipe.send(("done", (t1 - t0, cpu_s() - c0)))
+
+
 # ------------------------------------------------------------- reccl workers
 def reccl_receiver(pipe, cfg):
-    import numpy as np
     from torch_reccl.transport import Transport
 
     try:
@@ -119,28 +170,20 @@ def reccl_receiver(pipe, cfg):
         pipe.send(("handle", listener.handle))
         conn = listener.accept(timeout=30)
         pipe.send(("ready", None))
-        expected = pattern(cfg["max_size"])
-        pool = np.empty(cfg["pool_bytes"], np.uint8)
-        pool.fill(0)   # touch every page now, not inside a timed trial
-        quiet_gc()
-        while True:
-            cmd, arg = recv_msg(pipe, 3600)
-            if cmd == "quit":
-                break
-            size, count, window = arg
-            bufs = [pool[i * size:(i + 1) * size] for i in range(window)]
-            c0 = cpu_s()
+
+        def receive(bufs, count, prepped):
+            window = len(bufs)
             reqs = [conn.irecv(bufs[i]) for i in range(min(window, count))]
-            pipe.send(("prepped", None))
+            prepped()
+            size = len(bufs[0])
             for i in range(count):
                 got = reqs[i % window].wait(IO_TIMEOUT_S)
                 if got != size:
                     raise RuntimeError(f"received {got} bytes, expected {size}")
                 if i + window < count:
                     reqs[i % window] = conn.irecv(bufs[i % window])
-            cpu = cpu_s() - c0
-            ok = bool(np.array_equal(bufs[(count - 1) % window], expected[:size]))
-            pipe.send(("done", (cpu, ok)))
+
+        serve_receiver(pipe, cfg, receive)
         conn.close()
     except BaseException as e:  # reported to the driver
         pipe.send(("error", f"reccl receiver: {type(e).__name__}: {e}"))
@@ -155,16 +198,9 @@ def reccl_sender(pipe, cfg):
         conn = transport.connect(0, handle)
         conn.wait_ready(30)
         pipe.send(("ready", conn.paths()))
-        data = pattern(cfg["max_size"])
-        quiet_gc()
-        while True:
-            cmd, arg = recv_msg(pipe, 3600)
-            if cmd == "quit":
-                break
-            size, count, window = arg
-            msg = data[:size]
-            c0 = cpu_s()
-            t0 = time.perf_counter()
+
+        def send(payload, size, count, window):
+            msg = payload[:size]
             reqs = []
             for i in range(count):
                 if i >= window:
@@ -174,8 +210,9 @@ def reccl_sender(pipe, cfg):
                     reqs.append(conn.isend(msg))
             for r in reqs:
                 r.wait(IO_TIMEOUT_S)
-            t1 = time.perf_counter()
-            pipe.send(("done", (t1 - t0, cpu_s() - c0)))
+            return time.perf_counter()
+
+        serve_sender(pipe, cfg, send)
         conn.close()
     except BaseException as e:
         pipe.send(("error", f"reccl sender: {type(e).__name__}: {e}"))
@@ -204,9 +241,31 @@ def _slices(size: int, n: int):
     return [(k * size // n, (k + 1) * size // n) for k in range(n)]
 
 
-def raw_receiver(pipe, cfg):
-    import numpy as np
+def _run_per_socket(n: int, fn, join_timeout: float):
+    """Starts ``fn(k)`` for k in 0..n-1, one thread per data socket, and returns
+    ``join``: ``join()`` waits for the threads (each at most ``join_timeout`` s) and
+    returns the errors they raised, plus 'thread hung' for each one still running."""
+    errors = []
 
+    def run(k):
+        try:
+            fn(k)
+        except BaseException as e:
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+
+    def join():
+        for t in threads:
+            t.join(join_timeout)
+        return errors + ["thread hung" for t in threads if t.is_alive()]
+
+    return join
+
+
+def raw_receiver(pipe, cfg):
     try:
         n = cfg["nsocks"]
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -224,41 +283,25 @@ def raw_receiver(pipe, cfg):
         lsock.close()
         ctrl, data = socks[0], socks[1:]
         pipe.send(("ready", None))
-        expected = pattern(cfg["max_size"])
-        pool = np.empty(cfg["pool_bytes"], np.uint8)
-        pool.fill(0)   # touch every page now, not inside a timed trial
-        quiet_gc()
-        while True:
-            cmd, arg = recv_msg(pipe, 3600)
-            if cmd == "quit":
-                break
-            size, count, window = arg
-            views = [memoryview(pool[i * size:(i + 1) * size]) for i in range(window)]
-            parts = _slices(size, n)
-            errors = []
 
-            def run(k):
+        def receive(bufs, count, prepped):
+            window = len(bufs)
+            views = [memoryview(b) for b in bufs]
+            parts = _slices(len(bufs[0]), n)
+
+            def receive_slices(k):
                 lo, hi = parts[k]
-                try:
-                    for i in range(count):
-                        _recv_exact(data[k], views[i % window][lo:hi])
-                except BaseException as e:
-                    errors.append(f"{type(e).__name__}: {e}")
+                for i in range(count):
+                    _recv_exact(data[k], views[i % window][lo:hi])
 
-            c0 = cpu_s()
-            threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-            for t in threads:
-                t.start()
-            pipe.send(("prepped", None))
-            for t in threads:
-                t.join(IO_TIMEOUT_S * 2)
-            if errors or any(t.is_alive() for t in threads):
-                raise RuntimeError(f"raw receive failed: {errors or 'thread hung'}")
+            join = _run_per_socket(n, receive_slices, IO_TIMEOUT_S * 2)
+            prepped()
+            errors = join()
+            if errors:
+                raise RuntimeError(f"raw receive failed: {errors}")
             ctrl.sendall(b"!")
-            cpu = cpu_s() - c0
-            ok = bool(np.array_equal(pool[((count - 1) % window) * size:][:size],
-                                     expected[:size]))
-            pipe.send(("done", (cpu, ok)))
+
+        serve_receiver(pipe, cfg, receive)
         for s in socks:
             s.close()
     except BaseException as e:
@@ -278,37 +321,24 @@ def raw_sender(pipe, cfg):
             socks.append(s)
         ctrl, data = socks[0], socks[1:]
         pipe.send(("ready", [f"raw {len(data)} sockets {cfg['raw_addr']} -> {addr}"]))
-        payload = memoryview(pattern(cfg["max_size"]))
-        quiet_gc()
-        while True:
-            cmd, arg = recv_msg(pipe, 3600)
-            if cmd == "quit":
-                break
-            size, count, window = arg
-            parts = _slices(size, n)
-            views = [payload[lo:hi] for lo, hi in parts]
-            errors = []
 
-            def run(k):
-                try:
-                    v, s = views[k], data[k]
-                    for _ in range(count):
-                        s.sendall(v)
-                except BaseException as e:
-                    errors.append(f"{type(e).__name__}: {e}")
+        def send(payload, size, count, window):
+            views = [memoryview(payload)[lo:hi] for lo, hi in _slices(size, n)]
 
-            c0 = cpu_s()
-            t0 = time.perf_counter()
-            threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-            for t in threads:
-                t.start()
+            def send_slices(k):
+                v, s = views[k], data[k]
+                for _ in range(count):
+                    s.sendall(v)
+
+            join = _run_per_socket(n, send_slices, IO_TIMEOUT_S)
             ack = ctrl.recv(1)
             t1 = time.perf_counter()
-            for t in threads:
-                t.join(IO_TIMEOUT_S)
+            errors = join()
             if errors or ack != b"!":
                 raise RuntimeError(f"raw send failed: {errors or 'no ack'}")
-            pipe.send(("done", (t1 - t0, cpu_s() - c0)))
+            return t1
+
+        serve_sender(pipe, cfg, send)
         for s in socks:
             s.close()
     except BaseException as e:
