@@ -66,6 +66,13 @@ DeviceStager::Route* DeviceStager::routeFor(int bufferGpu, int transitGpu) {
   return found == routes_.end() ? nullptr : &found->second;
 }
 
+template <typename Copy>
+void DeviceStager::copyDirect(int gpu, Copy&& copy) {
+  const CudaStream& stream = directStream(gpu);
+  copy(stream);
+  cuda_->waitStream(stream, timeoutMs_);
+}
+
 template <typename CopyPiece>
 void DeviceStager::inPieces(Route& route, size_t bytes, CopyPiece&& copyPiece) {
   const bool fits = bytes <= route.bytes;
@@ -88,9 +95,7 @@ void DeviceStager::toHost(uint8_t* host, const uint8_t* src, int srcGpu, size_t 
   CudaRuntime::DeviceScope scope(*cuda_);
   Route* route = transitGpu < 0 ? nullptr : routeFor(srcGpu, transitGpu);
   if (route == nullptr) {
-    const CudaStream& stream = directStream(srcGpu);
-    cuda_->copyToHostAsync(host, src, bytes, stream);
-    cuda_->waitStream(stream, timeoutMs_);
+    copyDirect(srcGpu, [&](const CudaStream& stream) { cuda_->copyToHostAsync(host, src, bytes, stream); });
     return;
   }
   inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* slot) {
@@ -110,9 +115,7 @@ void DeviceStager::toDevice(uint8_t* dst, int dstGpu, const uint8_t* host, size_
   CudaRuntime::DeviceScope scope(*cuda_);
   Route* route = transitGpu < 0 ? nullptr : routeFor(dstGpu, transitGpu);
   if (route == nullptr) {
-    const CudaStream& stream = directStream(dstGpu);
-    cuda_->copyToDeviceAsync(dst, host, bytes, stream);
-    cuda_->waitStream(stream, timeoutMs_);
+    copyDirect(dstGpu, [&](const CudaStream& stream) { cuda_->copyToDeviceAsync(dst, host, bytes, stream); });
     return;
   }
   inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* slot) {

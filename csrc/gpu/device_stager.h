@@ -60,6 +60,9 @@ class DeviceStager {
   const CudaStream& directStream(int gpu);
   // The prepared route from `bufferGpu` through `transitGpu`, or nullptr.
   Route* routeFor(int bufferGpu, int transitGpu);
+  // Runs copy(stream) on `gpu`'s own stream and waits for it: no transit.
+  template <typename Copy>
+  void copyDirect(int gpu, Copy&& copy);
   // Splits a message into pieces the size of the transit buffer (or of half of
   // it, alternating lanes, when it does not fit) and hands each to `copyPiece`.
   template <typename CopyPiece>
