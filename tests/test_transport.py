@@ -220,8 +220,10 @@ def test_failover_mid_stream_then_failback(pair_factory, events):
             fault["t"] = time.time()
             torch_reccl.inject_fault(PRIMARY, "down")
 
+    assert send.active_nic == 0 and recv.active_nic == 0  # NVL routes by the active NIC
     stream(send, recv, sizes, 21, window=8, on_sent=on_sent)
     assert send.active_path == 1 and recv.active_path == 1
+    assert send.active_nic == 1 and recv.active_nic == 1
     assert wait_until(lambda: all(switch_events(events, "failover", send)), 3)
     senders, receivers = switch_events(events, "failover", send)
     assert len(senders) == 1, [e.to_dict() for e in events.all()]
@@ -247,7 +249,7 @@ def test_failover_mid_stream_then_failback(pair_factory, events):
     assert (back.from_path, back.to_path) == (1, 0) and back.reason == "healed"
     assert torch_reccl.stats()["nics"][PRIMARY]["failbacks"] >= before["failbacks"] + 1
     stream(send, recv, plan_sizes(22, 20, 1 << 20), 22)  # and traffic flows on the primary
-    assert send.active_path == 0
+    assert send.active_path == 0 and send.active_nic == 0
 
 
 @pytest.mark.timeout(30)

@@ -194,6 +194,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("id", &SendConnection::id)
       .def_property_readonly("error", &SendConnection::error)
       .def_property_readonly("active_path", &SendConnection::activePath)
+      .def_property_readonly("active_nic", &SendConnection::activeLocalNic,
+                             "local NIC index of the active path; -1 when none is active")
       .def("paths", &SendConnection::describePaths)
       .def("close", &SendConnection::close, py::call_guard<py::gil_scoped_release>());
 
@@ -206,6 +208,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("id", &RecvConnection::id)
       .def_property_readonly("error", &RecvConnection::error)
       .def_property_readonly("active_path", &RecvConnection::activePath)
+      .def_property_readonly("active_nic", &RecvConnection::activeLocalNic,
+                             "local NIC index of the active path; -1 when none is active")
       .def("paths", &RecvConnection::describePaths)
       .def("close", &RecvConnection::close, py::call_guard<py::gil_scoped_release>());
 
