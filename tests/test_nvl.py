@@ -163,3 +163,66 @@ def test_stats_show_transit_memory_and_nvl_bytes():
     assert stats["nvl_transit_peak_bytes"] >= stats["nvl_transit_bytes"]
     for nic in stats["nics"].values():
         assert "nvl_bytes" in nic
+
+
+# --------------------------------------------------------------------------- the plugin over the CUDA emulation
+
+CAP = 1 << 20  # the smallest cap: 2 MiB messages go through the transit buffer in pieces
+
+
+@pytest.fixture(scope="module")
+def emulated_nvl_run():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
+    env.update({"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1",
+                "RECCL_NVL_MAX_BYTES": str(CAP), "RECCL_HEARTBEAT_MS": "300",
+                "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "nvl_plugin_case.py")], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_claims_gpu_buffers_and_warns(emulated_nvl_run):
+    assert emulated_nvl_run["ptrSupport"] == 3  # NCCL_PTR_HOST | NCCL_PTR_CUDA
+    text = "\n".join(emulated_nvl_run["messages"])
+    assert "RECCL_NVL=on (experimental)" in text and "NIC 0 next to GPU 0, NIC 1 next to GPU 1" in text
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_stream_through_a_nic_failure_is_exact(emulated_nvl_run):
+    run = emulated_nvl_run
+    assert run["wrong"] == []
+    streamed = run["streamed"]
+    # every byte staged out of GPU memory and back in, at least once
+    assert streamed["to_host_bytes"] >= run["bytes"] and streamed["to_device_bytes"] >= run["bytes"]
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_routes_by_the_active_nic(emulated_nvl_run):
+    before, after = emulated_nvl_run["nvl_before_fault"], emulated_nvl_run["nvl_after"]
+    # before: the sender (GPU 1) on NIC 0 transits through GPU 0; the receiver is direct
+    assert before["lo:127.0.0.1"] > 0 and before["lo:127.0.0.2"] == 0
+    # after NIC 0 died: the receiver (GPU 0) on NIC 1 transits through GPU 1
+    assert after["lo:127.0.0.2"] > 0
+    assert after["lo:127.0.0.1"] == before["lo:127.0.0.1"]
+    assert emulated_nvl_run["streamed"]["peer_bytes"] == sum(after.values())
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_memory_is_capped_and_released(emulated_nvl_run):
+    registered, released = emulated_nvl_run["registered"], emulated_nvl_run["released"]
+    # one transit buffer per registered region (GPU 1 -> GPU 0 and GPU 0 -> GPU 1), capped
+    assert registered["stats"] == 2 * CAP
+    assert registered["emulation"]["pinned_bytes_allocated"] == 2 * (4 * (2 << 20))  # the mirrors
+    assert released["stats"] == 0
+    assert released["emulation"]["pinned_bytes_allocated"] == 0
+    assert released["emulation"]["device_bytes_allocated"] == 2 * (4 * (2 << 20))  # the test's own
+    assert released["emulation"]["streams"] == 0 and released["emulation"]["events"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_refuses_a_message_outside_its_buffer(emulated_nvl_run):
+    assert emulated_nvl_run["outside_code"] != 0
+    text = "\n".join(emulated_nvl_run["messages"])
+    assert "bytes lie outside the GPU buffer registered for them" in text

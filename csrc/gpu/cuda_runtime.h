@@ -4,88 +4,49 @@
 // CUDA's own message.
 #pragma once
 
-#include <cstddef>
 #include <memory>
 #include <string>
 
+#include "gpu/cuda_api.h"
+
 namespace reccl {
 
-// A stream and the device it belongs to (calls on it make that device current).
-struct CudaStream {
-  int device = -1;
-  void* handle = nullptr;  // cudaStream_t
-};
-
-// An event on a device, for ordering copies across streams.
-struct CudaEvent {
-  int device = -1;
-  void* handle = nullptr;  // cudaEvent_t
-};
-
-class CudaRuntime {
+class CudaRuntime : public CudaApi {
  public:
   // The process's libcudart (the one torch or NCCL already loaded, else the first
   // that loads), or nullptr with the reason in `error`.
   static std::unique_ptr<CudaRuntime> load(std::string* error);
-  ~CudaRuntime();
+  ~CudaRuntime() override;
   CudaRuntime(const CudaRuntime&) = delete;
   CudaRuntime& operator=(const CudaRuntime&) = delete;
 
-  int deviceCount();
-  // The CUDA device that owns `pointer`, or -1 for memory the runtime does not
-  // know as device memory (host, pageable or pinned).
-  int deviceOf(const void* pointer);
-  std::string pciBusId(int device);  // "0000:3B:00.0"
-  bool canAccessPeer(int device, int peer);
-  // Lets `device` read and write `peer`'s memory; idempotent.
-  void enablePeerAccess(int device, int peer);
+  // CudaApi (cuda_api.h says what each call does)
+  int deviceCount() override;
+  int deviceOf(const void* pointer) override;
+  std::string pciBusId(int device) override;
+  bool canAccessPeer(int device, int peer) override;
+  void enablePeerAccess(int device, int peer) override;
 
-  void setDevice(int device);
-  int currentDevice();
-  void* deviceAlloc(int device, size_t bytes);
-  void deviceFree(int device, void* pointer);
-  void* pinnedAlloc(size_t bytes);
-  void pinnedFree(void* pointer);
-  // A non-blocking stream on `device`: our copies never wait on NCCL's streams.
-  CudaStream createStream(int device);
-  void destroyStream(const CudaStream& stream);
-  CudaEvent createEvent(int device);
-  void destroyEvent(const CudaEvent& event);
-  // `event` completes when everything queued on `stream` so far has.
-  void recordEvent(const CudaEvent& event, const CudaStream& stream);
-  // Work queued on `stream` after this waits for `event`'s last record.
-  void streamWaitEvent(const CudaStream& stream, const CudaEvent& event);
+  void setDevice(int device) override;
+  int currentDevice() override;
+  void* deviceAlloc(int device, size_t bytes) override;
+  void deviceFree(int device, void* pointer) override;
+  void* pinnedAlloc(size_t bytes) override;
+  void pinnedFree(void* pointer) override;
+  CudaStream createStream(int device) override;
+  void destroyStream(const CudaStream& stream) override;
+  CudaEvent createEvent(int device) override;
+  void destroyEvent(const CudaEvent& event) override;
+  void recordEvent(const CudaEvent& event, const CudaStream& stream) override;
+  void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) override;
 
-  // Copies queued on `stream`: device<->host and device->device (any devices).
-  void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream);
-  void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream);
+  void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) override;
+  void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) override;
   void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
-                     const CudaStream& stream);
-  // Waits for everything queued on `stream`, at most `timeoutMs`; throws Error
-  // on a CUDA error or when the copies are not done by then.
-  void waitStream(const CudaStream& stream, int timeoutMs);
+                     const CudaStream& stream) override;
+  void waitStream(const CudaStream& stream, int timeoutMs) override;
 
   struct Symbols;  // the loaded entry points (cuda_runtime.cc)
-
-  // Restores the calling thread's current device on scope exit: the plugin runs
-  // on NCCL's proxy thread, whose device NCCL set and relies on.
-  class DeviceScope {
-   public:
-    explicit DeviceScope(CudaRuntime& cuda) : cuda_(cuda), saved_(cuda.currentDevice()) {}
-    ~DeviceScope() {
-      try {
-        if (saved_ >= 0) cuda_.setDevice(saved_);
-      } catch (const std::exception&) {
-        // a failing runtime already failed the call in this scope
-      }
-    }
-    DeviceScope(const DeviceScope&) = delete;
-    DeviceScope& operator=(const DeviceScope&) = delete;
-
-   private:
-    CudaRuntime& cuda_;
-    int saved_;
-  };
 
  private:
   CudaRuntime(void* library, std::unique_ptr<Symbols> symbols);

@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "gpu/cuda_runtime.h"
+#include "gpu/cuda_api.h"
 
 namespace reccl {
 
@@ -22,7 +22,7 @@ class DeviceStager {
  public:
   // `maxTransitBytes` caps the transit buffer on each transit GPU (larger
   // messages go in pieces); `timeoutMs` bounds every wait for the copies.
-  DeviceStager(std::shared_ptr<CudaRuntime> cuda, int64_t maxTransitBytes, int timeoutMs);
+  DeviceStager(std::shared_ptr<CudaApi> cuda, int64_t maxTransitBytes, int timeoutMs);
 
   // Streams for `bufferGpu` and, per GPU in `transitGpus`, peer access, streams,
   // events and a transit buffer of min(`messageBytes`, cap). Once per stager.
@@ -68,7 +68,7 @@ class DeviceStager {
   template <typename CopyPiece>
   void inPieces(Route& route, size_t bytes, CopyPiece&& copyPiece);
 
-  std::shared_ptr<CudaRuntime> cuda_;
+  std::shared_ptr<CudaApi> cuda_;
   const size_t maxTransitBytes_;
   const int timeoutMs_;
   bool prepared_ = false;

@@ -2,17 +2,19 @@
 
 #include "core/error.h"
 #include "core/health.h"
+#include "gpu/cuda_runtime.h"
 
 namespace reccl {
 
 std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo>& nics,
-                                 std::vector<int> healthIds, std::string* why) {
+                                 std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
+                                 std::string* why) {
   if (config.nvl == "off") {
     *why = "RECCL_NVL=off";
     return nullptr;
   }
   std::string error;
-  std::shared_ptr<CudaRuntime> cuda = CudaRuntime::load(&error);
+  if (!cuda) cuda = CudaRuntime::load(&error);
   const int gpus = cuda ? cuda->deviceCount() : 0;
   if (cuda && gpus == 0) error = "the CUDA runtime sees no GPU";
   if (gpus == 0) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
@@ -32,7 +34,7 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
   for (size_t nic = 0; nic < nics.size(); ++nic) {
     int transit = map.transitGpu(current, static_cast<int>(nic));
     if (transit >= 0) {
-      CudaRuntime::DeviceScope scope(*cuda);
+      CudaApi::DeviceScope scope(*cuda);
       cuda->enablePeerAccess(current, transit);
     }
   }

@@ -12,7 +12,7 @@
 
 #include "core/config.h"
 #include "core/topology.h"
-#include "gpu/cuda_runtime.h"
+#include "gpu/cuda_api.h"
 #include "gpu/device_stager.h"
 #include "gpu/pinned_buffer.h"
 #include "gpu/transit_map.h"
@@ -24,8 +24,10 @@ class Nvl {
   // The plugin's NVL, or nullptr (host buffers only) for RECCL_NVL=off, with
   // the reason in `why`. Throws ConfigError when RECCL_NVL=on finds no CUDA
   // GPU or RECCL_NIC_GPUS is wrong. `healthIds[n]` is NIC n's health-table id.
+  // `cuda` null: the process's CUDA runtime; tests pass an emulation.
   static std::unique_ptr<Nvl> create(const Config& config, const std::vector<NicInfo>& nics,
-                                     std::vector<int> healthIds, std::string* why);
+                                     std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
+                                     std::string* why);
 
   // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit cap 32 MiB per connection".
   std::string describe() const;
@@ -65,11 +67,11 @@ class Nvl {
   std::unique_ptr<Region> registerRegion(void* data, size_t size);
 
  private:
-  Nvl(const Config& config, std::shared_ptr<CudaRuntime> cuda, TransitMap map, std::vector<int> healthIds)
+  Nvl(const Config& config, std::shared_ptr<CudaApi> cuda, TransitMap map, std::vector<int> healthIds)
       : config_(config), cuda_(std::move(cuda)), map_(std::move(map)), healthIds_(std::move(healthIds)) {}
 
   Config config_;
-  std::shared_ptr<CudaRuntime> cuda_;
+  std::shared_ptr<CudaApi> cuda_;
   TransitMap map_;
   std::vector<int> healthIds_;
 };

@@ -4,7 +4,7 @@
 
 namespace reccl {
 
-PinnedBuffer::PinnedBuffer(std::shared_ptr<CudaRuntime> cuda, size_t bytes)
+PinnedBuffer::PinnedBuffer(std::shared_ptr<CudaApi> cuda, size_t bytes)
     : cuda_(std::move(cuda)), size_(bytes) {
   if (bytes > 0) data_ = static_cast<uint8_t*>(cuda_->pinnedAlloc(bytes));
 }

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <memory>
 
-#include "gpu/cuda_runtime.h"
+#include "gpu/cuda_api.h"
 
 namespace reccl {
 
 class PinnedBuffer {
  public:
-  PinnedBuffer(std::shared_ptr<CudaRuntime> cuda, size_t bytes);
+  PinnedBuffer(std::shared_ptr<CudaApi> cuda, size_t bytes);
   ~PinnedBuffer();
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -22,7 +22,7 @@ class PinnedBuffer {
   size_t size() const { return size_; }
 
  private:
-  std::shared_ptr<CudaRuntime> cuda_;
+  std::shared_ptr<CudaApi> cuda_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

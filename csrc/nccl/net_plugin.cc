@@ -93,7 +93,7 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
       healthIds.push_back(transport_->healthId(static_cast<int>(nic)));
     }
     std::string why;
-    nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), &why);
+    nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), cuda_, &why);
     if (nvl_) {
       warn("RECCL_NVL=on (experimental): GPU buffers are staged on NCCL's proxy thread; CUDA "
            "work the application issues while a collective is in flight can stall them "
@@ -120,6 +120,12 @@ void NetPlugin::useVerbs(std::shared_ptr<VerbsApi> verbs) {
                 "; install a verbs provider before its init()");
   }
   verbs_ = std::move(verbs);
+}
+
+void NetPlugin::useCuda(std::shared_ptr<CudaApi> cuda) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (transport_) throw Error("the plugin is already initialised; install a CUDA emulation before its init()");
+  cuda_ = std::move(cuda);
 }
 
 std::string NetPlugin::transportKind() {

@@ -36,6 +36,9 @@ class NetPlugin {
   // For tests: the verbs provider (the emulation) an IB transport uses instead
   // of the system libibverbs. Must come before init(); throws Error after it.
   void useVerbs(std::shared_ptr<VerbsApi> verbs);
+  // For tests: the CUDA (an emulation) NVL uses instead of the process's
+  // runtime. Must come before init(); throws Error after it.
+  void useCuda(std::shared_ptr<CudaApi> cuda);
   // "tcp" or "ib" once init() succeeded, else "".
   std::string transportKind();
   ncclResult_t devices(int* count);
@@ -81,6 +84,7 @@ class NetPlugin {
   std::mutex mutex_;
   ncclDebugLogger_t logger_ = nullptr;
   std::shared_ptr<VerbsApi> verbs_;  // null: the system library, if any
+  std::shared_ptr<CudaApi> cuda_;    // null: the process's CUDA runtime, if any
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Nvl> nvl_;  // null: host buffers only
   std::vector<std::string> names_;

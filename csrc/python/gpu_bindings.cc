@@ -1,14 +1,17 @@
 // Python bindings of the NVL pieces (torch_reccl._C), for tests and bench/:
-// the transit map (pure logic, testable without a GPU) and the device stager
-// over the process's CUDA runtime. The NCCL plugin uses them directly.
+// the transit map (pure logic, testable without a GPU), the device stager over
+// the process's CUDA runtime, and the CUDA emulation that runs the plugin's NVL
+// path without GPUs. The NCCL plugin uses them directly.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "core/error.h"
 #include "core/health.h"
+#include "gpu/cuda_emulation.h"
 #include "gpu/cuda_runtime.h"
 #include "gpu/device_stager.h"
 #include "gpu/transit_map.h"
+#include "nccl/net_plugin.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -66,11 +69,39 @@ void bindGpu(py::module_& m) {
     return error;
   }, "Why NVL cannot stage here ('' when a CUDA runtime with GPUs is loadable)");
 
+  py::class_<CudaEmulation, std::shared_ptr<CudaEmulation>>(m, "CudaEmulation",
+      "Test-only: devices whose memory is checked host memory (gpu/cuda_emulation.h)")
+      .def(py::init<int>(), py::arg("devices"))
+      .def("alloc", [](CudaEmulation& e, int device, size_t bytes) {
+             return reinterpret_cast<uintptr_t>(e.deviceAlloc(device, bytes));
+           }, py::arg("device"), py::arg("bytes"), "device memory; its address as an int")
+      .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
+             e.deviceFree(device, reinterpret_cast<void*>(address));
+           }, py::arg("device"), py::arg("address"))
+      .def("counters", [](const CudaEmulation& e) {
+        CudaEmulation::Counters c = e.counters();
+        py::dict d;
+        d["to_host_bytes"] = c.toHostBytes;
+        d["to_device_bytes"] = c.toDeviceBytes;
+        d["peer_bytes"] = c.peerBytes;
+        d["device_bytes_allocated"] = c.deviceBytesAllocated;
+        d["pinned_bytes_allocated"] = c.pinnedBytesAllocated;
+        d["streams"] = c.streams;
+        d["events"] = c.events;
+        d["peer_links"] = c.peerLinks;
+        return d;
+      });
+  m.def("nccl_plugin_use_cuda", [](std::shared_ptr<CudaEmulation> emulation) {
+    NetPlugin::instance().useCuda(std::move(emulation));
+  }, py::arg("emulation"),
+     "Test-only: the NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call "
+     "before the plugin's init(); once per process");
+
   py::class_<DeviceStager, std::shared_ptr<DeviceStager>>(m, "DeviceStager",
       "NVL's copies between GPU buffers and pinned host memory (addresses as ints)")
       .def(py::init([](int64_t maxTransitBytes, int timeoutMs) {
              std::string error;
-             std::shared_ptr<CudaRuntime> cuda = CudaRuntime::load(&error);
+             std::shared_ptr<CudaApi> cuda = CudaRuntime::load(&error);
              if (cuda && cuda->deviceCount() == 0) error = "the CUDA runtime sees no GPU";
              if (!cuda || !error.empty()) throw ConfigError("DeviceStager needs CUDA GPUs: " + error);
              return std::make_shared<DeviceStager>(std::move(cuda), maxTransitBytes, timeoutMs);

@@ -1,0 +1,84 @@
+// What NVL needs from CUDA: devices, memory, streams, events and copies. Two
+// implementations: the process's CUDA runtime (cuda_runtime.h) and an
+// in-process emulation for tests without GPUs (cuda_emulation.h). Every call
+// throws Error on failure, naming the call.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <string>
+
+namespace reccl {
+
+// A stream and the device it belongs to (calls on it make that device current).
+struct CudaStream {
+  int device = -1;
+  void* handle = nullptr;  // cudaStream_t
+};
+
+// An event on a device, for ordering copies across streams.
+struct CudaEvent {
+  int device = -1;
+  void* handle = nullptr;  // cudaEvent_t
+};
+
+class CudaApi {
+ public:
+  virtual ~CudaApi() = default;
+
+  virtual int deviceCount() = 0;
+  // The CUDA device that owns `pointer`, or -1 for memory the runtime does not
+  // know as device memory (host, pageable or pinned).
+  virtual int deviceOf(const void* pointer) = 0;
+  virtual std::string pciBusId(int device) = 0;  // "0000:3B:00.0"
+  virtual bool canAccessPeer(int device, int peer) = 0;
+  // Lets `device` read and write `peer`'s memory; idempotent.
+  virtual void enablePeerAccess(int device, int peer) = 0;
+
+  virtual void setDevice(int device) = 0;
+  virtual int currentDevice() = 0;
+  virtual void* deviceAlloc(int device, size_t bytes) = 0;
+  virtual void deviceFree(int device, void* pointer) = 0;
+  virtual void* pinnedAlloc(size_t bytes) = 0;
+  virtual void pinnedFree(void* pointer) = 0;
+  // A non-blocking stream on `device`: our copies never wait on NCCL's streams.
+  virtual CudaStream createStream(int device) = 0;
+  virtual void destroyStream(const CudaStream& stream) = 0;
+  virtual CudaEvent createEvent(int device) = 0;
+  virtual void destroyEvent(const CudaEvent& event) = 0;
+  // `event` completes when everything queued on `stream` so far has.
+  virtual void recordEvent(const CudaEvent& event, const CudaStream& stream) = 0;
+  // Work queued on `stream` after this waits for `event`'s last record.
+  virtual void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) = 0;
+
+  // Copies queued on `stream`: device<->host and device->device (any devices).
+  virtual void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) = 0;
+  virtual void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) = 0;
+  virtual void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
+                             const CudaStream& stream) = 0;
+  // Waits for everything queued on `stream`, at most `timeoutMs`; throws Error
+  // on a CUDA error or when the copies are not done by then.
+  virtual void waitStream(const CudaStream& stream, int timeoutMs) = 0;
+
+  // Restores the calling thread's current device on scope exit: the plugin runs
+  // on NCCL's proxy thread, whose device NCCL set and relies on.
+  class DeviceScope {
+   public:
+    explicit DeviceScope(CudaApi& cuda) : cuda_(cuda), saved_(cuda.currentDevice()) {}
+    ~DeviceScope() {
+      try {
+        if (saved_ >= 0) cuda_.setDevice(saved_);
+      } catch (const std::exception&) {
+        // a failing runtime already failed the call in this scope
+      }
+    }
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+   private:
+    CudaApi& cuda_;
+    int saved_;
+  };
+};
+
+}  // namespace reccl

@@ -1,0 +1,111 @@
+"""One process, both ends of one NCCL-plugin connection with NVL on over the
+CUDA emulation (csrc/gpu/cuda_emulation.h): the sender's buffer on GPU 1, the
+receiver's on GPU 0, RECCL_NIC_GPUS=0,1. Before the fault the sender's NIC 0 sits
+next to GPU 0 (transit through GPU 0), the receiver's next to its own GPU
+(direct); after NIC 0 goes down both ends use NIC 1, next to GPU 1: the sender
+goes direct, the receiver transits through GPU 1. Prints a JSON report; run by
+tests/test_nvl.py in a fresh process (the plugin is a per-process singleton).
+"""
+from __future__ import annotations
+
+import ctypes as C
+import json
+import threading
+import time
+
+import numpy as np
+
+from torch_reccl import _native
+
+native = _native.native()
+emu = native.CudaEmulation(2)
+native.nccl_plugin_use_cuda(emu)
+
+import torch_reccl  # noqa: E402
+from nccl_net_harness import PTR_CUDA, SUCCESS, Plugin, message, message_sizes  # noqa: E402
+
+SLOT = 2 << 20     # one message slot of the registered buffers
+SLOTS = 4
+COUNT, FAULT_AT = 60, 20
+NIC0, NIC1 = "lo:127.0.0.1", "lo:127.0.0.2"
+
+
+def view(address: int, size: int) -> np.ndarray:
+    return np.ctypeslib.as_array((C.c_uint8 * size).from_address(address))
+
+
+def wait(plugin, request, what):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        code, done, size = plugin.test(request)
+        if code != SUCCESS:
+            raise RuntimeError(f"{what}: test returned {code}")
+        if done:
+            return size
+        time.sleep(0.0005)
+    raise TimeoutError(f"{what} did not complete")
+
+
+def nvl_bytes():
+    nics = torch_reccl.stats()["nics"]
+    return {name: nics[name]["nvl_bytes"] for name in (NIC0, NIC1)}
+
+
+def main() -> dict:
+    plugin = Plugin(11)
+    report = {"ptrSupport": plugin.properties(0).ptrSupport, "messages": plugin.messages}
+    handle, listen_comm = plugin.listen(0)
+    box = []
+    connector = threading.Thread(target=lambda: box.append(plugin.connect(0, handle)))
+    connector.start()
+    recv_comm = plugin.accept(listen_comm)
+    connector.join(30)
+    send_comm = box[0]
+
+    send_address, recv_address = emu.alloc(1, SLOT * SLOTS), emu.alloc(0, SLOT * SLOTS)
+    send_buffer, recv_buffer = view(send_address, SLOT * SLOTS), view(recv_address, SLOT * SLOTS)
+    code, send_mr = plugin.reg_mr(send_comm, send_buffer, PTR_CUDA)
+    assert code == SUCCESS, plugin.messages
+    code, recv_mr = plugin.reg_mr(recv_comm, recv_buffer, PTR_CUDA)
+    assert code == SUCCESS, plugin.messages
+    report["registered"] = {"stats": torch_reccl.stats()["nvl_transit_bytes"], "emulation": emu.counters()}
+
+    sizes = message_sizes(5, COUNT, SLOT)
+    wrong = []
+    for index, size in enumerate(sizes):
+        if index == FAULT_AT:
+            report["nvl_before_fault"] = nvl_bytes()
+            torch_reccl.inject_fault(NIC0, "down")
+        slot = (index % SLOTS) * SLOT
+        expected = message(5, index, int(size))
+        send_buffer[slot:slot + size] = expected
+        recv_buffer[slot:slot + SLOT] = 0
+        _, recv_request = plugin.irecv(recv_comm, [recv_buffer[slot:slot + SLOT]], recv_mr)
+        send_request = plugin.isend(send_comm, send_buffer[slot:slot + size], send_mr)
+        wait(plugin, send_request, f"send {index}")
+        got = wait(plugin, recv_request, f"receive {index}")
+        if got != size or not np.array_equal(recv_buffer[slot:slot + size], expected):
+            wrong.append(index)
+    report["wrong"] = wrong
+    report["nvl_after"] = nvl_bytes()
+    report["bytes"] = int(sum(sizes))
+    report["streamed"] = emu.counters()
+
+    # A message outside its registered buffer is refused, not copied.
+    request = C.c_void_p()
+    code = plugin.table.isend(send_comm, send_address + SLOT * SLOTS - 16, 64, 0, send_mr, None,
+                              C.byref(request))
+    report["outside_code"] = code
+
+    assert plugin.table.deregMr(send_comm, send_mr) == SUCCESS
+    assert plugin.table.deregMr(recv_comm, recv_mr) == SUCCESS
+    report["released"] = {"stats": torch_reccl.stats()["nvl_transit_bytes"], "emulation": emu.counters()}
+    plugin.table.closeSend(send_comm)
+    plugin.table.closeRecv(recv_comm)
+    plugin.table.closeListen(listen_comm)
+    report["messages"] = plugin.messages
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))
