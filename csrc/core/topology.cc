@@ -53,16 +53,24 @@ bool isLoopbackAddress(const std::string& address) {
          (ntohl(parsed.s_addr) >> 24) == 127;
 }
 
+// The device behind a sysfs link ("/sys/class/net/eth0/device",
+// "/sys/bus/pci/devices/0000:3b:00.0"); an empty path when there is none.
+PciLocation locationOfLink(const std::string& link) {
+  PciLocation location;
+  char resolved[PATH_MAX];
+  if (realpath(link.c_str(), resolved) == nullptr) return location;
+  location.path = resolved;
+  std::string numa = readSysfs(link + "/numa_node");
+  location.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
+  return location;
+}
+
 void fillSysfsInfo(NicInfo& nic) {
   int speed = std::atoi(readSysfs("/sys/class/net/" + nic.interface + "/speed").c_str());
   if (speed > 0) nic.speedMbps = speed;
-  char resolved[PATH_MAX];
-  std::string link = "/sys/class/net/" + nic.interface + "/device";
-  if (realpath(link.c_str(), resolved) != nullptr) {
-    nic.pciPath = resolved;
-    std::string numa = readSysfs(link + "/numa_node");
-    nic.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
-  }
+  PciLocation location = locationOfLink("/sys/class/net/" + nic.interface + "/device");
+  nic.pciPath = location.path;
+  nic.numaNode = location.numaNode;
 }
 
 }  // namespace
@@ -74,14 +82,7 @@ int nicDistance(const NicInfo& a, const NicInfo& b) {
 PciLocation pciLocationOfBusId(const std::string& busId) {
   std::string lower;
   for (char c : busId) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  PciLocation location;
-  char resolved[PATH_MAX];
-  std::string link = "/sys/bus/pci/devices/" + lower;
-  if (realpath(link.c_str(), resolved) == nullptr) return location;
-  location.path = resolved;
-  std::string numa = readSysfs(link + "/numa_node");
-  location.numaNode = numa.empty() ? -1 : std::atoi(numa.c_str());
-  return location;
+  return locationOfLink("/sys/bus/pci/devices/" + lower);
 }
 
 int pciDistance(const PciLocation& a, const PciLocation& b) {
