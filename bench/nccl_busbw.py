@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from torch_reccl.bench_rank import run_collective  # noqa: E402
 from torch_reccl.launch import spawn_bounded  # noqa: E402
 
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
@@ -70,20 +71,12 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
             x = torch.ones(numel, device="cuda")
             out = torch.empty(numel * 2 if name == "all_gather" else numel // 2, device="cuda")
 
-            def op():
-                if name == "all_reduce":
-                    dist.all_reduce(x)
-                elif name == "all_gather":
-                    dist.all_gather_into_tensor(out, x)
-                else:
-                    dist.reduce_scatter_tensor(out, x)
-
-            op()
+            run_collective(name, out, x)
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):
-                op()
+                run_collective(name, out, x)
             end.record()
             torch.cuda.synchronize()
             seconds = start.elapsed_time(end) / 1e3 / iters

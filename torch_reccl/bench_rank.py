@@ -109,14 +109,6 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def collective(op, out, inp):
-        if op == "all_reduce":
-            dist.all_reduce(inp)
-        elif op == "all_gather":
-            dist.all_gather_into_tensor(out, inp)
-        else:
-            dist.reduce_scatter_tensor(out, inp)
-
     # connections exist before timing (and before any fault the driver injects)
     warm = torch.ones(1 << 16, dtype=dtype, device=device)
     dist.all_reduce(warm)
@@ -136,19 +128,19 @@ def main(argv=None) -> int:
             out = inp if op == "all_reduce" else torch.empty(n_out, dtype=dtype, device=device)
             for _ in range(args.warmup):
                 inp.fill_(1)
-                collective(op, out, inp)
+                run_collective(op, out, inp)
             inp.fill_(1)  # all_reduce works in place: keep the values small and finite
             sync()
             dist.barrier()
             start = time.perf_counter()
             for _ in range(args.iters):
-                collective(op, out, inp)
+                run_collective(op, out, inp)
             sync()
             elapsed = (time.perf_counter() - start) / max(1, args.iters)
             slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             seconds = float(slowest.item())
-            wrong = check(op, inp, out, rank, ranks, collective, torch, dist)
+            wrong = check(op, inp, out, rank, ranks, torch, dist)
             if rank == 0:
                 algbw = size_bytes / seconds / 1e9
                 report("result", op=op, bytes=size_bytes, count=count, dtype=args.dtype,
@@ -164,12 +156,24 @@ def main(argv=None) -> int:
     return 0
 
 
-def check(op, inp, out, rank, ranks, collective, torch, dist) -> int:
+def run_collective(op: str, out, inp) -> None:
+    """One collective of OPS: all_reduce in place on ``inp``, the others into ``out``."""
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        dist.all_reduce(inp)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, inp)
+    else:
+        dist.reduce_scatter_tensor(out, inp)
+
+
+def check(op, inp, out, rank, ranks, torch, dist) -> int:
     """Runs the op once on known inputs; the number of wrong output elements,
     summed over ranks. Values are small integers, exact in every dtype."""
     value = (rank % 3) + 1
     inp.fill_(value)
-    collective(op, out, inp)
+    run_collective(op, out, inp)
     total = sum((r % 3) + 1 for r in range(ranks))
     if op == "all_reduce":
         wrong = int((inp != total).sum().item())
