@@ -53,8 +53,8 @@ const std::vector<ConfigVar>& configVars() {
        "stages to host memory itself, and a message whose active NIC sits next to another GPU "
        "crosses NVLink to that GPU first; see docs/nvl.md for when this can stall"},
       {"RECCL_NVL_MAX_BYTES", "33554432",
-       "NVL: transit GPU memory per connection in bytes (larger messages go in pieces); "
-       "1048576..1073741824"},
+       "NVL: transit GPU memory per registered GPU buffer and transit GPU in bytes (larger "
+       "messages go in pieces); 1048576..1073741824"},
       {"RECCL_NIC_GPUS", "(from PCI paths)",
        "NVL: comma list of CUDA device indices, the GPU next to each NIC in rail order, for "
        "NICs without a PCI path (emulated fabrics)"},

@@ -115,6 +115,15 @@ std::unique_ptr<CudaRuntime> CudaRuntime::load(std::string* error) {
   return std::unique_ptr<CudaRuntime>(new CudaRuntime(library, std::move(symbols)));
 }
 
+std::unique_ptr<CudaRuntime> CudaRuntime::loadWithGpus(std::string* error) {
+  std::unique_ptr<CudaRuntime> cuda = load(error);
+  if (cuda && cuda->deviceCount() == 0) {
+    *error = "the CUDA runtime sees no GPU";
+    return nullptr;
+  }
+  return cuda;
+}
+
 CudaRuntime::CudaRuntime(void* library, std::unique_ptr<Symbols> symbols)
     : library_(library), symbols_(std::move(symbols)) {}
 

@@ -16,6 +16,8 @@ class CudaRuntime : public CudaApi {
   // The process's libcudart (the one torch or NCCL already loaded, else the first
   // that loads), or nullptr with the reason in `error`.
   static std::unique_ptr<CudaRuntime> load(std::string* error);
+  // load(), and nullptr with "the CUDA runtime sees no GPU" where it sees none.
+  static std::unique_ptr<CudaRuntime> loadWithGpus(std::string* error);
   ~CudaRuntime() override;
   CudaRuntime(const CudaRuntime&) = delete;
   CudaRuntime& operator=(const CudaRuntime&) = delete;

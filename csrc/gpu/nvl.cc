@@ -14,10 +14,9 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
     return nullptr;
   }
   std::string error;
-  if (!cuda) cuda = CudaRuntime::load(&error);
-  const int gpus = cuda ? cuda->deviceCount() : 0;
-  if (cuda && gpus == 0) error = "the CUDA runtime sees no GPU";
-  if (gpus == 0) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
+  if (!cuda) cuda = CudaRuntime::loadWithGpus(&error);
+  if (!cuda) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
+  const int gpus = cuda->deviceCount();
   auto peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
   TransitMap map;
   if (!config.nicGpus.empty()) {
@@ -49,7 +48,7 @@ std::string Nvl::describe() const {
     out += "NIC " + std::to_string(n) + " next to " +
            (gpu < 0 ? std::string("no known GPU") : "GPU " + std::to_string(gpu));
   }
-  return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) + " bytes per connection";
+  return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) + " bytes per registered buffer";
 }
 
 std::unique_ptr<Nvl::Region> Nvl::registerRegion(void* data, size_t size) {

@@ -29,7 +29,7 @@ class Nvl {
                                      std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                      std::string* why);
 
-  // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit cap 32 MiB per connection".
+  // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit up to N bytes per registered buffer".
   std::string describe() const;
 
   // One GPU buffer NCCL registered on a connection: its pinned host mirror

@@ -64,13 +64,4 @@ int TransitMap::transitGpu(int bufferGpu, int nic) const {
   return transit_[bufferGpu][nic];
 }
 
-bool TransitMap::anyTransit() const {
-  for (const auto& row : transit_) {
-    for (int t : row) {
-      if (t >= 0) return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace reccl

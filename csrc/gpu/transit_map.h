@@ -30,8 +30,6 @@ class TransitMap {
 
   // The GPU to stage through, or -1: the buffer's own GPU talks to the NIC.
   int transitGpu(int bufferGpu, int nic) const;
-  // Whether any (GPU, NIC) pair stages through a transit GPU.
-  bool anyTransit() const;
   // The GPU next to each NIC (-1: unknown), for logs and tools.
   const std::vector<int>& nicGpus() const { return nicGpus_; }
 

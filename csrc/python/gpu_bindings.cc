@@ -29,11 +29,15 @@ py::dict describeMap(const TransitMap& map, int gpus, size_t nics) {
   py::dict out;
   out["nic_gpus"] = map.nicGpus();
   std::vector<std::vector<int>> transit(gpus, std::vector<int>(nics, -1));
+  bool anyTransit = false;
   for (int g = 0; g < gpus; ++g) {
-    for (size_t n = 0; n < nics; ++n) transit[g][n] = map.transitGpu(g, static_cast<int>(n));
+    for (size_t n = 0; n < nics; ++n) {
+      transit[g][n] = map.transitGpu(g, static_cast<int>(n));
+      anyTransit = anyTransit || transit[g][n] >= 0;
+    }
   }
   out["transit"] = transit;
-  out["any_transit"] = map.anyTransit();
+  out["any_transit"] = anyTransit;
   return out;
 }
 
@@ -64,8 +68,7 @@ void bindGpu(py::module_& m) {
         "For tests: NVL's transit GPU per (buffer GPU, NIC) from (sysfs path, NUMA node) pairs");
   m.def("cuda_runtime_problem", [] {
     std::string error;
-    auto cuda = CudaRuntime::load(&error);
-    if (cuda && cuda->deviceCount() == 0) error = "the CUDA runtime sees no GPU";
+    CudaRuntime::loadWithGpus(&error);
     return error;
   }, "Why NVL cannot stage here ('' when a CUDA runtime with GPUs is loadable)");
 
@@ -101,9 +104,8 @@ void bindGpu(py::module_& m) {
       "NVL's copies between GPU buffers and pinned host memory (addresses as ints)")
       .def(py::init([](int64_t maxTransitBytes, int timeoutMs) {
              std::string error;
-             std::shared_ptr<CudaApi> cuda = CudaRuntime::load(&error);
-             if (cuda && cuda->deviceCount() == 0) error = "the CUDA runtime sees no GPU";
-             if (!cuda || !error.empty()) throw ConfigError("DeviceStager needs CUDA GPUs: " + error);
+             std::shared_ptr<CudaApi> cuda = CudaRuntime::loadWithGpus(&error);
+             if (!cuda) throw ConfigError("DeviceStager needs CUDA GPUs: " + error);
              return std::make_shared<DeviceStager>(std::move(cuda), maxTransitBytes, timeoutMs);
            }),
            py::arg("max_transit_bytes") = 32 << 20, py::arg("timeout_ms") = 10000)
