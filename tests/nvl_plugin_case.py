@@ -69,6 +69,13 @@ def main() -> dict:
     code, recv_mr = plugin.reg_mr(recv_comm, recv_buffer, PTR_CUDA)
     assert code == SUCCESS, plugin.messages
     report["registered"] = {"stats": torch_reccl.stats()["nvl_transit_bytes"], "emulation": emu.counters()}
+    # A cudaMalloc buffer belongs to the application's context: copying it from ours
+    # would wait for that context's lock, so registering it is refused.
+    legacy_address = emu.alloc(0, SLOT, virtual_memory=False)
+    code, _ = plugin.reg_mr(send_comm, view(legacy_address, SLOT), PTR_CUDA)
+    report["legacy_code"] = code
+    report["after_legacy"] = {"stats": torch_reccl.stats()["nvl_transit_bytes"], "emulation": emu.counters()}
+    emu.free(0, legacy_address)
 
     sizes = message_sizes(5, COUNT, SLOT)
     wrong = []

@@ -19,7 +19,7 @@ from torch_reccl.transport import ConfigError, _C
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ALL_PEERS = [[True] * 4 for _ in range(4)]
-NO_GPU = bool(_C.cuda_runtime_problem())
+NO_GPU = bool(_C.cuda_driver_problem())
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -183,10 +183,11 @@ def emulated_nvl_run():
 
 
 @pytest.mark.timeout(120)
-def test_emulated_nvl_claims_gpu_buffers_and_warns(emulated_nvl_run):
+def test_emulated_nvl_claims_gpu_buffers_and_says_how(emulated_nvl_run):
     assert emulated_nvl_run["ptrSupport"] == 3  # NCCL_PTR_HOST | NCCL_PTR_CUDA
     text = "\n".join(emulated_nvl_run["messages"])
-    assert "RECCL_NVL=on (experimental)" in text and "NIC 0 next to GPU 0, NIC 1 next to GPU 1" in text
+    assert "RECCL_NVL=on: GPU buffers staged in reccl's own CUDA contexts" in text
+    assert "NIC 0 next to GPU 0, NIC 1 next to GPU 1" in text
 
 
 @pytest.mark.timeout(120)
@@ -219,6 +220,19 @@ def test_emulated_nvl_memory_is_capped_and_released(emulated_nvl_run):
     assert released["emulation"]["pinned_bytes_allocated"] == 0
     assert released["emulation"]["device_bytes_allocated"] == 2 * (4 * (2 << 20))  # the test's own
     assert released["emulation"]["streams"] == 0 and released["emulation"]["events"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_refuses_cudamalloc_buffers_and_keeps_nothing(emulated_nvl_run):
+    run = emulated_nvl_run
+    assert run["legacy_code"] != 0
+    text = "\n".join(run["messages"])
+    assert "RECCL_NVL stages only GPU buffers from CUDA's virtual memory API" in text
+    assert "Set NCCL_CUMEM_ENABLE=1 or RECCL_NVL=off" in text
+    # nothing was allocated for the refused buffer
+    before, after = run["registered"], run["after_legacy"]
+    assert after["stats"] == before["stats"]
+    assert after["emulation"]["pinned_bytes_allocated"] == before["emulation"]["pinned_bytes_allocated"]
 
 
 @pytest.mark.timeout(120)

@@ -49,9 +49,9 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_IB_RETRY_CNT", "7",
        "IB transport: QP retries before a request fails with retry-exceeded; 0..7"},
       {"RECCL_NVL", "off",
-       "NCCL plugin: off or on (experimental). on: NCCL hands the plugin GPU buffers, which it "
-       "stages to host memory itself, and a message whose active NIC sits next to another GPU "
-       "crosses NVLink to that GPU first; see docs/nvl.md for when this can stall"},
+       "NCCL plugin: off or on. on: NCCL hands the plugin its GPU buffers (cuMem allocations), "
+       "which the plugin stages to host memory in its own CUDA contexts, and a message whose "
+       "active NIC sits next to another GPU crosses NVLink to that GPU first (docs/nvl.md)"},
       {"RECCL_NVL_MAX_BYTES", "33554432",
        "NVL: transit GPU memory per registered GPU buffer and transit GPU in bytes (larger "
        "messages go in pieces); 1048576..1073741824"},

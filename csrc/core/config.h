@@ -32,7 +32,7 @@ struct Config {
   int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
   int ibRetryCount = 7;            // RECCL_IB_RETRY_CNT: retries before a QP errors out
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
-  std::string nvl = "off";         // RECCL_NVL: off | on (experimental, docs/nvl.md)
+  std::string nvl = "off";         // RECCL_NVL: off | on (docs/nvl.md)
   int64_t nvlMaxBytes = 32 << 20;  // RECCL_NVL_MAX_BYTES: transit memory per connection
   std::vector<int> nicGpus;        // RECCL_NIC_GPUS: GPU next to each NIC; empty = PCI paths
 

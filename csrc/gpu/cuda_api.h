@@ -1,11 +1,10 @@
 // What NVL needs from CUDA: devices, memory, streams, events and copies. Two
-// implementations: the process's CUDA runtime (cuda_runtime.h) and an
-// in-process emulation for tests without GPUs (cuda_emulation.h). Every call
-// throws Error on failure, naming the call.
+// implementations: the CUDA driver with reccl's own contexts (cuda_driver.h)
+// and an in-process emulation for tests without GPUs (cuda_emulation.h). Every
+// call throws Error on failure, naming the call.
 #pragma once
 
 #include <cstddef>
-#include <exception>
 #include <string>
 
 namespace reccl {
@@ -13,13 +12,13 @@ namespace reccl {
 // A stream and the device it belongs to (calls on it make that device current).
 struct CudaStream {
   int device = -1;
-  void* handle = nullptr;  // cudaStream_t
+  void* handle = nullptr;  // CUstream
 };
 
 // An event on a device, for ordering copies across streams.
 struct CudaEvent {
   int device = -1;
-  void* handle = nullptr;  // cudaEvent_t
+  void* handle = nullptr;  // CUevent
 };
 
 class CudaApi {
@@ -27,20 +26,30 @@ class CudaApi {
   virtual ~CudaApi() = default;
 
   virtual int deviceCount() = 0;
-  // The CUDA device that owns `pointer`, or -1 for memory the runtime does not
-  // know as device memory (host, pageable or pinned).
+  // The CUDA device that owns `pointer`, or -1 for memory CUDA does not know
+  // as device memory (host, pageable or pinned).
   virtual int deviceOf(const void* pointer) = 0;
+  // True for memory from CUDA's virtual memory API (cuMemCreate + cuMemMap, as
+  // NCCL allocates its buffers by default). No context owns such memory, so
+  // copies from reccl's own context never wait for the application's context;
+  // cudaMalloc memory belongs to the context that allocated it, and a copy of
+  // it waits behind that context's lock (held, for one, by every pageable
+  // host-to-device copy the application makes while it waits on our copy).
+  virtual bool isVirtualMemory(const void* pointer) = 0;
   virtual std::string pciBusId(int device) = 0;  // "0000:3B:00.0"
   virtual bool canAccessPeer(int device, int peer) = 0;
   // Lets `device` read and write `peer`'s memory; idempotent.
   virtual void enablePeerAccess(int device, int peer) = 0;
 
-  virtual void setDevice(int device) = 0;
+  // The device of the calling thread's current CUDA context (NCCL sets it on
+  // its threads), or -1 where none is current.
   virtual int currentDevice() = 0;
   virtual void* deviceAlloc(int device, size_t bytes) = 0;
   virtual void deviceFree(int device, void* pointer) = 0;
-  virtual void* pinnedAlloc(size_t bytes) = 0;
-  virtual void pinnedFree(void* pointer) = 0;
+  // Page-locked host memory usable from every context, allocated through
+  // `device` (the GPU that copies to and from it).
+  virtual void* pinnedAlloc(int device, size_t bytes) = 0;
+  virtual void pinnedFree(int device, void* pointer) = 0;
   // A non-blocking stream on `device`: our copies never wait on NCCL's streams.
   virtual CudaStream createStream(int device) = 0;
   virtual void destroyStream(const CudaStream& stream) = 0;
@@ -59,26 +68,6 @@ class CudaApi {
   // Waits for everything queued on `stream`, at most `timeoutMs`; throws Error
   // on a CUDA error or when the copies are not done by then.
   virtual void waitStream(const CudaStream& stream, int timeoutMs) = 0;
-
-  // Restores the calling thread's current device on scope exit: the plugin runs
-  // on NCCL's proxy thread, whose device NCCL set and relies on.
-  class DeviceScope {
-   public:
-    explicit DeviceScope(CudaApi& cuda) : cuda_(cuda), saved_(cuda.currentDevice()) {}
-    ~DeviceScope() {
-      try {
-        if (saved_ >= 0) cuda_.setDevice(saved_);
-      } catch (const std::exception&) {
-        // a failing runtime already failed the call in this scope
-      }
-    }
-    DeviceScope(const DeviceScope&) = delete;
-    DeviceScope& operator=(const DeviceScope&) = delete;
-
-   private:
-    CudaApi& cuda_;
-    int saved_;
-  };
 };
 
 }  // namespace reccl

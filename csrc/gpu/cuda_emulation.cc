@@ -42,14 +42,24 @@ void CudaEmulation::checkMemory(const void* pointer, size_t bytes, int device, c
               (device == kPinned ? std::string("pinned host memory") : "memory of device " + std::to_string(device)));
 }
 
-int CudaEmulation::deviceOf(const void* pointer) {
-  std::lock_guard<std::mutex> lock(mutex_);
+const CudaEmulation::Allocation* CudaEmulation::allocationAt(const void* pointer) const {
   const auto address = reinterpret_cast<uintptr_t>(pointer);
   auto found = allocations_.upper_bound(address);
-  if (found == allocations_.begin()) return -1;
+  if (found == allocations_.begin()) return nullptr;
   --found;
-  const Allocation& a = found->second;
-  return address < found->first + a.bytes ? a.device : -1;  // kPinned is -1 too
+  return address < found->first + found->second.bytes ? &found->second : nullptr;
+}
+
+int CudaEmulation::deviceOf(const void* pointer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Allocation* allocation = allocationAt(pointer);
+  return allocation ? allocation->device : -1;  // kPinned is -1 too
+}
+
+bool CudaEmulation::isVirtualMemory(const void* pointer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Allocation* allocation = allocationAt(pointer);
+  return allocation != nullptr && allocation->virtualMemory;
 }
 
 std::string CudaEmulation::pciBusId(int device) {
@@ -71,22 +81,10 @@ void CudaEmulation::enablePeerAccess(int device, int peer) {
   if (peerAccess_.insert({device, peer}).second) ++counters_.peerLinks;
 }
 
-void CudaEmulation::setDevice(int device) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  checkDevice(device, "cudaSetDevice");
-  current_[std::this_thread::get_id()] = device;
-}
-
-int CudaEmulation::currentDevice() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto found = current_.find(std::this_thread::get_id());
-  return found == current_.end() ? 0 : found->second;
-}
-
-void* CudaEmulation::allocate(int device, size_t bytes) {
+void* CudaEmulation::allocate(int device, size_t bytes, bool virtualMemory) {
   void* pointer = std::calloc(1, bytes == 0 ? 1 : bytes);
   if (pointer == nullptr) throw Error("cudaMalloc: out of memory");
-  allocations_[reinterpret_cast<uintptr_t>(pointer)] = {device, bytes};
+  allocations_[reinterpret_cast<uintptr_t>(pointer)] = {device, bytes, virtualMemory};
   (device == kPinned ? counters_.pinnedBytesAllocated : counters_.deviceBytesAllocated) += bytes;
   return pointer;
 }
@@ -112,13 +110,21 @@ void CudaEmulation::deviceFree(int device, void* pointer) {
   release(device, pointer, "cudaFree");
 }
 
-void* CudaEmulation::pinnedAlloc(size_t bytes) {
+void* CudaEmulation::applicationAlloc(int device, size_t bytes, bool virtualMemory) {
   std::lock_guard<std::mutex> lock(mutex_);
+  checkDevice(device, "cuMemCreate");
+  return allocate(device, bytes, virtualMemory);
+}
+
+void* CudaEmulation::pinnedAlloc(int device, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  checkDevice(device, "cudaHostAlloc");
   return allocate(kPinned, bytes);
 }
 
-void CudaEmulation::pinnedFree(void* pointer) {
+void CudaEmulation::pinnedFree(int device, void* pointer) {
   std::lock_guard<std::mutex> lock(mutex_);
+  checkDevice(device, "cudaFreeHost");
   release(kPinned, pointer, "cudaFreeHost");
 }
 

@@ -12,7 +12,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "gpu/cuda_api.h"
 
@@ -26,15 +25,15 @@ class CudaEmulation : public CudaApi {
   // CudaApi (cuda_api.h says what each call does)
   int deviceCount() override { return devices_; }
   int deviceOf(const void* pointer) override;
+  bool isVirtualMemory(const void* pointer) override;
   std::string pciBusId(int device) override;
   bool canAccessPeer(int device, int peer) override;
   void enablePeerAccess(int device, int peer) override;
-  void setDevice(int device) override;
-  int currentDevice() override;
+  int currentDevice() override { return 0; }  // the emulated NCCL thread's device
   void* deviceAlloc(int device, size_t bytes) override;
   void deviceFree(int device, void* pointer) override;
-  void* pinnedAlloc(size_t bytes) override;
-  void pinnedFree(void* pointer) override;
+  void* pinnedAlloc(int device, size_t bytes) override;
+  void pinnedFree(int device, void* pointer) override;
   CudaStream createStream(int device) override;
   void destroyStream(const CudaStream& stream) override;
   CudaEvent createEvent(int device) override;
@@ -46,6 +45,10 @@ class CudaEmulation : public CudaApi {
   void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
                      const CudaStream& stream) override;
   void waitStream(const CudaStream& stream, int timeoutMs) override;
+
+  // For tests: device memory as the application (NCCL) allocates it, from the
+  // virtual memory API or (false) from cudaMalloc.
+  void* applicationAlloc(int device, size_t bytes, bool virtualMemory);
 
   // For tests: bytes copied by kind, live objects.
   struct Counters {
@@ -60,8 +63,11 @@ class CudaEmulation : public CudaApi {
   struct Allocation {
     int device;
     size_t bytes;
+    bool virtualMemory;
   };
-  void* allocate(int device, size_t bytes);
+  void* allocate(int device, size_t bytes, bool virtualMemory = false);
+  // The allocation `pointer` lies in, or nullptr.
+  const Allocation* allocationAt(const void* pointer) const;
   void release(int device, void* pointer, const char* call);
   // Throws unless [pointer, pointer + bytes) lies in one allocation of `device`.
   void checkMemory(const void* pointer, size_t bytes, int device, const char* call) const;
@@ -72,7 +78,6 @@ class CudaEmulation : public CudaApi {
   mutable std::mutex mutex_;
   std::map<uintptr_t, Allocation> allocations_;  // by start address
   std::set<std::pair<int, int>> peerAccess_;     // (device, peer)
-  std::map<std::thread::id, int> current_;
   std::set<uintptr_t> streams_, events_;
   uintptr_t nextHandle_ = 1;
   Counters counters_;

@@ -12,7 +12,6 @@ DeviceStager::DeviceStager(std::shared_ptr<CudaApi> cuda, int64_t maxTransitByte
     : cuda_(std::move(cuda)), maxTransitBytes_(static_cast<size_t>(maxTransitBytes)), timeoutMs_(timeoutMs) {}
 
 DeviceStager::~DeviceStager() {
-  CudaApi::DeviceScope scope(*cuda_);
   // Every call waits for its copies before returning, so nothing is in flight.
   try {
     for (auto& [key, route] : routes_) {
@@ -41,7 +40,6 @@ const CudaStream& DeviceStager::directStream(int gpu) {
 void DeviceStager::prepare(int bufferGpu, size_t messageBytes, const std::vector<int>& transitGpus) {
   if (prepared_) throw Error("DeviceStager::prepare called twice");
   prepared_ = true;
-  CudaApi::DeviceScope scope(*cuda_);
   directStream(bufferGpu);
   const size_t size = std::max<size_t>(1, std::min(messageBytes, maxTransitBytes_));
   for (int transitGpu : transitGpus) {
@@ -92,7 +90,6 @@ void DeviceStager::inPieces(Route& route, size_t bytes, CopyPiece&& copyPiece) {
 
 void DeviceStager::toHost(uint8_t* host, const uint8_t* src, int srcGpu, size_t bytes, int transitGpu) {
   if (bytes == 0) return;
-  CudaApi::DeviceScope scope(*cuda_);
   Route* route = transitGpu < 0 ? nullptr : routeFor(srcGpu, transitGpu);
   if (route == nullptr) {
     copyDirect(srcGpu, [&](const CudaStream& stream) { cuda_->copyToHostAsync(host, src, bytes, stream); });
@@ -112,7 +109,6 @@ void DeviceStager::toHost(uint8_t* host, const uint8_t* src, int srcGpu, size_t 
 
 void DeviceStager::toDevice(uint8_t* dst, int dstGpu, const uint8_t* host, size_t bytes, int transitGpu) {
   if (bytes == 0) return;
-  CudaApi::DeviceScope scope(*cuda_);
   Route* route = transitGpu < 0 ? nullptr : routeFor(dstGpu, transitGpu);
   if (route == nullptr) {
     copyDirect(dstGpu, [&](const CudaStream& stream) { cuda_->copyToDeviceAsync(dst, host, bytes, stream); });

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/health.h"
-#include "gpu/cuda_runtime.h"
+#include "gpu/cuda_driver.h"
 
 namespace reccl {
 
@@ -14,7 +14,7 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
     return nullptr;
   }
   std::string error;
-  if (!cuda) cuda = CudaRuntime::loadWithGpus(&error);
+  if (!cuda) cuda = CudaDriver::load(&error);
   if (!cuda) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
   const int gpus = cuda->deviceCount();
   auto peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
@@ -27,15 +27,12 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
     for (const auto& nic : nics) nicLocations.push_back({nic.pciPath, nic.numaNode});
     map = TransitMap::fromPci(gpuLocations, nicLocations, peer);
   }
-  // Peer access for the device NCCL initialises now, before its kernels run:
-  // enabling it maps memory, which is no call to make while they wait on us.
+  // Contexts and peer access for the device NCCL initialises now, before its
+  // kernels run: creating them allocates and maps GPU memory.
   const int current = cuda->currentDevice();
-  for (size_t nic = 0; nic < nics.size(); ++nic) {
+  for (size_t nic = 0; nic < nics.size() && current >= 0; ++nic) {
     int transit = map.transitGpu(current, static_cast<int>(nic));
-    if (transit >= 0) {
-      CudaApi::DeviceScope scope(*cuda);
-      cuda->enablePeerAccess(current, transit);
-    }
+    if (transit >= 0) cuda->enablePeerAccess(current, transit);
   }
   return std::unique_ptr<Nvl>(new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds)));
 }
@@ -56,6 +53,13 @@ std::unique_ptr<Nvl::Region> Nvl::registerRegion(void* data, size_t size) {
   if (gpu < 0) {
     throw Error("regMr: " + std::to_string(size) + " bytes registered as GPU memory are not known to CUDA");
   }
+  if (!cuda_->isVirtualMemory(data)) {
+    throw Error("regMr: RECCL_NVL stages only GPU buffers from CUDA's virtual memory API (NCCL allocates "
+                "its buffers so with NCCL_CUMEM_ENABLE=1, its default where the driver supports it); "
+                "these " + std::to_string(size) + " bytes on GPU " + std::to_string(gpu) +
+                " come from cudaMalloc, and copying them would wait for the application's CUDA calls. "
+                "Set NCCL_CUMEM_ENABLE=1 or RECCL_NVL=off");
+  }
   return std::unique_ptr<Region>(new Region(*this, gpu, static_cast<uint8_t*>(data), size));
 }
 
@@ -64,7 +68,7 @@ Nvl::Region::Region(Nvl& nvl, int gpu, uint8_t* base, size_t size)
       gpu_(gpu),
       base_(base),
       size_(size),
-      mirror_(nvl.cuda_, size),
+      mirror_(nvl.cuda_, gpu, size),
       stager_(nvl.cuda_, nvl.config_.nvlMaxBytes, nvl.config_.noPathTimeoutMs) {
   std::vector<int> transits;
   for (size_t nic = 0; nic < nvl.healthIds_.size(); ++nic) {

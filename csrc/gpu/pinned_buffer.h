@@ -14,7 +14,8 @@ namespace reccl {
 
 class PinnedBuffer {
  public:
-  PinnedBuffer(std::shared_ptr<CudaApi> cuda, size_t bytes);
+  // `bytes` of it for copies by `device`.
+  PinnedBuffer(std::shared_ptr<CudaApi> cuda, int device, size_t bytes);
   ~PinnedBuffer();
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -23,6 +24,7 @@ class PinnedBuffer {
 
  private:
   std::shared_ptr<CudaApi> cuda_;
+  int device_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -95,9 +95,8 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
     std::string why;
     nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), cuda_, &why);
     if (nvl_) {
-      warn("RECCL_NVL=on (experimental): GPU buffers are staged on NCCL's proxy thread; CUDA "
-           "work the application issues while a collective is in flight can stall them "
-           "(docs/nvl.md). " + nvl_->describe());
+      info("RECCL_NVL=on: GPU buffers staged in reccl's own CUDA contexts (docs/nvl.md); " +
+           nvl_->describe());
     } else {
       info("NVL off, host buffers only: " + why);
     }

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "gpu/cuda_emulation.h"
-#include "gpu/cuda_runtime.h"
+#include "gpu/cuda_driver.h"
 #include "gpu/device_stager.h"
 #include "gpu/transit_map.h"
 #include "nccl/net_plugin.h"
@@ -66,18 +66,19 @@ void bindGpu(py::module_& m) {
         },
         py::arg("gpus"), py::arg("nics"), py::arg("peers"),
         "For tests: NVL's transit GPU per (buffer GPU, NIC) from (sysfs path, NUMA node) pairs");
-  m.def("cuda_runtime_problem", [] {
+  m.def("cuda_driver_problem", [] {
     std::string error;
-    CudaRuntime::loadWithGpus(&error);
+    CudaDriver::load(&error);
     return error;
-  }, "Why NVL cannot stage here ('' when a CUDA runtime with GPUs is loadable)");
+  }, "Why NVL cannot stage here ('' when a CUDA driver with GPUs is loadable)");
 
   py::class_<CudaEmulation, std::shared_ptr<CudaEmulation>>(m, "CudaEmulation",
       "Test-only: devices whose memory is checked host memory (gpu/cuda_emulation.h)")
       .def(py::init<int>(), py::arg("devices"))
-      .def("alloc", [](CudaEmulation& e, int device, size_t bytes) {
-             return reinterpret_cast<uintptr_t>(e.deviceAlloc(device, bytes));
-           }, py::arg("device"), py::arg("bytes"), "device memory; its address as an int")
+      .def("alloc", [](CudaEmulation& e, int device, size_t bytes, bool virtualMemory) {
+             return reinterpret_cast<uintptr_t>(e.applicationAlloc(device, bytes, virtualMemory));
+           }, py::arg("device"), py::arg("bytes"), py::arg("virtual_memory") = true,
+           "device memory as NCCL allocates it (virtual_memory=False: as cudaMalloc); its address as an int")
       .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
              e.deviceFree(device, reinterpret_cast<void*>(address));
            }, py::arg("device"), py::arg("address"))
@@ -104,7 +105,7 @@ void bindGpu(py::module_& m) {
       "NVL's copies between GPU buffers and pinned host memory (addresses as ints)")
       .def(py::init([](int64_t maxTransitBytes, int timeoutMs) {
              std::string error;
-             std::shared_ptr<CudaApi> cuda = CudaRuntime::loadWithGpus(&error);
+             std::shared_ptr<CudaApi> cuda = CudaDriver::load(&error);
              if (!cuda) throw ConfigError("DeviceStager needs CUDA GPUs: " + error);
              return std::make_shared<DeviceStager>(std::move(cuda), maxTransitBytes, timeoutMs);
            }),

@@ -9,7 +9,9 @@
    next to GPU 1, and NCCL_NET_GDR_LEVEL=SYS lets NCCL hand GPU buffers over):
    NCCL reports GPU Direct RDMA enabled for our NICs, all_reduce/all_gather
    results are bit-identical to the same run with RECCL_NVL=off and no fault
-   although rank 0's primary NIC goes down mid-run, and the per-NIC nvl_bytes
+   although rank 0's primary NIC goes down mid-run and the loop never
+   synchronises (each step's pageable host-to-device copies wait in the driver
+   while the collective before them is in flight), and the per-NIC nvl_bytes
    show the traffic that crossed NVLink: rank 1 (GPU 1) sends over NIC 0 from
    the start, rank 0 (GPU 0) over NIC 1 once its NIC 0 is down.
 
@@ -41,6 +43,10 @@ def stager_checks() -> dict:
     from torch_reccl import _native
 
     C = _native.native()
+    for gpu in range(2):
+        torch.cuda.set_device(gpu)
+        torch.empty(1, device=f"cuda:{gpu}")  # the primary contexts exist before we measure
+    free_before = [torch.cuda.mem_get_info(gpu)[0] for gpu in range(2)]
     stagers = [C.DeviceStager(max_transit_bytes=CAP) for _ in range(2)]
     exact = True
     for gpu, other in ((0, 1), (1, 0)):
@@ -60,6 +66,9 @@ def stager_checks() -> dict:
     import torch_reccl
 
     held = sum(s.transit_bytes for s in stagers)
+    used = [free_before[gpu] - torch.cuda.mem_get_info(gpu)[0] for gpu in range(2)]
+    # transit is held on the other GPU: what remains is reccl's own context on each
+    print(f"GPU memory taken by the stagers: {[u >> 20 for u in used]} MiB (transit {CAP >> 20} MiB on each)")
     return {"stager: every byte exact, direct and through the other GPU": exact,
             f"stager: transit memory {held} = cap {CAP} x 2 routes": held == 2 * CAP,
             "stats(): nvl_transit_bytes shows it": torch_reccl.stats()["nvl_transit_bytes"] == held}
@@ -86,15 +95,16 @@ def worker(rank: int, out_dir: str, label: str, nvl: bool, fault: bool):
     for step in range(STEPS):
         if fault and step == FAULT_AT and rank == 0:
             torch_reccl.inject_fault(torch_reccl.nics()[0]["name"], "down")
+        # No synchronisation between steps, as in a training loop: each step's
+        # pageable host-to-device copies wait in the CUDA driver, holding the
+        # application's context, for the collective in flight, whose staging
+        # copies the plugin makes meanwhile (docs/nvl.md, "Own CUDA contexts").
         x = torch.randn(3 << 20, generator=gen).cuda()  # 12 MiB: several NCCL channels and steps
         dist.all_reduce(x)
         g = torch.empty(2 * 4099, device="cuda")
         dist.all_gather_into_tensor(g, torch.randn(4099, generator=gen).cuda())
-        # NVL's copies run on NCCL's proxy thread; host-side CUDA work issued while
-        # a collective waits on them (here: the next step's pageable copies) can
-        # block them (docs/nvl.md, "Known limitation"), so each step completes first.
-        torch.cuda.synchronize()
-        outputs.append(torch.cat([x, g]).cpu())
+        outputs.append(torch.cat([x, g]))
+    outputs = [o.cpu() for o in outputs]
     torch.cuda.synchronize()
     dist.barrier()
     torch.cuda.synchronize()
