@@ -51,6 +51,75 @@ def nvl_bytes():
     return {name: nics[name]["nvl_bytes"] for name in (NIC0, NIC1)}
 
 
+def pipelined(plugin, send_comm, recv_comm, send_buffer, recv_buffer, send_mr, recv_mr) -> dict:
+    """SLOTS messages in flight at once while every copy looks busy for a few
+    polls, tested newest first: staged sends must reach the connection in isend
+    order (else message k+1's bytes land in receive k), each exact."""
+    emu.set_queries_before_done(4)
+    sizes = [SLOT - 1, 3, SLOT // 3, SLOT]
+    expected = [message(7, i, s) for i, s in enumerate(sizes)]
+    recv_buffer[:] = 0
+    requests = []
+    for i, size in enumerate(sizes):
+        slot = i * SLOT
+        send_buffer[slot:slot + size] = expected[i]
+        _, recv = plugin.irecv(recv_comm, [recv_buffer[slot:slot + SLOT]], recv_mr)
+        requests.append((recv, f"pipelined receive {i}"))
+    for i, size in enumerate(sizes):
+        slot = i * SLOT
+        requests.append((plugin.isend(send_comm, send_buffer[slot:slot + size], send_mr), f"pipelined send {i}"))
+    not_done_at_once = 0
+    pending = list(reversed(requests))
+    deadline = time.monotonic() + 20
+    while pending and time.monotonic() < deadline:
+        for request, what in list(pending):
+            code, done, _ = plugin.test(request)
+            if code != SUCCESS:
+                raise RuntimeError(f"{what}: test returned {code}")
+            if done:
+                pending.remove((request, what))
+            else:
+                not_done_at_once += 1
+    emu.set_queries_before_done(1)
+    wrong = [i for i, size in enumerate(sizes)
+             if not np.array_equal(recv_buffer[i * SLOT:i * SLOT + size], expected[i])]
+    return {"left": len(pending), "wrong": wrong, "polls_not_done": not_done_at_once}
+
+
+def copy_slots_run_out(plugin, send_comm, recv_comm, send_buffer, recv_buffer, send_mr, recv_mr) -> dict:
+    """More staged sends than copy slots: the one past the limit gets a NULL
+    request (NCCL retries), not an error; all arrive exact once retried."""
+    emu.set_queries_before_done(1000)  # every copy stays "in flight" until polled 1000 times
+    piece, count = 1024, 17
+    expected = [message(9, i, piece) for i in range(count)]
+    for i in range(count):
+        send_buffer[i * piece:(i + 1) * piece] = expected[i]
+    sends = []
+    for i in range(count):
+        request = C.c_void_p()
+        code = plugin.table.isend(send_comm, send_buffer[i * piece:].ctypes.data, piece, 0, send_mr, None,
+                                  C.byref(request))
+        if code != SUCCESS:
+            raise RuntimeError(f"isend {i} returned {code}")
+        sends.append(request)
+    accepted = sum(1 for r in sends if r.value)
+    emu.set_queries_before_done(1)
+    recv_buffer[:] = 0
+    receives = []
+    for i in range(count):
+        _, recv = plugin.irecv(recv_comm, [recv_buffer[i * piece:(i + 1) * piece]], recv_mr)
+        receives.append(recv)
+    for i in range(count):
+        if not sends[i].value:  # the retry NCCL would make
+            sends[i] = plugin.isend(send_comm, send_buffer[i * piece:(i + 1) * piece], send_mr)
+        wait(plugin, sends[i], f"slot send {i}")
+    for i in range(count):
+        wait(plugin, receives[i], f"slot receive {i}")
+    wrong = [i for i in range(count)
+             if not np.array_equal(recv_buffer[i * piece:(i + 1) * piece], expected[i])]
+    return {"accepted_at_once": accepted, "count": count, "wrong": wrong}
+
+
 def main() -> dict:
     plugin = Plugin(11)
     report = {"ptrSupport": plugin.properties(0).ptrSupport, "messages": plugin.messages}
@@ -97,6 +166,9 @@ def main() -> dict:
     report["nvl_after"] = nvl_bytes()
     report["bytes"] = int(sum(sizes))
     report["streamed"] = emu.counters()
+    report["pipelined"] = pipelined(plugin, send_comm, recv_comm, send_buffer, recv_buffer, send_mr, recv_mr)
+    report["slots"] = copy_slots_run_out(plugin, send_comm, recv_comm, send_buffer, recv_buffer, send_mr,
+                                         recv_mr)
 
     # A message outside its registered buffer is refused, not copied.
     request = C.c_void_p()

@@ -223,6 +223,21 @@ def test_emulated_nvl_memory_is_capped_and_released(emulated_nvl_run):
 
 
 @pytest.mark.timeout(120)
+def test_emulated_nvl_copies_in_flight_do_not_reorder_messages(emulated_nvl_run):
+    run = emulated_nvl_run["pipelined"]
+    # the copies really were seen in flight, and every message still arrived whole, in order
+    assert run["polls_not_done"] > 0
+    assert run["left"] == 0 and run["wrong"] == []
+
+
+@pytest.mark.timeout(120)
+def test_emulated_nvl_more_sends_than_copy_slots_asks_nccl_to_retry(emulated_nvl_run):
+    run = emulated_nvl_run["slots"]
+    assert run["accepted_at_once"] == 16  # DeviceStager::kMaxInFlight; the 17th got a NULL request
+    assert run["wrong"] == []
+
+
+@pytest.mark.timeout(120)
 def test_emulated_nvl_refuses_cudamalloc_buffers_and_keeps_nothing(emulated_nvl_run):
     run = emulated_nvl_run
     assert run["legacy_code"] != 0

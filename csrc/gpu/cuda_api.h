@@ -59,6 +59,8 @@ class CudaApi {
   virtual void recordEvent(const CudaEvent& event, const CudaStream& stream) = 0;
   // Work queued on `stream` after this waits for `event`'s last record.
   virtual void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) = 0;
+  // Whether the work before `event`'s last record has finished; never waits.
+  virtual bool eventDone(const CudaEvent& event) = 0;
 
   // Copies queued on `stream`: device<->host and device->device (any devices).
   virtual void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) = 0;

@@ -59,6 +59,7 @@ struct CudaDriver::Symbols {
   int (*eventDestroy)(void*);
   int (*eventRecord)(void*, void*);
   int (*streamWaitEvent)(void*, void*, unsigned);
+  int (*eventQuery)(void*);
   int (*memcpyDtoHAsync)(void*, DevicePointer, size_t, void*);
   int (*memcpyHtoDAsync)(DevicePointer, const void*, size_t, void*);
   int (*memcpyAsync)(DevicePointer, DevicePointer, size_t, void*);
@@ -127,6 +128,7 @@ std::unique_ptr<CudaDriver> CudaDriver::load(std::string* error) {
   bind(symbols->eventDestroy, "cuEventDestroy_v2");
   bind(symbols->eventRecord, "cuEventRecord");
   bind(symbols->streamWaitEvent, "cuStreamWaitEvent");
+  bind(symbols->eventQuery, "cuEventQuery");
   bind(symbols->memcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   bind(symbols->memcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   bind(symbols->memcpyAsync, "cuMemcpyAsync");
@@ -287,6 +289,14 @@ void CudaDriver::recordEvent(const CudaEvent& event, const CudaStream& stream) {
 void CudaDriver::streamWaitEvent(const CudaStream& stream, const CudaEvent& event) {
   InContext in(*this, stream.device);
   check(symbols_->streamWaitEvent(stream.handle, event.handle, 0), "cuStreamWaitEvent");
+}
+
+bool CudaDriver::eventDone(const CudaEvent& event) {
+  InContext in(*this, event.device);
+  int status = symbols_->eventQuery(event.handle);
+  if (status == kErrorNotReady) return false;
+  check(status, "cuEventQuery");
+  return true;
 }
 
 void CudaDriver::copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) {

@@ -53,6 +53,7 @@ class CudaDriver : public CudaApi {
   void destroyEvent(const CudaEvent& event) override;
   void recordEvent(const CudaEvent& event, const CudaStream& stream) override;
   void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) override;
+  bool eventDone(const CudaEvent& event) override;
 
   void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) override;
   void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) override;

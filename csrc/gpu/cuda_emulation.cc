@@ -1,5 +1,6 @@
 #include "gpu/cuda_emulation.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -152,7 +153,7 @@ CudaEvent CudaEmulation::createEvent(int device) {
   CudaEvent event;
   event.device = device;
   event.handle = reinterpret_cast<void*>(nextHandle_++);
-  events_.insert(reinterpret_cast<uintptr_t>(event.handle));
+  events_[reinterpret_cast<uintptr_t>(event.handle)] = 0;
   ++counters_.events;
   return event;
 }
@@ -174,6 +175,22 @@ void CudaEmulation::recordEvent(const CudaEvent& event, const CudaStream& stream
   if (event.device != stream.device) {
     throw Error("cudaEventRecord: the event and the stream belong to different devices");
   }
+  events_[reinterpret_cast<uintptr_t>(event.handle)] = queriesBeforeDone_;
+}
+
+bool CudaEmulation::eventDone(const CudaEvent& event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = events_.find(reinterpret_cast<uintptr_t>(event.handle));
+  if (found == events_.end()) throw Error("cudaEventQuery: invalid resource handle (no such event)");
+  if (found->second > 0) --found->second;
+  return found->second == 0;
+}
+
+void CudaEmulation::setQueriesBeforeDone(int queries) {
+  if (queries < 1) throw Error("queries before an event is done: at least 1");
+  std::lock_guard<std::mutex> lock(mutex_);
+  queriesBeforeDone_ = queries;
+  for (auto& [handle, left] : events_) left = std::min(left, queries);
 }
 
 void CudaEmulation::streamWaitEvent(const CudaStream& stream, const CudaEvent& event) {

@@ -40,6 +40,12 @@ class CudaEmulation : public CudaApi {
   void destroyEvent(const CudaEvent& event) override;
   void recordEvent(const CudaEvent& event, const CudaStream& stream) override;
   void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) override;
+  // Copies run when issued, but an event reports done only at the
+  // `queriesBeforeDone`-th query after its record (default 1), so callers meet
+  // copies still in flight; setting it also shortens the wait of events
+  // recorded already.
+  bool eventDone(const CudaEvent& event) override;
+  void setQueriesBeforeDone(int queries);
   void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) override;
   void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) override;
   void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
@@ -78,7 +84,9 @@ class CudaEmulation : public CudaApi {
   mutable std::mutex mutex_;
   std::map<uintptr_t, Allocation> allocations_;  // by start address
   std::set<std::pair<int, int>> peerAccess_;     // (device, peer)
-  std::set<uintptr_t> streams_, events_;
+  std::set<uintptr_t> streams_;
+  std::map<uintptr_t, int> events_;  // handle -> queries left before it reports done
+  int queriesBeforeDone_ = 1;
   uintptr_t nextHandle_ = 1;
   Counters counters_;
 };

@@ -85,25 +85,28 @@ size_t Nvl::Region::offsetOf(const uint8_t* data, size_t bytes, const char* what
   return static_cast<size_t>(data - base_);
 }
 
-int Nvl::Region::transitFor(int nic, size_t bytes) {
-  int transit = nvl_.map_.transitGpu(gpu_, nic);
+void Nvl::Region::countTransit(int nic, int transit, size_t bytes) {
   if (transit >= 0) NicHealth::instance().counters(nvl_.healthIds_[nic]).nvlBytes.fetch_add(bytes);
-  return transit;
 }
 
-uint8_t* Nvl::Region::stageSend(const uint8_t* data, size_t bytes, int nic) {
-  uint8_t* host = mirror_.data() + offsetOf(data, bytes, "isend");
-  stager_.toHost(host, data, gpu_, bytes, transitFor(nic, bytes));
-  return host;
+uint8_t* Nvl::Region::hostCopy(const uint8_t* data, size_t bytes, const char* what) {
+  return mirror_.data() + offsetOf(data, bytes, what);
 }
 
-uint8_t* Nvl::Region::receiveBuffer(const uint8_t* data, size_t bytes) {
-  return mirror_.data() + offsetOf(data, bytes, "irecv");
+std::optional<DeviceStager::Transfer> Nvl::Region::startSend(const uint8_t* data, size_t bytes, int nic) {
+  uint8_t* host = hostCopy(data, bytes, "isend");
+  const int transit = nvl_.map_.transitGpu(gpu_, nic);
+  std::optional<DeviceStager::Transfer> transfer = stager_.startToHost(host, data, gpu_, bytes, transit);
+  if (transfer) countTransit(nic, transit, bytes);
+  return transfer;
 }
 
-void Nvl::Region::deliver(uint8_t* data, size_t bytes, int nic) {
-  stager_.toDevice(data, gpu_, mirror_.data() + offsetOf(data, bytes, "irecv"), bytes,
-                   transitFor(nic, bytes));
+std::optional<DeviceStager::Transfer> Nvl::Region::startDeliver(uint8_t* data, size_t bytes, int nic) {
+  const int transit = nvl_.map_.transitGpu(gpu_, nic);
+  std::optional<DeviceStager::Transfer> transfer =
+      stager_.startToDevice(data, gpu_, hostCopy(data, bytes, "irecv"), bytes, transit);
+  if (transfer) countTransit(nic, transit, bytes);
+  return transfer;
 }
 
 }  // namespace reccl

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,21 +41,25 @@ class Nvl {
   class Region {
    public:
     int gpu() const { return gpu_; }
-    // Stages `bytes` at `data` (inside this region) to the mirror, for a message
-    // leaving over local NIC `nic` (-1: none active; direct); returns the
-    // mirror's copy.
-    uint8_t* stageSend(const uint8_t* data, size_t bytes, int nic);
-    // Where a message for `data` (inside this region) is received on the host.
-    uint8_t* receiveBuffer(const uint8_t* data, size_t bytes);
-    // Copies the received `bytes` from the mirror into `data`; they arrived
-    // over local NIC `nic`.
-    void deliver(uint8_t* data, size_t bytes, int nic);
+    // Where the message for `data` (inside this region) sits on the host: sent
+    // from there once staged, received there before delivery.
+    uint8_t* hostCopy(const uint8_t* data, size_t bytes, const char* what);
+    // Queues the copy of `bytes` at `data` to the mirror, for a message
+    // leaving over local NIC `nic` (-1: none active; direct). Nothing when
+    // DeviceStager::kMaxInFlight copies are in flight (retry later).
+    std::optional<DeviceStager::Transfer> startSend(const uint8_t* data, size_t bytes, int nic);
+    // Queues the copy of the received `bytes` from the mirror into `data`; they
+    // arrived over local NIC `nic`. Nothing when all slots are busy.
+    std::optional<DeviceStager::Transfer> startDeliver(uint8_t* data, size_t bytes, int nic);
+    // Whether a queued copy finished; throws Error past its deadline.
+    bool finished(DeviceStager::Transfer& transfer) { return stager_.done(transfer); }
 
    private:
     friend class Nvl;
     Region(Nvl& nvl, int gpu, uint8_t* base, size_t size);
     size_t offsetOf(const uint8_t* data, size_t bytes, const char* what) const;
-    int transitFor(int nic, size_t bytes);
+    // Counts `bytes` on NIC `nic`'s nvl_bytes when they crossed to a transit GPU.
+    void countTransit(int nic, int transit, size_t bytes);
     Nvl& nvl_;
     const int gpu_;
     uint8_t* const base_;

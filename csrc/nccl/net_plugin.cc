@@ -1,6 +1,8 @@
 #include "nccl/net_plugin.h"
 
 #include <cstring>
+#include <deque>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -13,8 +15,12 @@ namespace {
 struct ListenComm {
   std::shared_ptr<Listener> listener;
 };
+struct PluginRequest;
 struct SendComm {
   std::shared_ptr<SendConnection> connection;
+  // NVL sends whose copy to the host mirror is queued, in isend order: each
+  // goes to the connection once its copy finished and every earlier one went.
+  std::deque<PluginRequest*> staging;
 };
 struct RecvComm {
   std::shared_ptr<RecvConnection> connection;
@@ -25,12 +31,36 @@ struct MemoryRegion {
   std::unique_ptr<Nvl::Region> gpu;  // null for host memory
 };
 struct PluginRequest {
-  std::shared_ptr<Request> request;
+  std::shared_ptr<Request> request;  // the connection's; null while a staged send waits for its copy
+  bool transportDone = false;
+  uint64_t bytes = 0;
+  // NVL: the region and its copy between the GPU buffer and the host mirror.
+  Nvl::Region* region = nullptr;
+  std::optional<DeviceStager::Transfer> copy;
+  // A staged send, until the connection has it.
+  SendComm* sendComm = nullptr;
+  uint8_t* hostData = nullptr;
+  size_t size = 0;
   // A staged receive: copied from the mirror into the GPU buffer on completion.
-  Nvl::Region* deliverTo = nullptr;
   uint8_t* deviceData = nullptr;
   std::shared_ptr<RecvConnection> connection;
 };
+
+// Hands the connection every staged send at the head of the queue whose copy
+// to the host finished. Throws Error when the connection failed.
+void postStagedSends(SendComm& comm) {
+  while (!comm.staging.empty()) {
+    PluginRequest* head = comm.staging.front();
+    if (!head->region->finished(*head->copy)) return;
+    try {
+      head->request = comm.connection->isend(head->hostData, head->size);
+    } catch (const Error&) {
+      if (!comm.connection->error().empty()) throw;
+      return;  // too many in flight: the next test() tries again
+    }
+    comm.staging.pop_front();
+  }
+}
 
 Nvl::Region* gpuRegion(void* mhandle) {
   return mhandle == nullptr ? nullptr : static_cast<MemoryRegion*>(mhandle)->gpu.get();
@@ -182,7 +212,7 @@ ncclResult_t NetPlugin::connect(int dev, void* handle, void** sendComm) {
     } else {
       std::vector<uint8_t> wire(bytes, bytes + kPendingMarkerOffset);
       wire.resize(RECCL_NCCL_NET_HANDLE_MAXSIZE, 0);
-      pending = new SendComm{transport()->connect(dev, wire)};
+      pending = new SendComm{transport()->connect(dev, wire), {}};
       std::memcpy(bytes + kPendingMarkerOffset, &kPendingMarker, sizeof(kPendingMarker));
       std::memcpy(bytes + kPendingPointerOffset, &pending, sizeof(pending));
     }
@@ -247,7 +277,25 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
     *request = nullptr;
     Nvl::Region* region = gpuRegion(mhandle);
     uint8_t* bytes = static_cast<uint8_t*>(data);
-    if (region != nullptr) bytes = region->stageSend(bytes, size, comm->connection->activeLocalNic());
+    if (region != nullptr) {
+      // Queue the copy to the host and return: the connection gets the bytes
+      // from test() once they are there, so the proxy thread never waits.
+      std::optional<DeviceStager::Transfer> copy =
+          region->startSend(bytes, size, comm->connection->activeLocalNic());
+      if (!copy) return ncclSuccess;  // every copy slot busy: NCCL retries
+      auto* pending = new PluginRequest();
+      pending->region = region;
+      pending->copy = *copy;
+      pending->sendComm = comm;
+      pending->hostData = region->hostCopy(bytes, size, "isend");
+      pending->size = size;
+      comm->staging.push_back(pending);
+      *request = pending;
+      RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) + " bytes " +
+                            std::to_string(size) + " staged from GPU " + std::to_string(region->gpu()));
+      postStagedSends(*comm);
+      return ncclSuccess;
+    }
     try {
       auto sent = comm->connection->isend(bytes, size);
       RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
@@ -276,7 +324,7 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
     *request = nullptr;
     Nvl::Region* region = gpuRegion(mhandles == nullptr ? nullptr : mhandles[0]);
     uint8_t* bytes = static_cast<uint8_t*>(data[0]);
-    if (region != nullptr) bytes = region->receiveBuffer(bytes, sizes[0]);
+    if (region != nullptr) bytes = region->hostCopy(bytes, sizes[0], "irecv");
     try {
       auto posted = comm->connection->irecv(bytes, sizes[0]);
       RECCL_LOG(kTrace, "plugin irecv connection " + std::to_string(comm->connection->id()) +
@@ -286,7 +334,7 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
       auto* pending = new PluginRequest();
       pending->request = std::move(posted);
       if (region != nullptr) {
-        pending->deliverTo = region;
+        pending->region = region;
         pending->deviceData = static_cast<uint8_t*>(data[0]);
         pending->connection = comm->connection;
       }
@@ -308,20 +356,32 @@ ncclResult_t NetPlugin::iflush(void*, void** request) {
 ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
   return guard("test", [&] {
     auto* pending = static_cast<PluginRequest*>(request);
-    uint64_t bytes = 0;
-    std::string error;
     *done = 0;
-    if (!pending->request->test(&bytes, &error)) return ncclSuccess;
-    std::unique_ptr<PluginRequest> finished(pending);
-    if (!error.empty()) {
-      warn("operation failed: " + error);
-      return ncclRemoteError;
+    if (pending->request == nullptr) {  // a staged send still waiting for its copy
+      postStagedSends(*pending->sendComm);
+      if (pending->request == nullptr) return ncclSuccess;
     }
-    if (finished->deliverTo != nullptr) {
-      finished->deliverTo->deliver(finished->deviceData, bytes, finished->connection->activeLocalNic());
+    if (!pending->transportDone) {
+      std::string error;
+      if (!pending->request->test(&pending->bytes, &error)) return ncclSuccess;
+      if (!error.empty()) {
+        delete pending;
+        warn("operation failed: " + error);
+        return ncclRemoteError;
+      }
+      pending->transportDone = true;
+    }
+    if (pending->deviceData != nullptr) {  // a staged receive: its copy into the GPU buffer
+      if (!pending->copy) {
+        pending->copy = pending->region->startDeliver(pending->deviceData, pending->bytes,
+                                                      pending->connection->activeLocalNic());
+        if (!pending->copy) return ncclSuccess;  // every copy slot busy: the next test() tries again
+      }
+      if (!pending->region->finished(*pending->copy)) return ncclSuccess;
     }
     *done = 1;
-    if (sizes != nullptr) *sizes = static_cast<int>(bytes);
+    if (sizes != nullptr) *sizes = static_cast<int>(pending->bytes);
+    delete pending;
     return ncclSuccess;
   });
 }

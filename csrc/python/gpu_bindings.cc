@@ -82,6 +82,8 @@ void bindGpu(py::module_& m) {
       .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
              e.deviceFree(device, reinterpret_cast<void*>(address));
            }, py::arg("device"), py::arg("address"))
+      .def("set_queries_before_done", &CudaEmulation::setQueriesBeforeDone, py::arg("queries"),
+           "events report done only at this query after their record (default 1): copies seem in flight")
       .def("counters", [](const CudaEmulation& e) {
         CudaEmulation::Counters c = e.counters();
         py::dict d;
