@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "nccl/net_plugin.h"
+#include "python/registered_buffer.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
@@ -187,12 +188,20 @@ void bindIbTransport(py::module_& m) {
       .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
            "Blackholes the device: packets vanish, no event, retry-exceeded later")
       .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
+           py::call_guard<py::gil_scoped_release>(),
+           "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
+           "responder QP still takes it (docs/ib.md)")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();
         py::dict d;
         d["sends"] = c.sends;
         d["writes"] = c.writes;
+        d["writes_with_imm"] = c.writesWithImmediate;
+        d["held"] = c.held;
+        d["wire_delivered"] = c.wireDelivered;
+        d["wire_dropped"] = c.wireDropped;
         d["bytes"] = c.bytes;
         d["flushed"] = c.flushed;
         d["retry_exceeded"] = c.retryExceeded;
@@ -240,6 +249,23 @@ void bindIbTransport(py::module_& m) {
              return out;
            })
       .def("listen", &IbTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def("register", [](IbTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+           py::arg("buffer"),
+           "Registers `buffer` on every RDMA device for direct placement; None with "
+           "RECCL_IB_ZERO_COPY=off")
+      .def("register_dmabuf", [](IbTransport& t, int fd, uint64_t offset, uint64_t bytes, uint64_t address) {
+             auto held = std::make_shared<RegisteredBuffer>();
+             py::gil_scoped_release release;
+             held->registration = t.registerDmaBuf(fd, offset, bytes, address);
+             return held;
+           }, py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"),
+           "Registers a dma-buf range on every RDMA device, addressed as `address` (a device "
+           "pointer the CPU never dereferences)")
+      .def("supports_dmabuf", [](const IbTransport& t) {
+             std::string why;
+             bool ok = t.supportsDmaBuf(&why);
+             return py::make_tuple(ok, why);
+           })
       .def(
           "connect",
           [](IbTransport& t, int nic, py::bytes handle) {

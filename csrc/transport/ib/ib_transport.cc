@@ -8,6 +8,7 @@
 #include "core/health.h"
 #include "core/log.h"
 #include "transport/ib/ib_path.h"
+#include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/job_dialer.h"
 #include "transport/path_plan.h"
@@ -178,6 +179,33 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
           handle, id), handle.chunkBytes);
   supervisor_->add(connection);
   return connection;
+}
+
+std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
+  if (!config_.ibZeroCopy) return nullptr;
+  return IbRegistration::host(devices_, base, bytes);
+}
+
+bool IbTransport::supportsDmaBuf(std::string* why) const {
+  if (!config_.ibZeroCopy) {
+    *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";
+    return false;
+  }
+  for (const auto& device : devices_) {
+    std::string reason;
+    if (!device->supportsDmaBuf(&reason)) {
+      *why = device->name() + ": " + reason;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t offset,
+                                                                uint64_t bytes, uint64_t address) {
+  std::string why;
+  if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
+  return IbRegistration::dmaBuf(devices_, fd, offset, bytes, address);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {

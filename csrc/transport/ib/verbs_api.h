@@ -156,6 +156,13 @@ class VerbsDevice {
   // ibv_reg_mr; remote write access when `remoteWrite`.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
                                                             bool remoteWrite) = 0;
+  // ibv_reg_dmabuf_mr with local and remote write: `bytes` of the dma-buf
+  // `fd` from `offset`, which the NIC addresses as [iova, iova + bytes).
+  // Throws Error when the provider cannot (supportsDmaBuf says why).
+  virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
+                                                            uint64_t iova) = 0;
+  // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
+  virtual bool supportsDmaBuf(std::string* why) const = 0;
   virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) = 0;  // ibv_create_cq
   // ibv_create_qp, type RC.
   virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,

@@ -43,6 +43,10 @@ struct Functions {
   decltype(&::ibv_query_gid) queryGid = nullptr;
   decltype(&::ibv_get_async_event) getAsyncEvent = nullptr;
   decltype(&::ibv_ack_async_event) ackAsyncEvent = nullptr;
+  // Optional (rdma-core v34+): typed here, so older headers build too.
+  using RegDmaBufMr = ibv_mr* (*)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                  int access);
+  RegDmaBufMr regDmaBufMr = nullptr;
 
   ~Functions() {
     if (handle != nullptr) dlclose(handle);
@@ -270,6 +274,20 @@ class SystemDevice : public VerbsDevice {
     if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
+  bool supportsDmaBuf(std::string* why) const override {
+    if (fn_->regDmaBufMr != nullptr) return true;
+    *why = "libibverbs.so.1 has no ibv_reg_dmabuf_mr (rdma-core older than v34)";
+    return false;
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
+                                                    uint64_t iova) override {
+    std::string why;
+    if (!supportsDmaBuf(&why)) throw Error("dma-buf registration on " + name_ + ": " + why);
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    ibv_mr* mr = fn_->regDmaBufMr(pd_, offset, bytes, iova, fd, access);
+    if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
+    return std::make_unique<SystemMemoryRegion>(fn_, mr);
+  }
   std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
     ibv_cq* cq = fn_->createCq(context_, depth, nullptr, nullptr, 0);
     if (cq == nullptr) throw Error(errnoText("ibv_create_cq", errno));
@@ -407,6 +425,7 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     *error = "libibverbs.so.1 lacks " + missing;
     return nullptr;
   }
+  fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
   return std::make_shared<SystemVerbs>(fn);
 }
 
