@@ -63,6 +63,7 @@ bool SendConnection::checkCarriableLocked(uint64_t seq, PendingSend& send) {
   const bool targetOnDevice = send.placement != nullptr && !send.placement->hostAccessible;
   const bool direct = send.registration != nullptr && send.placement != nullptr;
   if (direct || (!sourceOnDevice && !targetOnDevice)) return true;
+  if (send.request->capacity() == 0) return true;  // no byte to carry: no copy either
   send.request->fail(std::string("message ") + std::to_string(seq) + " cannot be carried: the " +
                      (sourceOnDevice ? "send" : "receive") +
                      " buffer is device memory (dma-buf), which travels only by direct placement, "

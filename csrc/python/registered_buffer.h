@@ -13,7 +13,8 @@
 
 namespace reccl {
 
-struct RegisteredBuffer {
+// Hidden like pybind11's own types, whose objects it holds.
+struct __attribute__((visibility("hidden"))) RegisteredBuffer {
   pybind11::buffer owner;
   pybind11::buffer_info info;
   std::unique_ptr<MemoryRegistration> registration;

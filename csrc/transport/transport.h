@@ -49,6 +49,14 @@ class Transport {
     (void)bytes;
     return nullptr;
   }
+  // Registers device (GPU) memory by its pointer on every NIC, for direct
+  // placement only (ibv_reg_mr on a GPU pointer: needs nvidia-peermem on a
+  // real host). Throws Error when this transport or host cannot.
+  virtual std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) {
+    (void)address;
+    (void)bytes;
+    throw Error(std::string(kind()) + " transport does not register device memory");
+  }
   // Whether registerDmaBuf can work here, and if not, why not.
   virtual bool supportsDmaBuf(std::string* why) const {
     *why = std::string(kind()) + " transport does not register dma-buf memory";

@@ -65,6 +65,15 @@ std::unique_ptr<IbRegistration> IbRegistration::host(
   return out;
 }
 
+std::unique_ptr<IbRegistration> IbRegistration::peer(
+    const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address, uint64_t bytes) {
+  if (address == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
+  std::unique_ptr<IbRegistration> out(
+      new IbRegistration(reinterpret_cast<uint64_t>(address), bytes, false));
+  for (const auto& device : devices) out->regions_.push_back(device->registerPeerMemory(address, bytes));
+  return out;
+}
+
 std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
     const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd, uint64_t offset,
     uint64_t bytes, uint64_t address) {

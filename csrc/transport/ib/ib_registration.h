@@ -32,6 +32,9 @@ class IbRegistration : public MemoryRegistration {
   // Registers host memory on every device in `devices` (local + remote write).
   static std::unique_ptr<IbRegistration> host(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
                                               void* base, uint64_t bytes);
+  // Registers GPU memory by pointer (peer memory) on every device.
+  static std::unique_ptr<IbRegistration> peer(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
+                                              void* address, uint64_t bytes);
   // Registers `bytes` of dma-buf `fd` from `offset` on every device, addressed as `address`.
   static std::unique_ptr<IbRegistration> dmaBuf(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
                                                 int fd, uint64_t offset, uint64_t bytes, uint64_t address);

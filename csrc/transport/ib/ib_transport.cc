@@ -186,6 +186,14 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint
   return IbRegistration::host(devices_, base, bytes);
 }
 
+std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
+                                                                      uint64_t bytes) {
+  if (!config_.ibZeroCopy) {
+    throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
+  }
+  return IbRegistration::peer(devices_, address, bytes);
+}
+
 bool IbTransport::supportsDmaBuf(std::string* why) const {
   if (!config_.ibZeroCopy) {
     *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";

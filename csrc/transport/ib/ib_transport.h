@@ -50,6 +50,7 @@ class IbTransport : public Transport {
   std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
   // Memory regions on every device (RECCL_IB_ZERO_COPY=on; nullptr when off).
   std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
+  std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;
   bool supportsDmaBuf(std::string* why) const override;
   std::unique_ptr<MemoryRegistration> registerDmaBuf(int fd, uint64_t offset, uint64_t bytes,
                                                      uint64_t address) override;

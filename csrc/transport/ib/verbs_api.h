@@ -161,6 +161,9 @@ class VerbsDevice {
   // Throws Error when the provider cannot (supportsDmaBuf says why).
   virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
                                                             uint64_t iova) = 0;
+  // ibv_reg_mr on a device (GPU) pointer, local + remote write: works only
+  // where a peer-memory module (nvidia-peermem) lets the NIC map it.
+  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) = 0;
   // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
   virtual bool supportsDmaBuf(std::string* why) const = 0;
   virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) = 0;  // ibv_create_cq

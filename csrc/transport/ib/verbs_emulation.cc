@@ -670,6 +670,10 @@ class EmulatedDevice : public VerbsDevice {
     return std::make_unique<EmulatedMemoryRegion>(state_, record);
   }
   bool supportsDmaBuf(std::string*) const override { return true; }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t) override {
+    throw Error("the verbs emulation cannot register GPU memory by pointer (on a real host that "
+                "needs nvidia-peermem); register it as a dma-buf instead");
+  }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
                                                     uint64_t iova) override {
     if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");

@@ -274,10 +274,34 @@ class SystemDevice : public VerbsDevice {
     if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) override {
+    ibv_mr* mr = fn_->regMr(pd_, address, bytes,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (mr == nullptr) {
+      throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
+                  " (needs the nvidia-peermem module, or use dma-buf)");
+    }
+    return std::make_unique<SystemMemoryRegion>(fn_, mr);
+  }
   bool supportsDmaBuf(std::string* why) const override {
-    if (fn_->regDmaBufMr != nullptr) return true;
-    *why = "libibverbs.so.1 has no ibv_reg_dmabuf_mr (rdma-core older than v34)";
-    return false;
+    if (fn_->regDmaBufMr == nullptr) {
+      *why = "libibverbs.so.1 has no ibv_reg_dmabuf_mr (rdma-core older than v34)";
+      return false;
+    }
+    // Probe with an invalid fd: a kernel or provider without dma-buf support
+    // answers EOPNOTSUPP / EPROTONOSUPPORT, one with it EBADF.
+    errno = 0;
+    ibv_mr* probe = fn_->regDmaBufMr(pd_, 0, 0, 0, -1, 0);
+    if (probe != nullptr) {
+      fn_->deregMr(probe);
+      return true;
+    }
+    if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT) {
+      *why = name_ + ": the kernel driver does not support dma-buf registration (" +
+             std::strerror(errno) + ")";
+      return false;
+    }
+    return true;
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
                                                     uint64_t iova) override {
