@@ -13,6 +13,7 @@ does not prove.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import socket
@@ -25,6 +26,7 @@ import torch_reccl
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
 from conftest import close_both, in_thread, message, plan_sizes, stream, wait_until
+from nccl_net_harness import DmaBufArena
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -488,6 +490,32 @@ def test_failback_waits_for_the_old_paths_writes_or_fences_it(fabric):
     assert after["wire_dropped"] > before["wire_dropped"]
     assert after["wire_delivered"] == before["wire_delivered"]
     assert dst == b"\xee" * size
+
+
+def test_device_memory_with_an_unregistered_peer_fails_clearly_and_is_never_staged(fabric):
+    """dma-buf memory (a GPU's, here a memfd under an address the CPU cannot
+    touch) travels only by direct placement: with the other end unregistered
+    both requests fail saying why, and the connection goes on."""
+    f = fabric()
+    send, recv = f.pair()
+    for device_end in ("sender", "receiver"):
+        transport = f.a if device_end == "sender" else f.b
+        arena = DmaBufArena(CHUNK, "ib-device")
+        registration = transport.register_dmabuf(arena.fd, 0, arena.size, arena.device)
+        device_buffer = (ctypes.c_char * arena.size).from_address(arena.device)
+        host = bytearray(CHUNK)
+        if device_end == "sender":
+            request_r = recv.irecv(host)
+            request_s = send.isend(device_buffer, registration=registration)
+        else:
+            request_r = recv.irecv(device_buffer, registration=registration)
+            request_s = send.isend(host)
+        with pytest.raises(RecclError, match="cannot be carried: the (send|receive) buffer is device memory"):
+            request_s.wait(5)
+        with pytest.raises(RecclError, match="cannot be carried: device memory"):
+            request_r.wait(5)
+    registered_stream(f.a, f.b, send, recv, plan_sizes(84, 10, CHUNK), 84)
+    assert not send.error and not recv.error
 
 
 def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):

@@ -62,17 +62,19 @@ py::list gidList(const std::vector<GidEntry>& table) {
   return out;
 }
 
-// A registered Python buffer: the region keeps the buffer alive.
+// A registered Python buffer (the region keeps it alive), or a dma-buf range
+// the NIC addresses from `base`.
 struct PyRegion {
-  py::buffer owner;
-  py::buffer_info info;
+  py::object owner;
+  uint64_t base = 0;
+  size_t size = 0;
   std::unique_ptr<VerbsMemoryRegion> region;
   uint64_t address(size_t offset, size_t length) const {
-    if (offset > static_cast<size_t>(info.size) || length > static_cast<size_t>(info.size) - offset) {
+    if (offset > size || length > size - offset) {
       throw ConfigError("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                        ") outside the registered " + std::to_string(info.size) + " bytes");
+                        ") outside the registered " + std::to_string(size) + " bytes");
     }
-    return reinterpret_cast<uint64_t>(info.ptr) + offset;
+    return base + offset;
   }
 };
 
@@ -150,10 +152,27 @@ void bindRawVerbs(py::module_& m) {
       .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
         auto region = std::make_shared<PyRegion>();
         region->owner = buffer;
-        region->info = buffer.request(true);
-        region->region = d.registerMemory(region->info.ptr, static_cast<size_t>(region->info.size), remoteWrite);
+        py::buffer_info info = buffer.request(true);
+        region->base = reinterpret_cast<uint64_t>(info.ptr);
+        region->size = static_cast<size_t>(info.size * info.itemsize);
+        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
         return region;
       }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
+      .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = iova;
+        region->size = length;
+        region->region = d.registerDmaBuf(fd, offset, length, iova);
+        return region;
+      }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
+         "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
+      .def("register_gpu_pointer", [](VerbsDevice& d, uint64_t address, size_t length) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = address;
+        region->size = length;
+        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
+        return region;
+      }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
       .def("create_cq", [](VerbsDevice& d) {
         return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64));
       }, py::keep_alive<0, 1>())
