@@ -249,16 +249,17 @@ def message_sizes(seed: int, count: int, max_bytes: int):
     return [int(s) for s in sizes]
 
 
-def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float):
-    """Sender half of NCCL's proxy: post isends (retrying NULL requests), poll test()."""
-    arrays = [message(seed, i, s) for i, s in enumerate(sizes)]
-    _, mhandle = plugin.reg_mr(comm, arrays[1])
+def pump_requests(plugin: Plugin, what: str, count: int, post, on_done, window: int,
+                  deadline: float) -> None:
+    """One side of NCCL's proxy loop: keep up to `window` requests posted (`post(i)`
+    returns request i; a NULL one is retried later), poll test(), and call
+    `on_done(i, size)` as each completes."""
     inflight, next_index = [], 0
-    while next_index < len(sizes) or inflight:
+    while next_index < count or inflight:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"sender stuck with {len(inflight)} in flight at {next_index}")
-        while next_index < len(sizes) and len(inflight) < window:
-            request = plugin.isend(comm, arrays[next_index], mhandle)
+            raise TimeoutError(f"{what} stuck with {len(inflight)} in flight at {next_index}")
+        while next_index < count and len(inflight) < window:
+            request = post(next_index)
             if not request.value:
                 break  # NCCL retries a NULL request later
             inflight.append((next_index, request))
@@ -266,13 +267,25 @@ def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: f
         still = []
         for index, request in inflight:
             code, done, size = plugin.test(request)
-            plugin.check(code, f"test(send {index})")
+            plugin.check(code, f"test({what} {index})")
             if done:
-                if size != sizes[index]:
-                    raise AssertionError(f"send {index}: test says {size} bytes, sent {sizes[index]}")
+                on_done(index, size)
             else:
                 still.append((index, request))
         inflight = still
+
+
+def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float):
+    """Sender half of NCCL's proxy: post isends (retrying NULL requests), poll test()."""
+    arrays = [message(seed, i, s) for i, s in enumerate(sizes)]
+    _, mhandle = plugin.reg_mr(comm, arrays[1])
+
+    def done(index, size):
+        if size != sizes[index]:
+            raise AssertionError(f"send {index}: test says {size} bytes, sent {sizes[index]}")
+
+    pump_requests(plugin, "sender", len(sizes), lambda i: plugin.isend(comm, arrays[i], mhandle),
+                  done, window, deadline)
 
 
 def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float,
@@ -280,31 +293,19 @@ def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline
     """Receiver half; checks every byte; appends each intact message's index to `progress`."""
     buffers = [np.zeros(s, np.uint8) for s in sizes]
     _, mhandle = plugin.reg_mr(comm, buffers[1])
-    inflight, next_index, good = [], 0, 0
-    while next_index < len(sizes) or inflight:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"receiver stuck with {len(inflight)} in flight at {next_index}")
-        while next_index < len(sizes) and len(inflight) < window:
-            _, request = plugin.irecv(comm, [buffers[next_index]], mhandle)
-            if not request.value:
-                break
-            inflight.append((next_index, request))
-            next_index += 1
-        still = []
-        for index, request in inflight:
-            code, done, size = plugin.test(request)
-            plugin.check(code, f"test(recv {index})")
-            if done:
-                if size != sizes[index] or not np.array_equal(buffers[index], message(seed, index, sizes[index])):
-                    raise AssertionError(f"message {index} differs ({size} bytes)")
-                good += 1
-                buffers[index] = None
-                if progress is not None:
-                    progress.append(index)
-            else:
-                still.append((index, request))
-        inflight = still
-    return good
+    good = []
+
+    def done(index, size):
+        if size != sizes[index] or not np.array_equal(buffers[index], message(seed, index, sizes[index])):
+            raise AssertionError(f"message {index} differs ({size} bytes)")
+        good.append(index)
+        buffers[index] = None
+        if progress is not None:
+            progress.append(index)
+
+    pump_requests(plugin, "receiver", len(sizes),
+                  lambda i: plugin.irecv(comm, [buffers[i]], mhandle)[1], done, window, deadline)
+    return len(good)
 
 
 def connect_pair(plugin: Plugin):
@@ -368,33 +369,16 @@ def raw_stream(plugin: Plugin, send_comm, recv_comm, plan, send_mhandle, recv_mh
     deadline = time.monotonic() + timeout
     errors = []
 
-    def pump(what, post):
-        inflight, next_index = [], 0
-        while next_index < len(plan) or inflight:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} stuck with {len(inflight)} in flight at {next_index}")
-            while next_index < len(plan) and len(inflight) < window:
-                request = post(plan[next_index])
-                if not request.value:
-                    break  # NCCL retries a NULL request later
-                inflight.append((next_index, request))
-                next_index += 1
-            still = []
-            for index, request in inflight:
-                code, done, size = plugin.test(request)
-                plugin.check(code, f"test({what} {index})")
-                if not done:
-                    still.append((index, request))
-                    continue
-                if size != plan[index][2]:
-                    raise AssertionError(f"{what} {index}: {size} bytes, expected {plan[index][2]}")
-                if progress is not None and what == "recv":
-                    progress.append(index)
-            inflight = still
+    def done(what, index, size):
+        if size != plan[index][2]:
+            raise AssertionError(f"{what} {index}: {size} bytes, expected {plan[index][2]}")
+        if progress is not None and what == "recv":
+            progress.append(index)
 
     def run(what, post):
         try:
-            pump(what, post)
+            pump_requests(plugin, what, len(plan), lambda i: post(plan[i]),
+                          lambda index, size: done(what, index, size), window, deadline)
         except Exception as error:  # reported, not raised: the other side must finish too
             errors.append(f"{what}: {error}")
 
@@ -433,6 +417,13 @@ class DmaBufArena:
         prot_none, map_private, map_anonymous, map_noreserve = 0, 0x2, 0x20, 0x4000
         self.device = _libc.mmap(None, self.size, prot_none, map_private | map_anonymous | map_noreserve, -1, 0)
         assert self.device not in (None, C.c_void_p(-1).value), "reserving an address range failed"
+
+
+def wait_received(progress: list, count: int, timeout: float = 30) -> None:
+    """Waits (bounded) until `progress` lists `count` received messages."""
+    deadline = time.monotonic() + timeout
+    while len(progress) < count and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def message_plan(sizes):
@@ -520,17 +511,12 @@ def ib_case_failover(emu, native) -> dict:
     sizes = message_sizes(11, 600, 4 << 20)
     progress, fault_log = [], {}
 
-    def wait_received(count):
-        deadline = time.monotonic() + 30
-        while len(progress) < count and time.monotonic() < deadline:
-            time.sleep(0.001)
-
     def fault():
-        wait_received(40)
+        wait_received(progress, 40)
         fault_log["received_at_port_down"] = len(progress)
         fault_log["counters_before"] = emu.counters()
         emu.port_down(IB_DEVICES[0])
-        wait_received(100)
+        wait_received(progress, 100)
         fault_log["received_at_port_up"] = len(progress)
         emu.port_up(IB_DEVICES[0])
         # Both ends fail back once the re-dialed primary QP is proven.
@@ -597,16 +583,11 @@ def ib_case_dmabuf(emu, native) -> dict:
     plan = [(src.device + o, dst.device + o, s) for o, s in zip(offsets, sizes)]
     progress, log = [], {}
 
-    def wait_received(count):
-        deadline = time.monotonic() + 30
-        while len(progress) < count and time.monotonic() < deadline:
-            time.sleep(0.001)
-
     def fault():
-        wait_received(60)
+        wait_received(progress, 60)
         log["at_port_down"] = len(progress)
         emu.port_down(IB_DEVICES[0])
-        wait_received(150)
+        wait_received(progress, 150)
         log["at_port_up"] = len(progress)
         emu.port_up(IB_DEVICES[0])
 

@@ -62,9 +62,11 @@ class Fabric:
         self.b = _C.IbTransport(self.emu, ib_env([B0, B1], **overrides))
         self.pairs = []
 
-    def pair(self, nic=0):
-        listener = self.b.listen(nic)
-        send = self.a.connect(nic, listener.handle)
+    def pair(self, nic=0, reverse=False):
+        """A connection a -> b on rail `nic` (b -> a with `reverse`)."""
+        sender, receiver = (self.b, self.a) if reverse else (self.a, self.b)
+        listener = receiver.listen(nic)
+        send = sender.connect(nic, listener.handle)
         send.wait_ready(10)
         recv = listener.accept(10)
         self.pairs.append((send, recv, listener))
@@ -117,17 +119,12 @@ def test_random_stream_is_bit_exact_over_rdma_writes(fabric):
 def test_both_directions_and_several_connections_at_once(fabric):
     f = fabric()
     forward = [f.pair() for _ in range(2)]
-    listener = f.a.listen(1)
-    back_send = f.b.connect(1, listener.handle)
-    back_send.wait_ready(10)
-    back_recv = listener.accept(10)
+    back_send, back_recv = f.pair(1, reverse=True)
     joins = []
     for i, (send, recv) in enumerate(forward + [(back_send, back_recv)]):
         joins.append(in_thread(stream, send, recv, plan_sizes(10 + i, 40, 2 * CHUNK), 10 + i))
     for join in joins:
         join()
-    close_both(back_send, back_recv)
-    listener.close()
 
 
 def test_transport_lists_devices_with_backups(fabric):
@@ -385,10 +382,7 @@ def test_one_registered_end_falls_back_to_staging(fabric, registered):
 def test_registered_transfers_both_ways_on_several_connections(fabric):
     f = fabric()
     forward = [f.pair() for _ in range(2)]
-    listener = f.a.listen(1)
-    back_send = f.b.connect(1, listener.handle)
-    back_send.wait_ready(10)
-    back_recv = listener.accept(10)
+    back_send, back_recv = f.pair(1, reverse=True)
     before = f.emu.counters()["writes_with_imm"]
     joins = [in_thread(registered_stream, f.a, f.b, s, r, plan_sizes(60 + i, 40, 2 * CHUNK), 60 + i)
              for i, (s, r) in enumerate(forward)]
@@ -397,8 +391,6 @@ def test_registered_transfers_both_ways_on_several_connections(fabric):
     for join in joins:
         join()
     assert f.emu.counters()["writes_with_imm"] - before == 3  # the three empty messages
-    close_both(back_send, back_recv)
-    listener.close()
 
 
 @pytest.mark.parametrize("fault", ["sender port", "receiver port", "blackhole"])

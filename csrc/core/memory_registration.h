@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace reccl {
 
@@ -36,6 +39,14 @@ class MemoryRegistration {
 
   bool covers(uint64_t start, uint64_t length) const {
     return start >= address() && length <= bytes() && start - address() <= bytes() - length;
+  }
+  // Throws Error naming `what` (e.g. "send buffer") unless covers().
+  void requireCovers(const void* data, uint64_t length, const char* what) const {
+    const uint64_t start = reinterpret_cast<uint64_t>(data);
+    if (length == 0 || covers(start, length)) return;
+    throw Error(std::string(what) + " [" + std::to_string(start) + ", +" + std::to_string(length) +
+                ") lies outside its registration [" + std::to_string(address()) + ", +" +
+                std::to_string(bytes()) + ")");
   }
 };
 

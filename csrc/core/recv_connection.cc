@@ -19,13 +19,7 @@ std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
   std::shared_ptr<Request> request;
   std::vector<uint8_t> place;
   uint64_t seq = 0;
-  if (registration != nullptr && capacity > 0 &&
-      !registration->covers(reinterpret_cast<uint64_t>(data), capacity)) {
-    throw Error("receive buffer [" + std::to_string(reinterpret_cast<uint64_t>(data)) + ", +" +
-                std::to_string(capacity) + ") lies outside its registration [" +
-                std::to_string(registration->address()) + ", +" +
-                std::to_string(registration->bytes()) + ")");
-  }
+  if (registration != nullptr) registration->requireCovers(data, capacity, "receive buffer");
   {
     Lock lock(mutex_);
     if (!error_.empty()) throw Error("receive on a failed connection: " + error_);

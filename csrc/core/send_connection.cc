@@ -19,13 +19,7 @@ SendConnection::~SendConnection() { destroyAllPaths(); }
 
 std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes,
                                                const MemoryRegistration* registration) {
-  if (registration != nullptr && bytes > 0 &&
-      !registration->covers(reinterpret_cast<uint64_t>(data), bytes)) {
-    throw Error("send buffer [" + std::to_string(reinterpret_cast<uint64_t>(data)) + ", +" +
-                std::to_string(bytes) + ") lies outside its registration [" +
-                std::to_string(registration->address()) + ", +" +
-                std::to_string(registration->bytes()) + ")");
-  }
+  if (registration != nullptr) registration->requireCovers(data, bytes, "send buffer");
   Lock lock(mutex_);
   if (!error_.empty()) throw Error("send on a failed connection: " + error_);
   if (closed_) throw Error("send on a closed connection");

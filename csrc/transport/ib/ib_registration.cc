@@ -57,21 +57,15 @@ IbPlacement IbPlacement::decode(const std::vector<uint8_t>& bytes) {
 std::unique_ptr<IbRegistration> IbRegistration::host(
     const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* base, uint64_t bytes) {
   if (base == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  std::unique_ptr<IbRegistration> out(
-      new IbRegistration(reinterpret_cast<uint64_t>(base), bytes, true));
-  for (const auto& device : devices) {
-    out->regions_.push_back(device->registerMemory(base, bytes, true));
-  }
-  return out;
+  return onEveryDevice(devices, reinterpret_cast<uint64_t>(base), bytes, true,
+                       [&](VerbsDevice& device) { return device.registerMemory(base, bytes, true); });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::peer(
     const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address, uint64_t bytes) {
   if (address == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  std::unique_ptr<IbRegistration> out(
-      new IbRegistration(reinterpret_cast<uint64_t>(address), bytes, false));
-  for (const auto& device : devices) out->regions_.push_back(device->registerPeerMemory(address, bytes));
-  return out;
+  return onEveryDevice(devices, reinterpret_cast<uint64_t>(address), bytes, false,
+                       [&](VerbsDevice& device) { return device.registerPeerMemory(address, bytes); });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
@@ -79,11 +73,9 @@ std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
     uint64_t bytes, uint64_t address) {
   if (fd < 0) throw ConfigError("dma-buf fd " + std::to_string(fd) + " is not a file descriptor");
   if (bytes == 0 || address == 0) throw ConfigError("cannot register an empty dma-buf range");
-  std::unique_ptr<IbRegistration> out(new IbRegistration(address, bytes, false));
-  for (const auto& device : devices) {
-    out->regions_.push_back(device->registerDmaBuf(fd, offset, bytes, address));
-  }
-  return out;
+  return onEveryDevice(devices, address, bytes, false, [&](VerbsDevice& device) {
+    return device.registerDmaBuf(fd, offset, bytes, address);
+  });
 }
 
 Placement IbRegistration::placementFor(uint64_t address, uint64_t capacity) const {

@@ -50,6 +50,15 @@ class IbRegistration : public MemoryRegistration {
  private:
   IbRegistration(uint64_t address, uint64_t bytes, bool hostAccessible)
       : address_(address), bytes_(bytes), hostAccessible_(hostAccessible) {}
+  // One region per device, each made by `registerOn(device)`.
+  template <typename RegisterOn>
+  static std::unique_ptr<IbRegistration> onEveryDevice(
+      const std::vector<std::shared_ptr<VerbsDevice>>& devices, uint64_t address, uint64_t bytes,
+      bool hostAccessible, RegisterOn registerOn) {
+    std::unique_ptr<IbRegistration> out(new IbRegistration(address, bytes, hostAccessible));
+    for (const auto& device : devices) out->regions_.push_back(registerOn(*device));
+    return out;
+  }
 
   const uint64_t address_;
   const uint64_t bytes_;
