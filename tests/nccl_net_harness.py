@@ -426,6 +426,19 @@ def wait_received(progress: list, count: int, timeout: float = 30) -> None:
         time.sleep(0.001)
 
 
+def flap_primary(emu, progress: list, down_at: int, up_at: int, log: dict):
+    """A fault for raw_stream: the primary device's port goes down once `down_at`
+    messages arrived and comes back at `up_at`; `log` records when."""
+    def fault():
+        wait_received(progress, down_at)
+        log["at_port_down"] = len(progress)
+        emu.port_down(IB_DEVICES[0])
+        wait_received(progress, up_at)
+        log["at_port_up"] = len(progress)
+        emu.port_up(IB_DEVICES[0])
+    return fault
+
+
 def message_plan(sizes):
     """Message i's offset in one arena holding the whole plan."""
     return [int(o) for o in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
@@ -539,10 +552,11 @@ def ib_case_failover(emu, native) -> dict:
 
 def ib_case_registered(emu, native) -> dict:
     """Host buffers registered with regMr (one arena per side, as NCCL registers
-    its buffers): placed directly, no staging, every byte checked."""
+    its buffers): placed directly, no staging, through a port down and back;
+    every byte checked."""
     plugin = Plugin(11)
     send_comm, recv_comm = connect_pair(plugin)
-    sizes = message_sizes(21, 150, 1 << 20)
+    sizes = message_sizes(21, 300, 1 << 20)
     offsets = message_plan(sizes)
     src = np.zeros(max(sum(sizes), 1), np.uint8)
     dst = np.full_like(src, 0xA5)
@@ -550,14 +564,17 @@ def ib_case_registered(emu, native) -> dict:
         src[offsets[i]:offsets[i] + size] = message(21, i, size)
     (code_s, send_mh), (code_r, recv_mh) = plugin.reg_mr(send_comm, src), plugin.reg_mr(recv_comm, dst)
     plan = [(src.ctypes.data + o, dst.ctypes.data + o, s) for o, s in zip(offsets, sizes)]
+    progress, log = [], {}
     before = emu.counters()
-    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh)
+    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh,
+                        fault=flap_primary(emu, progress, 60, 150, log), progress=progress)
     after = emu.counters()
     bad = [i for i, (o, s) in enumerate(zip(offsets, sizes)) if not np.array_equal(src[o:o + s], dst[o:o + s])]
     for mh in (send_mh, recv_mh):
         plugin.check(plugin.table.deregMr(None, mh), "deregMr")
     return {"reg_codes": [code_s, code_r], "errors": errors, "bad": bad, "count": len(sizes),
-            "empty": sizes.count(0), "payload": sum(sizes),
+            "empty": sizes.count(0), "payload": sum(sizes), **log,
+            "qp_errors": after["qp_errors"] - before["qp_errors"],
             "staged": after["writes_with_imm"] - before["writes_with_imm"],
             "writes": after["writes"] - before["writes"], "bytes": after["bytes"] - before["bytes"],
             "access_errors": after["access_errors"] - before["access_errors"]}
@@ -582,18 +599,9 @@ def ib_case_dmabuf(emu, native) -> dict:
     code_peer, _ = plugin.reg_mr_raw(recv_comm, dst.device, 4096, PTR_CUDA)
     plan = [(src.device + o, dst.device + o, s) for o, s in zip(offsets, sizes)]
     progress, log = [], {}
-
-    def fault():
-        wait_received(progress, 60)
-        log["at_port_down"] = len(progress)
-        emu.port_down(IB_DEVICES[0])
-        wait_received(progress, 150)
-        log["at_port_up"] = len(progress)
-        emu.port_up(IB_DEVICES[0])
-
     before = emu.counters()
-    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh, fault=fault,
-                        progress=progress)
+    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh,
+                        fault=flap_primary(emu, progress, 60, 150, log), progress=progress)
     after = emu.counters()
     bad = [i for i, (o, s) in enumerate(zip(offsets, sizes))
            if not np.array_equal(src.host[o:o + s], dst.host[o:o + s])]

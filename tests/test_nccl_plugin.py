@@ -221,10 +221,12 @@ def test_ib_random_sizes_many_in_flight_every_version(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_ib_registered_host_buffers_are_placed_without_staging(tmp_path):
+def test_ib_registered_host_buffers_are_placed_without_staging_through_a_port_down(tmp_path):
     report = run_ib_case(tmp_path, "registered")
     assert report["reg_codes"] == [SUCCESS, SUCCESS]
     assert report["errors"] == [] and report["bad"] == [], report
+    assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
+    assert report["qp_errors"] > 0
     # Only the empty message (nothing to register) took a staging slot.
     assert report["staged"] == report["empty"], report
     assert report["bytes"] >= report["payload"] and report["access_errors"] == 0

@@ -66,7 +66,8 @@ class VerbsEmulation : public VerbsApi {
   // QP at once (with the bytes it reads then) but stays on the wire, with no
   // completion yet; moving the sending QP to ERR flushes it at the sender but
   // does not recall it. Turning it off delivers what is parked, in order, to
-  // every responder QP still in RTR/RTS: a responder in ERR drops it. This is
+  // every responder QP still in RTR/RTS: a responder in ERR drops it (so does
+  // one with no receive posted for a SEND: no RNR retry on release). This is
   // how tests show that a stale write of an old path cannot land once the
   // receiver fenced that path.
   void setHold(const std::string& device, bool hold);
