@@ -363,8 +363,10 @@ void SendConnection::service() {
     // Bounded: a path whose writes do not complete in half a heartbeat is
     // failed (its QP to ERR here) and the ACTIVATE no longer says "healed",
     // so the receiver fences it too before it reports what it has.
-    if (!drainFirst->drainDirectWrites(Millis(std::max(1, env_.config.heartbeatMs / 2)))) {
-      Lock lock(mutex_);
+    const bool drained =
+        drainFirst->drainDirectWrites(Millis(std::max(1, env_.config.heartbeatMs / 2)));
+    Lock lock(mutex_);
+    if (!drained) {
       for (size_t i = 0; i < slots_.size(); ++i) {
         if (slots_[i].path == drainFirst) {
           failPathLocked(static_cast<int>(i), Reason::kTimeout,
@@ -375,6 +377,9 @@ void SendConnection::service() {
       std::memcpy(&body, activateFrame.data() + sizeof(FrameHeader), sizeof(body));
       activateFrame = encodeActivate(body.epoch, body.pathIndex, static_cast<uint8_t>(Reason::kTimeout));
     }
+    // The RESYNC is due a heartbeat after the ACTIVATE leaves, not after the drain began.
+    if (awaitingResync_) resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
+    lock.unlock();
     drainFirst.reset();
   }
   if (activateOn && !activateOn->sendControl(activateFrame)) {
