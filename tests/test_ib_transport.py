@@ -521,6 +521,10 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
         send.isend(other, registration=reg)
     with pytest.raises(RecclError, match="outside its registration"):
         recv.irecv(other, registration=f.b.register(arena))
+    # Keys belong to one transport's protection domains: another's are refused.
+    stranger = _C.IbTransport(f.emu, ib_env([A0, A1]))
+    with pytest.raises(RecclError, match="made by another transport"):
+        send.isend(arena, registration=stranger.register(arena))
     off = _C.IbTransport(f.emu, ib_env([A0, A1], IB_ZERO_COPY="off"))
     assert off.register(arena) is None
     assert off.supports_dmabuf()[0] is False and "RECCL_IB_ZERO_COPY=off" in off.supports_dmabuf()[1]

@@ -36,12 +36,21 @@ class MemoryRegistration {
   virtual bool hostAccessible() const = 0;
   // What the peer needs to write [address, address + capacity) directly.
   virtual Placement placementFor(uint64_t address, uint64_t capacity) const = 0;
+  // The transport that made it: only its connections can use it (its keys
+  // belong to that transport's protection domains).
+  virtual const void* registrar() const = 0;
 
   bool covers(uint64_t start, uint64_t length) const {
     return start >= address() && length <= bytes() && start - address() <= bytes() - length;
   }
-  // Throws Error naming `what` (e.g. "send buffer") unless covers().
-  void requireCovers(const void* data, uint64_t length, const char* what) const {
+  // Throws Error naming `what` (e.g. "send buffer") unless this registration
+  // was made by `transport` and covers the buffer.
+  void requireUsable(const void* transport, const void* data, uint64_t length,
+                     const char* what) const {
+    if (registrar() != transport) {
+      throw Error(std::string(what) + ": its registration was made by another transport; register "
+                  "it with the transport of this connection");
+    }
     const uint64_t start = reinterpret_cast<uint64_t>(data);
     if (length == 0 || covers(start, length)) return;
     throw Error(std::string(what) + " [" + std::to_string(start) + ", +" + std::to_string(length) +

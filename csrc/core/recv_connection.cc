@@ -19,7 +19,9 @@ std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
   std::shared_ptr<Request> request;
   std::vector<uint8_t> place;
   uint64_t seq = 0;
-  if (registration != nullptr) registration->requireCovers(data, capacity, "receive buffer");
+  if (registration != nullptr) {
+    registration->requireUsable(env_.registrar, data, capacity, "receive buffer");
+  }
   {
     Lock lock(mutex_);
     if (!error_.empty()) throw Error("receive on a failed connection: " + error_);

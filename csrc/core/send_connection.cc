@@ -19,7 +19,7 @@ SendConnection::~SendConnection() { destroyAllPaths(); }
 
 std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes,
                                                const MemoryRegistration* registration) {
-  if (registration != nullptr) registration->requireCovers(data, bytes, "send buffer");
+  if (registration != nullptr) registration->requireUsable(env_.registrar, data, bytes, "send buffer");
   Lock lock(mutex_);
   if (!error_.empty()) throw Error("send on a failed connection: " + error_);
   if (closed_) throw Error("send on a closed connection");

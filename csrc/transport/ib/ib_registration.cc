@@ -55,25 +55,27 @@ IbPlacement IbPlacement::decode(const std::vector<uint8_t>& bytes) {
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::host(
-    const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* base, uint64_t bytes) {
+    const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* base,
+    uint64_t bytes) {
   if (base == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  return onEveryDevice(devices, reinterpret_cast<uint64_t>(base), bytes, true,
+  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(base), bytes, true,
                        [&](VerbsDevice& device) { return device.registerMemory(base, bytes, true); });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::peer(
-    const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address, uint64_t bytes) {
+    const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address,
+    uint64_t bytes) {
   if (address == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  return onEveryDevice(devices, reinterpret_cast<uint64_t>(address), bytes, false,
+  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(address), bytes, false,
                        [&](VerbsDevice& device) { return device.registerPeerMemory(address, bytes); });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
-    const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd, uint64_t offset,
-    uint64_t bytes, uint64_t address) {
+    const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd,
+    uint64_t offset, uint64_t bytes, uint64_t address) {
   if (fd < 0) throw ConfigError("dma-buf fd " + std::to_string(fd) + " is not a file descriptor");
   if (bytes == 0 || address == 0) throw ConfigError("cannot register an empty dma-buf range");
-  return onEveryDevice(devices, address, bytes, false, [&](VerbsDevice& device) {
+  return onEveryDevice(registrar, devices, address, bytes, false, [&](VerbsDevice& device) {
     return device.registerDmaBuf(fd, offset, bytes, address);
   });
 }

@@ -30,36 +30,42 @@ struct IbPlacement {
 class IbRegistration : public MemoryRegistration {
  public:
   // Registers host memory on every device in `devices` (local + remote write).
-  static std::unique_ptr<IbRegistration> host(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
+  // `registrar`: the transport that owns `devices`.
+  static std::unique_ptr<IbRegistration> host(const void* registrar,
+                                              const std::vector<std::shared_ptr<VerbsDevice>>& devices,
                                               void* base, uint64_t bytes);
   // Registers GPU memory by pointer (peer memory) on every device.
-  static std::unique_ptr<IbRegistration> peer(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
+  static std::unique_ptr<IbRegistration> peer(const void* registrar,
+                                              const std::vector<std::shared_ptr<VerbsDevice>>& devices,
                                               void* address, uint64_t bytes);
   // Registers `bytes` of dma-buf `fd` from `offset` on every device, addressed as `address`.
-  static std::unique_ptr<IbRegistration> dmaBuf(const std::vector<std::shared_ptr<VerbsDevice>>& devices,
+  static std::unique_ptr<IbRegistration> dmaBuf(const void* registrar,
+                                                const std::vector<std::shared_ptr<VerbsDevice>>& devices,
                                                 int fd, uint64_t offset, uint64_t bytes, uint64_t address);
 
   uint64_t address() const override { return address_; }
   uint64_t bytes() const override { return bytes_; }
   bool hostAccessible() const override { return hostAccessible_; }
   Placement placementFor(uint64_t address, uint64_t capacity) const override;
+  const void* registrar() const override { return registrar_; }
   // The local key of this memory on device `nic`.
   uint32_t lkey(int nic) const;
   size_t nicCount() const { return regions_.size(); }
 
  private:
-  IbRegistration(uint64_t address, uint64_t bytes, bool hostAccessible)
-      : address_(address), bytes_(bytes), hostAccessible_(hostAccessible) {}
+  IbRegistration(const void* registrar, uint64_t address, uint64_t bytes, bool hostAccessible)
+      : registrar_(registrar), address_(address), bytes_(bytes), hostAccessible_(hostAccessible) {}
   // One region per device, each made by `registerOn(device)`.
   template <typename RegisterOn>
   static std::unique_ptr<IbRegistration> onEveryDevice(
-      const std::vector<std::shared_ptr<VerbsDevice>>& devices, uint64_t address, uint64_t bytes,
-      bool hostAccessible, RegisterOn registerOn) {
-    std::unique_ptr<IbRegistration> out(new IbRegistration(address, bytes, hostAccessible));
+      const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices,
+      uint64_t address, uint64_t bytes, bool hostAccessible, RegisterOn registerOn) {
+    std::unique_ptr<IbRegistration> out(new IbRegistration(registrar, address, bytes, hostAccessible));
     for (const auto& device : devices) out->regions_.push_back(registerOn(*device));
     return out;
   }
 
+  const void* const registrar_;
   const uint64_t address_;
   const uint64_t bytes_;
   const bool hostAccessible_;

@@ -149,7 +149,7 @@ void IbTransport::watchEvents(int nic) {
 void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
 
 ConnectionEnv IbTransport::connectionEnv(const std::string& peer) {
-  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
+  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
 }
 
 std::shared_ptr<Listener> IbTransport::listen(int nic) {
@@ -183,7 +183,7 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
   if (!config_.ibZeroCopy) return nullptr;
-  return IbRegistration::host(devices_, base, bytes);
+  return IbRegistration::host(this, devices_, base, bytes);
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
@@ -191,7 +191,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* addr
   if (!config_.ibZeroCopy) {
     throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
   }
-  return IbRegistration::peer(devices_, address, bytes);
+  return IbRegistration::peer(this, devices_, address, bytes);
 }
 
 bool IbTransport::supportsDmaBuf(std::string* why) const {
@@ -213,7 +213,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t
                                                                 uint64_t bytes, uint64_t address) {
   std::string why;
   if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
-  return IbRegistration::dmaBuf(devices_, fd, offset, bytes, address);
+  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {
