@@ -572,8 +572,13 @@ def ib_case_registered(emu, native) -> dict:
     bad = [i for i, (o, s) in enumerate(zip(offsets, sizes)) if not np.array_equal(src[o:o + s], dst[o:o + s])]
     for mh in (send_mh, recv_mh):
         plugin.check(plugin.table.deregMr(None, mh), "deregMr")
+    # A host buffer the devices refuse (here: NULL) still gets a handle: staged.
+    refused_code, refused = plugin.reg_mr_raw(send_comm, 0, 4096)
+    if refused.value:
+        plugin.check(plugin.table.deregMr(None, refused), "deregMr")
     return {"reg_codes": [code_s, code_r], "errors": errors, "bad": bad, "count": len(sizes),
-            "empty": sizes.count(0), "payload": sum(sizes), **log,
+            "empty": sizes.count(0), "payload": sum(sizes), **log, "refused_code": refused_code,
+            "refused_handle": bool(refused.value), "messages": plugin.messages,
             "qp_errors": after["qp_errors"] - before["qp_errors"],
             "staged": after["writes_with_imm"] - before["writes_with_imm"],
             "writes": after["writes"] - before["writes"], "bytes": after["bytes"] - before["bytes"],

@@ -227,6 +227,9 @@ def test_ib_registered_host_buffers_are_placed_without_staging_through_a_port_do
     assert report["errors"] == [] and report["bad"] == [], report
     assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
     assert report["qp_errors"] > 0
+    assert report["refused_code"] == SUCCESS and report["refused_handle"]
+    assert any("regMr: host buffer not registered, it will be staged: cannot register an empty "
+               "buffer" in m for m in report["messages"]), report["messages"]
     # Only the empty message (nothing to register) took a staging slot.
     assert report["staged"] == report["empty"], report
     assert report["bytes"] >= report["payload"] and report["access_errors"] == 0

@@ -247,7 +247,12 @@ ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** m
     auto region = std::make_unique<MemoryRegion>();
     if (type == RECCL_NCCL_PTR_HOST) {
       // IB: registered on every device for direct placement; TCP: nothing.
-      if (size > 0) region->registration = t->registerMemory(data, size);
+      // A refusal (e.g. RLIMIT_MEMLOCK) only costs the zero copy: staged then.
+      try {
+        if (size > 0) region->registration = t->registerMemory(data, size);
+      } catch (const Error& error) {
+        warn(std::string("regMr: host buffer not registered, it will be staged: ") + error.what());
+      }
       *mhandle = region.release();
       return ncclSuccess;
     }
