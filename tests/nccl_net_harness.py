@@ -232,6 +232,16 @@ class Plugin:
             self.check(code, "irecv")
         return code, request
 
+    def iflush(self, comm, buffers, mhandle):
+        """iflush for received (address, size) pairs: (code, request)."""
+        n = len(buffers)
+        data = (vp * n)(*[address for address, _ in buffers])
+        sizes = (C.c_int * n)(*[size for _, size in buffers])
+        mhandles = (vp * n)(*[mhandle] * n)
+        request = vp()
+        code = self.table.iflush(comm, n, data, sizes, mhandles, C.byref(request))
+        return code, request
+
     def test(self, request):
         done, size = C.c_int(), C.c_int()
         code = self.table.test(request, C.byref(done), C.byref(size))
@@ -364,14 +374,20 @@ def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | 
 def raw_stream(plugin: Plugin, send_comm, recv_comm, plan, send_mhandle, recv_mhandle,
                window: int = 8, fault=None, progress: list | None = None, timeout: float = 60):
     """Streams `plan` [(send address, receive address, size)] from registered
-    memory as NCCL's proxy threads would (the caller checks the bytes, which may
-    live where the CPU cannot read them); `fault()` runs meanwhile. Returns errors."""
+    memory as NCCL's proxy threads would, flushing each receive (iflush) when it
+    completes (the caller checks the bytes, which may live where the CPU cannot
+    read them); `fault()` runs meanwhile. Returns errors."""
     deadline = time.monotonic() + timeout
     errors = []
 
     def done(what, index, size):
         if size != plan[index][2]:
             raise AssertionError(f"{what} {index}: {size} bytes, expected {plan[index][2]}")
+        if what == "recv":
+            code, request = plugin.iflush(recv_comm, [(plan[index][1], size)], recv_mhandle)
+            plugin.check(code, f"iflush({index})")
+            if request.value:  # done at once: the flush read completed inside iflush
+                raise AssertionError(f"iflush({index}) returned a request")
         if progress is not None and what == "recv":
             progress.append(index)
 
@@ -581,6 +597,7 @@ def ib_case_registered(emu, native) -> dict:
             "refused_handle": bool(refused.value), "messages": plugin.messages,
             "qp_errors": after["qp_errors"] - before["qp_errors"],
             "staged": after["writes_with_imm"] - before["writes_with_imm"],
+            "flush_reads": after["reads"] - before["reads"],
             "writes": after["writes"] - before["writes"], "bytes": after["bytes"] - before["bytes"],
             "access_errors": after["access_errors"] - before["access_errors"]}
 
@@ -613,6 +630,7 @@ def ib_case_dmabuf(emu, native) -> dict:
     return {"properties": props, "reg_codes": [code_s, code_r], "peer_code": code_peer,
             "errors": errors, "bad": bad, "count": len(sizes), "empty": sizes.count(0),
             "staged": after["writes_with_imm"] - before["writes_with_imm"],
+            "flush_reads": after["reads"] - before["reads"],
             "qp_errors": after["qp_errors"] - before["qp_errors"],
             "access_errors": after["access_errors"] - before["access_errors"],
             "messages": plugin.messages, **log}

@@ -284,3 +284,20 @@ def wait_held(emu, count, timeout=2.0):
             return False
         time.sleep(0.001)
     return True
+
+
+def test_rdma_read_needs_remote_read_rights():
+    """RDMA READ (the GPU flush): granted on dma-buf regions, refused on regions
+    registered for remote write only."""
+    p = Pair()
+    arena = DmaBufArena(8192, "emu-read")
+    arena.host[:] = np.arange(8192, dtype=np.uint32).astype(np.uint8)
+    region = p.y.register_dmabuf(arena.fd, 0, 8192, arena.device)
+    p.qx.post_send("read", p.mx, 0, 16, region.address(100), region.rkey, wr_id=1)
+    done = poll_until(p.sx, 1)[0]
+    assert (done["status"], done["opcode"]) == ("success", "rdma_read")
+    assert bytes(p.bx[:16]) == bytes(arena.host[100:116])
+    assert p.emu.counters()["reads"] == 1
+    p.qx.post_send("read", p.mx, 0, 16, p.my.address(0), p.my.rkey, wr_id=2)
+    assert poll_until(p.sx, 1)[0]["status"] == "remote access error"
+    assert p.emu.counters()["reads"] == 1

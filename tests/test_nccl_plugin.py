@@ -228,6 +228,7 @@ def test_ib_registered_host_buffers_are_placed_without_staging_through_a_port_do
     assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
     assert report["qp_errors"] > 0
     assert report["refused_code"] == SUCCESS and report["refused_handle"]
+    assert report["flush_reads"] == 0  # host memory: iflush has nothing to do
     assert any("regMr: host buffer not registered, it will be staged: cannot register an empty "
                "buffer" in m for m in report["messages"]), report["messages"]
     # Only the empty message (nothing to register) took a staging slot.
@@ -251,6 +252,8 @@ def test_ib_dmabuf_buffers_are_placed_directly_through_a_port_down(tmp_path):
     # dma-buf memory cannot be staged: every non-empty message was placed, on
     # the primary and on the backup (the rkey of the receiver's backup device).
     assert report["staged"] == report["empty"] and report["access_errors"] == 0, report
+    # iflush read one byte of every non-empty GPU receive through a loopback QP.
+    assert report["flush_reads"] == report["count"] - report["empty"], report
 
 
 @pytest.mark.timeout(60)

@@ -117,8 +117,8 @@ ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, v
                       void** request) {
   return plugin().irecv(recvComm, n, data, sizes, mhandles, request);
 }
-ncclResult_t iflush(void* recvComm, int, void**, int*, void**, void** request) {
-  return plugin().iflush(recvComm, request);
+ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  return plugin().iflush(recvComm, n, data, sizes, mhandles, request);
 }
 ncclResult_t test(void* request, int* done, int* sizes) { return plugin().test(request, done, sizes); }
 ncclResult_t closeSend(void* comm) { return plugin().closeSend(comm); }

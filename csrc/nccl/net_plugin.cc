@@ -372,15 +372,27 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
   });
 }
 
-ncclResult_t NetPlugin::iflush(void*, void** request) {
+ncclResult_t NetPlugin::iflush(void* recvComm, int n, void** data, const int* sizes,
+                               void** mhandles, void** request) {
   // Host memory needs no flush, and an NVL-staged GPU receive completes only
   // after its copy into the GPU buffer finished. A receive the NIC placed in
-  // GPU memory (dma-buf / peer memory) completes when its last notice arrives:
-  // NCCL's own IB transport would also issue a 1-byte RDMA READ from the
-  // buffer over a loopback QP here, so the GPU sees the NIC's PCIe writes
-  // before the kernel reads; this build does not (docs/ib.md: unverified).
-  *request = nullptr;
-  return ncclSuccess;
+  // GPU memory gets what NCCL's own IB transport does: a 1-byte RDMA READ from
+  // the buffer over a loopback QP on the NIC that wrote it, done here (bounded)
+  // before NCCL lets the kernel read (docs/ib.md: unverified on hardware).
+  return guard("iflush", [&] {
+    *request = nullptr;
+    if (data == nullptr || sizes == nullptr || mhandles == nullptr) return ncclSuccess;
+    auto* comm = static_cast<RecvComm*>(recvComm);
+    for (int i = 0; i < n; ++i) {
+      if (sizes[i] <= 0) continue;
+      const size_t size = static_cast<size_t>(sizes[i]);
+      const MemoryRegistration* registration = registrationFor(mhandles[i], data[i], size);
+      if (registration == nullptr || registration->hostAccessible()) continue;
+      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]),
+                                     comm->connection->activeLocalNic());
+    }
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {

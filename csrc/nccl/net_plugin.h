@@ -53,7 +53,8 @@ class NetPlugin {
   ncclResult_t isend(void* sendComm, void* data, size_t size, void* mhandle, void** request);
   ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, void** mhandles,
                      void** request);
-  ncclResult_t iflush(void* recvComm, void** request);
+  ncclResult_t iflush(void* recvComm, int n, void** data, const int* sizes, void** mhandles,
+                      void** request);
   ncclResult_t test(void* request, int* done, int* sizes);
   ncclResult_t closeSend(void* sendComm);
   ncclResult_t closeRecv(void* recvComm);

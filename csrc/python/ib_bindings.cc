@@ -79,7 +79,8 @@ struct PyRegion {
 };
 
 py::dict completionDict(const WorkCompletion& wc) {
-  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "other"};
+  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "rdma_read",
+                                         "other"};
   py::dict d;
   d["wr_id"] = wc.wrId;
   d["status"] = wcStatusName(wc.status);
@@ -93,7 +94,8 @@ SendRequest::Op opFromName(const std::string& op) {
   if (op == "send") return SendRequest::Op::kSend;
   if (op == "write") return SendRequest::Op::kWrite;
   if (op == "write_imm") return SendRequest::Op::kWriteWithImmediate;
-  throw ConfigError("operation '" + op + "' is not valid: expected send, write or write_imm");
+  if (op == "read") return SendRequest::Op::kRead;
+  throw ConfigError("operation '" + op + "' is not valid: expected send, write, write_imm or read");
 }
 
 // Raw verbs objects of the emulation, so tests can check its RC semantics
@@ -218,6 +220,7 @@ void bindIbTransport(py::module_& m) {
         d["sends"] = c.sends;
         d["writes"] = c.writes;
         d["writes_with_imm"] = c.writesWithImmediate;
+        d["reads"] = c.reads;
         d["held"] = c.held;
         d["wire_delivered"] = c.wireDelivered;
         d["wire_dropped"] = c.wireDropped;

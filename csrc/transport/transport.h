@@ -57,6 +57,15 @@ class Transport {
     (void)bytes;
     throw Error(std::string(kind()) + " transport does not register device memory");
   }
+  // Makes what this transport's NICs wrote directly into the device memory at
+  // `address` (inside `registration`) visible to the device, through `nic`
+  // (the one that wrote it; -1: any). Nothing to do for host memory or for a
+  // transport that never writes device memory. Bounded; throws Error.
+  virtual void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, int nic) {
+    (void)registration;
+    (void)address;
+    (void)nic;
+  }
   // Whether registerDmaBuf can work here, and if not, why not.
   virtual bool supportsDmaBuf(std::string* why) const {
     *why = std::string(kind()) + " transport does not register dma-buf memory";

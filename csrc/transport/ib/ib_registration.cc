@@ -96,5 +96,6 @@ Placement IbRegistration::placementFor(uint64_t address, uint64_t capacity) cons
 }
 
 uint32_t IbRegistration::lkey(int nic) const { return regions_.at(static_cast<size_t>(nic))->lkey(); }
+uint32_t IbRegistration::rkey(int nic) const { return regions_.at(static_cast<size_t>(nic))->rkey(); }
 
 }  // namespace reccl

@@ -48,8 +48,9 @@ class IbRegistration : public MemoryRegistration {
   bool hostAccessible() const override { return hostAccessible_; }
   Placement placementFor(uint64_t address, uint64_t capacity) const override;
   const void* registrar() const override { return registrar_; }
-  // The local key of this memory on device `nic`.
+  // The local / remote key of this memory on device `nic`.
   uint32_t lkey(int nic) const;
+  uint32_t rkey(int nic) const;
   size_t nicCount() const { return regions_.size(); }
 
  private:

@@ -194,6 +194,40 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* addr
   return IbRegistration::peer(this, devices_, address, bytes);
 }
 
+void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
+                                    int nic) {
+  const auto* memory = dynamic_cast<const IbRegistration*>(&registration);
+  if (memory == nullptr || memory->hostAccessible()) return;
+  // Through the NIC that wrote it; if that one is down or fails the read (its
+  // port died: its writes ended with it), through the next usable one.
+  NicHealth& health = NicHealth::instance();
+  const int count = static_cast<int>(devices_.size());
+  std::vector<int> order;
+  if (nic >= 0 && nic < count) order.push_back(nic);
+  for (int i = 0; i < count; ++i) {
+    if (i != nic) order.push_back(i);
+  }
+  std::lock_guard<std::mutex> lock(flushMutex_);
+  if (flushers_.size() != devices_.size()) flushers_.resize(devices_.size());
+  std::string failures;
+  for (int candidate : order) {
+    if (!health.usable(healthIds_[candidate])) continue;
+    std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(candidate)];
+    try {
+      if (!flusher) {
+        flusher = std::make_unique<IbFlusher>(devices_[candidate], config_.ibTimeout, config_.ibRetryCount);
+      }
+      flusher->flush(address, memory->rkey(candidate), Millis(config_.heartbeatMs));
+      return;
+    } catch (const Error& error) {
+      flusher.reset();  // its QP is in ERR (or was never made): a fresh one next time
+      failures += (failures.empty() ? "" : "; ") + std::string(error.what());
+    }
+  }
+  throw Error("GPU flush failed on every usable RDMA device" +
+              (failures.empty() ? std::string(" (none is usable)") : ": " + failures));
+}
+
 bool IbTransport::supportsDmaBuf(std::string* why) const {
   if (!config_.ibZeroCopy) {
     *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";

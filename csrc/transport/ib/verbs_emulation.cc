@@ -42,6 +42,7 @@ struct MemoryRegionRecord {
   uint8_t* base = nullptr;  // where the emulated NIC really reads and writes it
   size_t bytes = 0;
   bool remoteWrite = false;
+  bool remoteRead = false;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
 
@@ -137,7 +138,11 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
 }
 
 WcOpcode opcodeOf(SendRequest::Op op) {
-  return op == SendRequest::Op::kSend ? WcOpcode::kSend : WcOpcode::kRdmaWrite;
+  switch (op) {
+    case SendRequest::Op::kSend: return WcOpcode::kSend;
+    case SendRequest::Op::kRead: return WcOpcode::kRdmaRead;
+    default: return WcOpcode::kRdmaWrite;
+  }
 }
 
 }  // namespace
@@ -271,7 +276,7 @@ struct VerbsEmulation::State {
       toError(qp);
       return true;
     }
-    const uint8_t* source = nullptr;
+    uint8_t* local = nullptr;  // what the request reads (or, a READ, fills)
     if (request.sge.length > 0) {
       MemoryRegionRecord* mr = localRegion(qp.device, request.sge);
       if (mr == nullptr) {
@@ -280,7 +285,25 @@ struct VerbsEmulation::State {
         toError(qp);
         return true;
       }
-      source = mr->translate(request.sge.address);
+      local = mr->translate(request.sge.address);
+    }
+    const uint8_t* source = local;
+    if (request.op == SendRequest::Op::kRead) {
+      // Not held: a READ's data comes back to us, there is nothing to park.
+      auto it = byRkey.find(request.rkey);
+      MemoryRegionRecord* mr = it == byRkey.end() ? nullptr : it->second;
+      qp.sends.pop_front();
+      if (mr == nullptr || mr->device != remote->device || !mr->remoteRead ||
+          !mr->covers(request.remoteAddress, request.sge.length)) {
+        completeSend(qp, request, WcStatus::kRemoteAccess);
+        toError(*remote);
+        toError(qp);
+        return true;
+      }
+      if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
+      ++counters.reads;
+      completeSend(qp, request, WcStatus::kSuccess);
+      return true;
     }
     if (devices[qp.device].hold) {
       // Leaves now with the bytes it reads now; lands when the hold ends.
@@ -686,6 +709,7 @@ class EmulatedDevice : public VerbsDevice {
     record.iova = iova;
     record.bytes = bytes;
     record.remoteWrite = true;
+    record.remoteRead = true;
     return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
   }
   std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {

@@ -32,6 +32,7 @@ struct EmulationCounters {
   uint64_t sends = 0;           // SENDs delivered
   uint64_t writes = 0;          // RDMA WRITEs delivered (with or without immediate)
   uint64_t writesWithImmediate = 0;  // of those, WRITE WITH IMMEDIATE (the staged chunks)
+  uint64_t reads = 0;           // RDMA READs served (the GPU flush)
   uint64_t bytes = 0;           // payload bytes delivered
   uint64_t flushed = 0;         // completions with kFlushed
   uint64_t retryExceeded = 0;   // completions with kRetryExceeded

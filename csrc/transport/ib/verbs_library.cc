@@ -83,6 +83,7 @@ WcOpcode opcodeOf(ibv_wc_opcode opcode) {
   switch (opcode) {
     case IBV_WC_SEND: return WcOpcode::kSend;
     case IBV_WC_RDMA_WRITE: return WcOpcode::kRdmaWrite;
+    case IBV_WC_RDMA_READ: return WcOpcode::kRdmaRead;
     case IBV_WC_RECV: return WcOpcode::kRecv;
     case IBV_WC_RECV_RDMA_WITH_IMM: return WcOpcode::kRecvRdmaWithImm;
     default: return WcOpcode::kOther;
@@ -139,7 +140,7 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = static_cast<uint8_t>(port);
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
   void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
@@ -196,6 +197,7 @@ class SystemQueuePair : public VerbsQueuePair {
         wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.imm_data = htonl(request.immediate);
         break;
+      case SendRequest::Op::kRead: wr.opcode = IBV_WR_RDMA_READ; break;
     }
     wr.wr.rdma.remote_addr = request.remoteAddress;
     wr.wr.rdma.rkey = request.rkey;
@@ -276,7 +278,7 @@ class SystemDevice : public VerbsDevice {
   }
   std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) override {
     ibv_mr* mr = fn_->regMr(pd_, address, bytes,
-                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     if (mr == nullptr) {
       throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
                   " (needs the nvidia-peermem module, or use dma-buf)");
@@ -307,7 +309,7 @@ class SystemDevice : public VerbsDevice {
                                                     uint64_t iova) override {
     std::string why;
     if (!supportsDmaBuf(&why)) throw Error("dma-buf registration on " + name_ + ": " + why);
-    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     ibv_mr* mr = fn_->regDmaBufMr(pd_, offset, bytes, iova, fd, access);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
