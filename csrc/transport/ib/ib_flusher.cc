@@ -1,5 +1,6 @@
 #include "transport/ib/ib_flusher.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "core/error.h"
