@@ -13,6 +13,7 @@ import argparse
 import ctypes as C
 import functools
 import json
+import mmap
 import os
 import sys
 import threading
@@ -21,7 +22,7 @@ import time
 import numpy as np
 
 SUCCESS, SYSTEM_ERROR, INTERNAL_ERROR, INVALID_ARGUMENT, REMOTE_ERROR = 0, 2, 3, 4, 6
-PTR_HOST, PTR_CUDA = 1, 2
+PTR_HOST, PTR_CUDA, PTR_DMABUF = 1, 2, 4
 HANDLE_BYTES = 128
 VERSIONS = (8, 10, 11, 12)
 
@@ -186,24 +187,40 @@ class Plugin:
         return comm
 
     def reg_mr(self, comm, array: np.ndarray, kind: int = PTR_HOST):
+        return self.reg_mr_raw(comm, array.ctypes.data, array.nbytes, kind)
+
+    def reg_mr_raw(self, comm, address: int, size: int, kind: int = PTR_HOST):
         handle = vp()
-        code = self.table.regMr(comm, array.ctypes.data, array.nbytes, kind, C.byref(handle))
+        code = self.table.regMr(comm, address, size, kind, C.byref(handle))
+        return code, handle
+
+    def reg_mr_dmabuf(self, comm, address: int, size: int, fd: int, offset: int = 0,
+                      kind: int = PTR_CUDA):
+        handle = vp()
+        code = self.table.regMrDmaBuf(comm, address, size, kind, offset, fd, C.byref(handle))
         return code, handle
 
     def isend(self, comm, array: np.ndarray, mhandle):
+        return self.isend_raw(comm, array.ctypes.data, array.nbytes, mhandle)
+
+    def isend_raw(self, comm, address: int, size: int, mhandle):
         request = vp()
         if self.version == 8:
-            code = self.table.isend(comm, array.ctypes.data, array.nbytes, 0, mhandle, C.byref(request))
+            code = self.table.isend(comm, address, size, 0, mhandle, C.byref(request))
         else:
-            code = self.table.isend(comm, array.ctypes.data, array.nbytes, 0, mhandle, None, C.byref(request))
+            code = self.table.isend(comm, address, size, 0, mhandle, None, C.byref(request))
         self.check(code, "isend")
         return request
 
     def irecv(self, comm, arrays, mhandle, check: bool = True):
-        n = len(arrays)
-        data = (vp * n)(*[a.ctypes.data for a in arrays])
+        return self.irecv_raw(comm, [(a.ctypes.data, a.nbytes) for a in arrays], mhandle, check)
+
+    def irecv_raw(self, comm, buffers, mhandle, check: bool = True):
+        """`buffers`: (address, size) pairs."""
+        n = len(buffers)
+        data = (vp * n)(*[address for address, _ in buffers])
         size_t = C.c_int if self.version == 8 else C.c_size_t
-        sizes = (size_t * n)(*[a.nbytes for a in arrays])
+        sizes = (size_t * n)(*[size for _, size in buffers])
         tags = (C.c_int * n)()
         mhandles = (vp * n)(*[mhandle] * n)
         request = vp()
@@ -213,6 +230,16 @@ class Plugin:
             code = self.table.irecv(comm, n, data, sizes, tags, mhandles, None, C.byref(request))
         if check:
             self.check(code, "irecv")
+        return code, request
+
+    def iflush(self, comm, buffers, mhandle):
+        """iflush for received (address, size) pairs: (code, request)."""
+        n = len(buffers)
+        data = (vp * n)(*[address for address, _ in buffers])
+        sizes = (C.c_int * n)(*[size for _, size in buffers])
+        mhandles = (vp * n)(*[mhandle] * n)
+        request = vp()
+        code = self.table.iflush(comm, n, data, sizes, mhandles, C.byref(request))
         return code, request
 
     def test(self, request):
@@ -232,16 +259,17 @@ def message_sizes(seed: int, count: int, max_bytes: int):
     return [int(s) for s in sizes]
 
 
-def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float):
-    """Sender half of NCCL's proxy: post isends (retrying NULL requests), poll test()."""
-    arrays = [message(seed, i, s) for i, s in enumerate(sizes)]
-    _, mhandle = plugin.reg_mr(comm, arrays[1])
+def pump_requests(plugin: Plugin, what: str, count: int, post, on_done, window: int,
+                  deadline: float) -> None:
+    """One side of NCCL's proxy loop: keep up to `window` requests posted (`post(i)`
+    returns request i; a NULL one is retried later), poll test(), and call
+    `on_done(i, size)` as each completes."""
     inflight, next_index = [], 0
-    while next_index < len(sizes) or inflight:
+    while next_index < count or inflight:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"sender stuck with {len(inflight)} in flight at {next_index}")
-        while next_index < len(sizes) and len(inflight) < window:
-            request = plugin.isend(comm, arrays[next_index], mhandle)
+            raise TimeoutError(f"{what} stuck with {len(inflight)} in flight at {next_index}")
+        while next_index < count and len(inflight) < window:
+            request = post(next_index)
             if not request.value:
                 break  # NCCL retries a NULL request later
             inflight.append((next_index, request))
@@ -249,13 +277,25 @@ def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: f
         still = []
         for index, request in inflight:
             code, done, size = plugin.test(request)
-            plugin.check(code, f"test(send {index})")
+            plugin.check(code, f"test({what} {index})")
             if done:
-                if size != sizes[index]:
-                    raise AssertionError(f"send {index}: test says {size} bytes, sent {sizes[index]}")
+                on_done(index, size)
             else:
                 still.append((index, request))
         inflight = still
+
+
+def send_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float):
+    """Sender half of NCCL's proxy: post isends (retrying NULL requests), poll test()."""
+    arrays = [message(seed, i, s) for i, s in enumerate(sizes)]
+    _, mhandle = plugin.reg_mr(comm, arrays[1])
+
+    def done(index, size):
+        if size != sizes[index]:
+            raise AssertionError(f"send {index}: test says {size} bytes, sent {sizes[index]}")
+
+    pump_requests(plugin, "sender", len(sizes), lambda i: plugin.isend(comm, arrays[i], mhandle),
+                  done, window, deadline)
 
 
 def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline: float,
@@ -263,41 +303,24 @@ def receive_stream(plugin: Plugin, comm, sizes, seed: int, window: int, deadline
     """Receiver half; checks every byte; appends each intact message's index to `progress`."""
     buffers = [np.zeros(s, np.uint8) for s in sizes]
     _, mhandle = plugin.reg_mr(comm, buffers[1])
-    inflight, next_index, good = [], 0, 0
-    while next_index < len(sizes) or inflight:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"receiver stuck with {len(inflight)} in flight at {next_index}")
-        while next_index < len(sizes) and len(inflight) < window:
-            _, request = plugin.irecv(comm, [buffers[next_index]], mhandle)
-            if not request.value:
-                break
-            inflight.append((next_index, request))
-            next_index += 1
-        still = []
-        for index, request in inflight:
-            code, done, size = plugin.test(request)
-            plugin.check(code, f"test(recv {index})")
-            if done:
-                if size != sizes[index] or not np.array_equal(buffers[index], message(seed, index, sizes[index])):
-                    raise AssertionError(f"message {index} differs ({size} bytes)")
-                good += 1
-                buffers[index] = None
-                if progress is not None:
-                    progress.append(index)
-            else:
-                still.append((index, request))
-        inflight = still
-    return good
+    good = []
+
+    def done(index, size):
+        if size != sizes[index] or not np.array_equal(buffers[index], message(seed, index, sizes[index])):
+            raise AssertionError(f"message {index} differs ({size} bytes)")
+        good.append(index)
+        buffers[index] = None
+        if progress is not None:
+            progress.append(index)
+
+    pump_requests(plugin, "receiver", len(sizes),
+                  lambda i: plugin.irecv(comm, [buffers[i]], mhandle)[1], done, window, deadline)
+    return len(good)
 
 
-def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | None = None):
-    """One plugin talks to itself: listen, connect and accept as NCCL's setup does,
-    then a sender and a receiver "proxy" thread stream `sizes`; `fault()` runs
-    on the calling thread meanwhile (`progress` gets each intact message's index as
-    it arrives). Returns (errors, [messages received intact])."""
-    plugin = Plugin(version)
+def connect_pair(plugin: Plugin):
+    """listen, connect and accept on device 0 as NCCL's setup does: (send, recv) comms."""
     handle, listen_comm = plugin.listen(0)
-    errors, good = [], []
     send_comm_box = []
 
     def connect():
@@ -310,7 +333,17 @@ def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | 
     # every later re-dial must still be admitted.
     assert plugin.table.closeListen(listen_comm) == SUCCESS
     connector.join(timeout=30)
-    send_comm = send_comm_box[0]
+    return send_comm_box[0], recv_comm
+
+
+def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | None = None):
+    """One plugin talks to itself (connect_pair), then a sender and a receiver
+    "proxy" thread stream `sizes`; `fault()` runs on the calling thread meanwhile
+    (`progress` gets each intact message's index as it arrives). Returns (errors,
+    [messages received intact])."""
+    plugin = Plugin(version)
+    errors, good = [], []
+    send_comm, recv_comm = connect_pair(plugin)
     deadline = time.monotonic() + 60
 
     def sender():
@@ -336,6 +369,95 @@ def run_pair(version: int, sizes, window: int = 8, fault=None, progress: list | 
     for close, comm in ((plugin.table.closeSend, send_comm), (plugin.table.closeRecv, recv_comm)):
         assert close(comm) == SUCCESS
     return errors, good
+
+
+def raw_stream(plugin: Plugin, send_comm, recv_comm, plan, send_mhandle, recv_mhandle,
+               window: int = 8, fault=None, progress: list | None = None, timeout: float = 60):
+    """Streams `plan` [(send address, receive address, size)] from registered
+    memory as NCCL's proxy threads would, flushing each receive (iflush) when it
+    completes (the caller checks the bytes, which may live where the CPU cannot
+    read them); `fault()` runs meanwhile. Returns errors."""
+    deadline = time.monotonic() + timeout
+    errors = []
+
+    def done(what, index, size):
+        if size != plan[index][2]:
+            raise AssertionError(f"{what} {index}: {size} bytes, expected {plan[index][2]}")
+        if what == "recv":
+            code, request = plugin.iflush(recv_comm, [(plan[index][1], size)], recv_mhandle)
+            plugin.check(code, f"iflush({index})")
+            if request.value:  # done at once: the flush read completed inside iflush
+                raise AssertionError(f"iflush({index}) returned a request")
+        if progress is not None and what == "recv":
+            progress.append(index)
+
+    def run(what, post):
+        try:
+            pump_requests(plugin, what, len(plan), lambda i: post(plan[i]),
+                          lambda index, size: done(what, index, size), window, deadline)
+        except Exception as error:  # reported, not raised: the other side must finish too
+            errors.append(f"{what}: {error}")
+
+    threads = [
+        threading.Thread(target=run, args=("send", lambda p: plugin.isend_raw(send_comm, p[0], p[2], send_mhandle))),
+        threading.Thread(target=run, args=("recv", lambda p: plugin.irecv_raw(recv_comm, [(p[1], p[2])], recv_mhandle)[1])),
+    ]
+    for t in threads:
+        t.start()
+    if fault is not None:
+        fault()
+    for t in threads:
+        t.join(timeout=timeout + 10)
+    assert not any(t.is_alive() for t in threads), "a proxy thread hung"
+    return errors
+
+
+_libc = C.CDLL(None, use_errno=True)
+_libc.mmap.restype = vp
+_libc.mmap.argtypes = [vp, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long]
+
+
+class DmaBufArena:
+    """A memfd standing in for a GPU buffer's dma-buf: `host` is the test's own
+    mapping of it (to fill and check), `device` an address reserved with no
+    access at all, standing for the GPU pointer NCCL passes. Any CPU access
+    through `device` would crash the process: the bytes can only move through
+    the (emulated) NIC's own mapping of the fd."""
+
+    def __init__(self, size: int, name: str):
+        self.size = max(size, 1)
+        self.fd = os.memfd_create(name)
+        os.ftruncate(self.fd, self.size)
+        self._map = mmap.mmap(self.fd, self.size)
+        self.host = np.frombuffer(self._map, dtype=np.uint8)
+        prot_none, map_private, map_anonymous, map_noreserve = 0, 0x2, 0x20, 0x4000
+        self.device = _libc.mmap(None, self.size, prot_none, map_private | map_anonymous | map_noreserve, -1, 0)
+        assert self.device not in (None, C.c_void_p(-1).value), "reserving an address range failed"
+
+
+def wait_received(progress: list, count: int, timeout: float = 30) -> None:
+    """Waits (bounded) until `progress` lists `count` received messages."""
+    deadline = time.monotonic() + timeout
+    while len(progress) < count and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def flap_primary(emu, progress: list, down_at: int, up_at: int, log: dict):
+    """A fault for raw_stream: the primary device's port goes down once `down_at`
+    messages arrived and comes back at `up_at`; `log` records when."""
+    def fault():
+        wait_received(progress, down_at)
+        log["at_port_down"] = len(progress)
+        emu.port_down(IB_DEVICES[0])
+        wait_received(progress, up_at)
+        log["at_port_up"] = len(progress)
+        emu.port_up(IB_DEVICES[0])
+    return fault
+
+
+def message_plan(sizes):
+    """Message i's offset in one arena holding the whole plan."""
+    return [int(o) for o in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
 
 
 # ------------------------------------------------------------ over the IB emulation
@@ -418,17 +540,12 @@ def ib_case_failover(emu, native) -> dict:
     sizes = message_sizes(11, 600, 4 << 20)
     progress, fault_log = [], {}
 
-    def wait_received(count):
-        deadline = time.monotonic() + 30
-        while len(progress) < count and time.monotonic() < deadline:
-            time.sleep(0.001)
-
     def fault():
-        wait_received(40)
+        wait_received(progress, 40)
         fault_log["received_at_port_down"] = len(progress)
         fault_log["counters_before"] = emu.counters()
         emu.port_down(IB_DEVICES[0])
-        wait_received(100)
+        wait_received(progress, 100)
         fault_log["received_at_port_up"] = len(progress)
         emu.port_up(IB_DEVICES[0])
         # Both ends fail back once the re-dialed primary QP is proven.
@@ -449,6 +566,85 @@ def ib_case_failover(emu, native) -> dict:
             "counters_after": emu.counters(), **fault_log}
 
 
+def ib_case_registered(emu, native) -> dict:
+    """Host buffers registered with regMr (one arena per side, as NCCL registers
+    its buffers): placed directly, no staging, through a port down and back;
+    every byte checked."""
+    plugin = Plugin(11)
+    send_comm, recv_comm = connect_pair(plugin)
+    sizes = message_sizes(21, 300, 1 << 20)
+    offsets = message_plan(sizes)
+    src = np.zeros(max(sum(sizes), 1), np.uint8)
+    dst = np.full_like(src, 0xA5)
+    for i, size in enumerate(sizes):
+        src[offsets[i]:offsets[i] + size] = message(21, i, size)
+    (code_s, send_mh), (code_r, recv_mh) = plugin.reg_mr(send_comm, src), plugin.reg_mr(recv_comm, dst)
+    plan = [(src.ctypes.data + o, dst.ctypes.data + o, s) for o, s in zip(offsets, sizes)]
+    progress, log = [], {}
+    before = emu.counters()
+    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh,
+                        fault=flap_primary(emu, progress, 60, 150, log), progress=progress)
+    after = emu.counters()
+    bad = [i for i, (o, s) in enumerate(zip(offsets, sizes)) if not np.array_equal(src[o:o + s], dst[o:o + s])]
+    for mh in (send_mh, recv_mh):
+        plugin.check(plugin.table.deregMr(None, mh), "deregMr")
+    # A host buffer the devices refuse (here: NULL) still gets a handle: staged.
+    refused_code, refused = plugin.reg_mr_raw(send_comm, 0, 4096)
+    if refused.value:
+        plugin.check(plugin.table.deregMr(None, refused), "deregMr")
+    return {"reg_codes": [code_s, code_r], "errors": errors, "bad": bad, "count": len(sizes),
+            "empty": sizes.count(0), "payload": sum(sizes), **log, "refused_code": refused_code,
+            "refused_handle": bool(refused.value), "messages": plugin.messages,
+            "qp_errors": after["qp_errors"] - before["qp_errors"],
+            "staged": after["writes_with_imm"] - before["writes_with_imm"],
+            "flush_reads": after["reads"] - before["reads"],
+            "writes": after["writes"] - before["writes"], "bytes": after["bytes"] - before["bytes"],
+            "access_errors": after["access_errors"] - before["access_errors"]}
+
+
+def ib_case_dmabuf(emu, native) -> dict:
+    """GPUDirect by dma-buf: memfd arenas registered with regMrDmaBuf under
+    addresses the CPU cannot touch; the primary device's port goes down mid-stream
+    and comes back. Every byte is checked through the test's own mappings."""
+    plugin = Plugin(11)
+    props = _plugin_properties(plugin)
+    send_comm, recv_comm = connect_pair(plugin)
+    sizes = message_sizes(31, 300, 1 << 20)
+    offsets = message_plan(sizes)
+    src, dst = DmaBufArena(sum(sizes), "reccl-src"), DmaBufArena(sum(sizes), "reccl-dst")
+    for i, size in enumerate(sizes):
+        src.host[offsets[i]:offsets[i] + size] = message(31, i, size)
+    dst.host[:] = 0xA5
+    code_s, send_mh = plugin.reg_mr_dmabuf(send_comm, src.device, src.size, src.fd)
+    code_r, recv_mh = plugin.reg_mr_dmabuf(recv_comm, dst.device, dst.size, dst.fd)
+    # A GPU pointer without its dma-buf: the emulation has no peer memory.
+    code_peer, _ = plugin.reg_mr_raw(recv_comm, dst.device, 4096, PTR_CUDA)
+    plan = [(src.device + o, dst.device + o, s) for o, s in zip(offsets, sizes)]
+    progress, log = [], {}
+    before = emu.counters()
+    errors = raw_stream(plugin, send_comm, recv_comm, plan, send_mh, recv_mh,
+                        fault=flap_primary(emu, progress, 60, 150, log), progress=progress)
+    after = emu.counters()
+    bad = [i for i, (o, s) in enumerate(zip(offsets, sizes))
+           if not np.array_equal(src.host[o:o + s], dst.host[o:o + s])]
+    return {"properties": props, "reg_codes": [code_s, code_r], "peer_code": code_peer,
+            "errors": errors, "bad": bad, "count": len(sizes), "empty": sizes.count(0),
+            "staged": after["writes_with_imm"] - before["writes_with_imm"],
+            "flush_reads": after["reads"] - before["reads"],
+            "qp_errors": after["qp_errors"] - before["qp_errors"],
+            "access_errors": after["access_errors"] - before["access_errors"],
+            "messages": plugin.messages, **log}
+
+
+def ib_case_dmabuf_refused(emu, native) -> dict:
+    """What getProperties and regMrDmaBuf say where dma-buf cannot work."""
+    plugin = Plugin(11)
+    props = _plugin_properties(plugin)
+    arena = DmaBufArena(1 << 16, "reccl-refused")
+    code, _ = plugin.reg_mr_dmabuf(None, arena.device, arena.size, arena.fd)
+    return {"properties": props, "code": code, "messages": plugin.messages}
+
+
 def ib_case_no_devices(emu, native) -> dict:
     """RECCL_TRANSPORT=ib over the system library of a host without RDMA devices."""
     plugin = Plugin(11, require_init=False)
@@ -457,7 +653,9 @@ def ib_case_no_devices(emu, native) -> dict:
 
 
 IB_CASES = {"properties": ib_case_properties, "streams": ib_case_streams,
-            "failover": ib_case_failover, "no_devices": ib_case_no_devices}
+            "failover": ib_case_failover, "no_devices": ib_case_no_devices,
+            "registered": ib_case_registered, "dmabuf": ib_case_dmabuf,
+            "dmabuf_refused": ib_case_dmabuf_refused}
 
 
 def run_ib_case(name: str) -> dict:

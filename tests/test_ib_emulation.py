@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from torch_reccl.transport import ConfigError, RecclError, _C
+
+from nccl_net_harness import DmaBufArena
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -93,6 +96,8 @@ def test_writes_land_in_order_and_immediates_complete_receives():
     recv = poll_until(p.ry, 1)
     assert recv == [{"wr_id": 77, "status": "success", "opcode": "recv_rdma_with_imm",
                      "byte_len": 4096, "imm": 0xABCD}]
+    counters = p.emu.counters()
+    assert counters["writes"] == 9 and counters["writes_with_imm"] == 1
 
 
 def test_send_fills_the_posted_receive_and_waits_for_one():
@@ -194,3 +199,105 @@ def test_port_events_and_a_gid_table_that_moves_on_every_flap():
     q.post_send("write", fresh.mx, 0, 4, fresh.my.address(0), fresh.my.rkey, wr_id=9)
     assert poll_until(fresh.sx, 1)[0]["status"] == "success"
     assert bytes(fresh.by[:4]) == b"ping"
+
+
+def test_dmabuf_regions_are_reached_through_the_fd_never_through_their_address():
+    """A memfd stands in for a GPU's dma-buf. Its registered address range is
+    reserved with no access at all, so any CPU access through it would crash
+    this process: the bytes can only move through the emulation's own mapping."""
+    p = Pair()
+    src, dst = DmaBufArena(3 * 4096, "emu-src"), DmaBufArena(3 * 4096, "emu-dst")
+    src.host[:] = np.frombuffer(bytes(range(256)) * 48, np.uint8)
+    # Registered from the second page of the fd on: address 0 of the region is
+    # byte 4096 of the fd.
+    msrc = p.x.register_dmabuf(src.fd, 4096, 8192, src.device)
+    mdst = p.y.register_dmabuf(dst.fd, 0, 12288, dst.device)
+    assert msrc.address(0) == src.device
+    p.qy.post_recv(p.my, 0, 0, wr_id=1)
+    p.qx.post_send("write", msrc, 0, 8192, mdst.address(100), mdst.rkey, wr_id=1)
+    p.bx[:64] = b"\x5a" * 64
+    p.qx.post_send("write_imm", p.mx, 0, 64, mdst.address(9000), mdst.rkey, imm=3, wr_id=2)
+    assert [c["status"] for c in poll_until(p.sx, 2)] == ["success", "success"]
+    assert poll_until(p.ry, 1)[0]["imm"] == 3
+    assert bytes(dst.host[100:8292]) == bytes(src.host[4096:12288])
+    assert bytes(dst.host[9000:9064]) == b"\x5a" * 64
+    # A dma-buf region has bounds like any other.
+    p2 = Pair()
+    m = p2.y.register_dmabuf(dst.fd, 0, 4096, dst.device)
+    p2.qx.post_send("write", p2.mx, 0, 64, m.address(4096 - 32, 0), m.rkey, wr_id=9)
+    assert poll_until(p2.sx, 1)[0]["status"] == "remote access error"
+
+
+def test_dmabuf_and_gpu_pointer_registration_errors_are_clear():
+    emu = _C.IbEmulation(["x"])
+    x = emu.open("x")
+    arena = DmaBufArena(8192, "emu-bad")
+    with pytest.raises(RecclError, match="not a multiple of the 4096-byte page size"):
+        x.register_dmabuf(arena.fd, 100, 4096, arena.device)
+    with pytest.raises(RecclError, match="mmap of fd -1 failed"):
+        x.register_dmabuf(-1, 0, 4096, arena.device)
+    with pytest.raises(RecclError, match="cannot register GPU memory by pointer"):
+        x.register_gpu_pointer(arena.device, 4096)
+
+
+def test_held_requests_land_late_unless_the_responder_was_fenced():
+    """hold() models packets in flight: the request leaves its QP with the bytes
+    it read then and completes only when it lands. Moving the *requester* to ERR
+    does not recall it; a responder in ERR drops it."""
+    p = Pair()
+    p.bx[:16] = b"A" * 16
+    p.emu.hold("x")
+    p.qx.post_send("write", p.mx, 0, 16, p.my.address(0), p.my.rkey, wr_id=1)
+    assert poll_until(p.sx, 1, timeout=0.2) == []  # on the wire, not acknowledged
+    p.bx[:16] = b"B" * 16  # too late: the request read its bytes when it left
+    assert p.emu.counters()["held"] == 1 and p.by[:16] == b"\x00" * 16
+    p.emu.hold("x", False)
+    assert poll_until(p.sx, 1)[0]["status"] == "success"
+    assert p.by[:16] == b"A" * 16 and p.emu.counters()["wire_delivered"] == 1
+
+    # Requester fenced, responder not: the write still lands (its sender saw it flushed).
+    p.emu.hold("x")
+    p.qx.post_send("write", p.mx, 0, 16, p.my.address(16), p.my.rkey, wr_id=2)
+    assert wait_held(p.emu, 2)
+    p.qx.to_error()
+    assert poll_until(p.sx, 1)[0]["status"] == "work request flushed"
+    p.emu.hold("x", False)
+    assert p.by[16:32] == b"B" * 16 and p.emu.counters()["wire_delivered"] == 2
+
+    # Responder fenced: dropped.
+    q = Pair()
+    q.bx[:16] = b"C" * 16
+    q.emu.hold("x")
+    q.qx.post_send("write", q.mx, 0, 16, q.my.address(0), q.my.rkey, wr_id=3)
+    assert wait_held(q.emu, 1)
+    q.qy.to_error()
+    q.emu.hold("x", False)
+    counters = q.emu.counters()
+    assert counters["wire_dropped"] == 1 and counters["wire_delivered"] == 0
+    assert q.by[:16] == b"\x00" * 16
+
+
+def wait_held(emu, count, timeout=2.0):
+    deadline = time.monotonic() + timeout
+    while emu.counters()["held"] < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_rdma_read_needs_remote_read_rights():
+    """RDMA READ (the GPU flush): granted on dma-buf regions, refused on regions
+    registered for remote write only."""
+    p = Pair()
+    arena = DmaBufArena(8192, "emu-read")
+    arena.host[:] = np.arange(8192, dtype=np.uint32).astype(np.uint8)
+    region = p.y.register_dmabuf(arena.fd, 0, 8192, arena.device)
+    p.qx.post_send("read", p.mx, 0, 16, region.address(100), region.rkey, wr_id=1)
+    done = poll_until(p.sx, 1)[0]
+    assert (done["status"], done["opcode"]) == ("success", "rdma_read")
+    assert bytes(p.bx[:16]) == bytes(arena.host[100:116])
+    assert p.emu.counters()["reads"] == 1
+    p.qx.post_send("read", p.mx, 0, 16, p.my.address(0), p.my.rkey, wr_id=2)
+    assert poll_until(p.sx, 1)[0]["status"] == "remote access error"
+    assert p.emu.counters()["reads"] == 1

@@ -13,6 +13,7 @@ does not prove.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import socket
@@ -24,7 +25,8 @@ import pytest
 import torch_reccl
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import close_both, in_thread, plan_sizes, stream, wait_until
+from conftest import close_both, in_thread, message, plan_sizes, stream, wait_until
+from nccl_net_harness import DmaBufArena
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -60,9 +62,11 @@ class Fabric:
         self.b = _C.IbTransport(self.emu, ib_env([B0, B1], **overrides))
         self.pairs = []
 
-    def pair(self, nic=0):
-        listener = self.b.listen(nic)
-        send = self.a.connect(nic, listener.handle)
+    def pair(self, nic=0, reverse=False):
+        """A connection a -> b on rail `nic` (b -> a with `reverse`)."""
+        sender, receiver = (self.b, self.a) if reverse else (self.a, self.b)
+        listener = receiver.listen(nic)
+        send = sender.connect(nic, listener.handle)
         send.wait_ready(10)
         recv = listener.accept(10)
         self.pairs.append((send, recv, listener))
@@ -115,17 +119,12 @@ def test_random_stream_is_bit_exact_over_rdma_writes(fabric):
 def test_both_directions_and_several_connections_at_once(fabric):
     f = fabric()
     forward = [f.pair() for _ in range(2)]
-    listener = f.a.listen(1)
-    back_send = f.b.connect(1, listener.handle)
-    back_send.wait_ready(10)
-    back_recv = listener.accept(10)
+    back_send, back_recv = f.pair(1, reverse=True)
     joins = []
     for i, (send, recv) in enumerate(forward + [(back_send, back_recv)]):
         joins.append(in_thread(stream, send, recv, plan_sizes(10 + i, 40, 2 * CHUNK), 10 + i))
     for join in joins:
         join()
-    close_both(back_send, back_recv)
-    listener.close()
 
 
 def test_transport_lists_devices_with_backups(fabric):
@@ -300,6 +299,237 @@ def test_corrupted_delivery_fails_the_path_not_the_data(fabric, events, kind):
     assert f.emu.counters()["corrupted"] == before + 1
     downs = events.wait_for(3, "path_down", connection=recv.id)
     assert any("protocol error" in e.detail for e in downs), [e.detail for e in downs]
+
+
+# ------------------------------------------------------------------ direct placement
+
+
+def registered_stream(send_transport, recv_transport, send, recv, sizes, seed, register_send=True,
+                      register_recv=True, window=8, on_sent=None):
+    """Streams `sizes` from one registered arena into another (each side only
+    if asked), message i at its own offset; checks every byte of every message."""
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = max(sum(sizes), 1)
+    src = bytearray(total)
+    for i, size in enumerate(sizes):
+        src[offsets[i]:offsets[i] + size] = message(seed, i, size)
+    dst = bytearray(b"\xa5" * total)
+    src_reg = send_transport.register(src) if register_send else None
+    dst_reg = recv_transport.register(dst) if register_recv else None
+    assert (src_reg is not None) == register_send and (dst_reg is not None) == register_recv
+    src_view, dst_view = memoryview(src), memoryview(dst)
+
+    def receive():
+        pending = []
+        for i, size in enumerate(sizes):
+            while len(pending) >= window:
+                index, request = pending.pop(0)
+                assert request.wait(30) == sizes[index]
+            pending.append((i, recv.irecv(dst_view[offsets[i]:offsets[i] + size], registration=dst_reg)))
+        for index, request in pending:
+            assert request.wait(30) == sizes[index]
+
+    join = in_thread(receive)
+    pending = []
+    for i, size in enumerate(sizes):
+        while len(pending) >= window:
+            index, request = pending.pop(0)
+            assert request.wait(30) == sizes[index]
+            if on_sent is not None:
+                on_sent(index)
+        pending.append((i, send.isend(src_view[offsets[i]:offsets[i] + size], registration=src_reg)))
+    for index, request in pending:
+        assert request.wait(30) == sizes[index]
+    join()
+    for i, size in enumerate(sizes):
+        if dst[offsets[i]:offsets[i] + size] != src[offsets[i]:offsets[i] + size]:
+            raise AssertionError(f"message {i} ({size} bytes) differs")
+    return src, dst
+
+
+def chunk_count(sizes):
+    return sum(max(1, -(-s // CHUNK)) for s in sizes)
+
+
+def test_registered_buffers_are_placed_directly_without_staging(fabric):
+    f = fabric()
+    send, recv = f.pair()
+    sizes = plan_sizes(50, 80, 3 * CHUNK, big=2)
+    before = f.emu.counters()
+    registered_stream(f.a, f.b, send, recv, sizes, 50)
+    after = f.emu.counters()
+    # Staged chunks are the WRITE WITH IMMEDIATE deliveries; only the empty
+    # message (nothing to register) still goes that way.
+    assert after["writes_with_imm"] - before["writes_with_imm"] == sizes.count(0)
+    placed = chunk_count([s for s in sizes if s > 0])
+    assert after["writes"] - before["writes"] >= placed
+    assert after["sends"] - before["sends"] >= placed  # one notice per placed chunk
+    assert after["bytes"] - before["bytes"] >= sum(sizes)
+    assert after["access_errors"] == before["access_errors"]
+
+
+@pytest.mark.parametrize("registered", ["sender", "receiver"])
+def test_one_registered_end_falls_back_to_staging(fabric, registered):
+    f = fabric()
+    send, recv = f.pair()
+    sizes = plan_sizes(51, 40, 2 * CHUNK)
+    before = f.emu.counters()["writes_with_imm"]
+    registered_stream(f.a, f.b, send, recv, sizes, 51, register_send=registered == "sender",
+                      register_recv=registered == "receiver")
+    assert f.emu.counters()["writes_with_imm"] - before == chunk_count(sizes)
+
+
+def test_registered_transfers_both_ways_on_several_connections(fabric):
+    f = fabric()
+    forward = [f.pair() for _ in range(2)]
+    back_send, back_recv = f.pair(1, reverse=True)
+    before = f.emu.counters()["writes_with_imm"]
+    joins = [in_thread(registered_stream, f.a, f.b, s, r, plan_sizes(60 + i, 40, 2 * CHUNK), 60 + i)
+             for i, (s, r) in enumerate(forward)]
+    joins.append(in_thread(registered_stream, f.b, f.a, back_send, back_recv,
+                           plan_sizes(63, 40, 2 * CHUNK), 63))
+    for join in joins:
+        join()
+    assert f.emu.counters()["writes_with_imm"] - before == 3  # the three empty messages
+
+
+@pytest.mark.parametrize("fault", ["sender port", "receiver port", "blackhole"])
+def test_registered_stream_survives_failover_bit_exact(fabric, fault):
+    f = fabric(RECCL_HEARTBEAT_MS="5000" if fault == "blackhole" else "300")
+    send, recv = f.pair()
+    act = {"sender port": lambda: f.emu.port_down(A0),
+           "receiver port": lambda: f.emu.port_down(B0),
+           "blackhole": lambda: f.emu.drop(A0, True)}[fault]
+    fired = []
+
+    def on_sent(index):
+        if index == 12 and not fired:
+            fired.append(1)
+            act()
+
+    sizes = plan_sizes(70, 60, 2 * CHUNK, big=1)
+    before = f.emu.counters()
+    registered_stream(f.a, f.b, send, recv, sizes, 70, on_sent=on_sent)
+    assert fired
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+    after = f.emu.counters()
+    # Still no staging after the switch: the backup path wrote with the rkey of
+    # the receiver's backup NIC (any other key is an access error there).
+    assert after["writes_with_imm"] - before["writes_with_imm"] == sizes.count(0)
+    assert after["access_errors"] == before["access_errors"]
+    if fault == "blackhole":
+        assert after["retry_exceeded"] > before["retry_exceeded"]
+    registered_stream(f.a, f.b, send, recv, plan_sizes(71, 10, CHUNK), 71)
+    f.emu.drop(A0, False)
+
+
+def test_a_write_in_flight_on_the_old_path_never_lands_after_completion(fabric):
+    """Writes already on the wire when the sender fails over (hold) arrive after
+    the receive completed over the backup; the receiver fenced the old QP (ERR)
+    before it reported what it had, so they are dropped, not written into a
+    buffer the application already reuses."""
+    # A 3 s heartbeat and a 34 s retry budget: the receiver cannot notice the
+    # dead primary by itself before the wire is released.
+    f = fabric(RECCL_HEARTBEAT_MS="3000", RECCL_IB_TIMEOUT="20")
+    send, recv = f.pair()
+    size = 4 * CHUNK
+    src = bytearray(message(80, 0, size))
+    dst = bytearray(size)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    registered_stream(f.a, f.b, send, recv, [CHUNK], 81)  # warm: both paths up
+    f.emu.hold(A0)
+    request_r = recv.irecv(dst, registration=dst_reg)
+    request_s = send.isend(src, registration=src_reg)
+    assert wait_until(lambda: f.emu.counters()["held"] >= 4, 5)  # data left on the wire
+    f.emu.port_down(A0)  # the sender fails over at once; the receiver's primary QP is up
+    assert request_r.wait(10) == size and request_s.wait(10) == size
+    assert dst == src
+    dst[:] = b"\xee" * size  # the application reuses its buffer
+    before = f.emu.counters()
+    f.emu.hold(A0, False)  # what was in flight arrives now
+    after = f.emu.counters()
+    assert after["wire_dropped"] > before["wire_dropped"]
+    assert after["wire_delivered"] == before["wire_delivered"]
+    assert dst == b"\xee" * size
+
+
+def test_failback_waits_for_the_old_paths_writes_or_fences_it(fabric):
+    """On failback the old path stays healthy, so the receiver does not fence
+    it: the sender must see every direct write of it completed first. Writes
+    held on the wire never complete, so the sender fails that path and the
+    ACTIVATE tells the receiver to fence it; released later, they are dropped."""
+    f = fabric(RECCL_HEARTBEAT_MS="3000", RECCL_IB_TIMEOUT="20")
+    send, recv = f.pair()
+    f.emu.port_down(A0)
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5)
+    registered_stream(f.a, f.b, send, recv, [CHUNK], 82)
+    size = 4 * CHUNK
+    src = bytearray(message(83, 0, size))
+    dst = bytearray(size)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    f.emu.hold(A1)
+    request_r = recv.irecv(dst, registration=dst_reg)
+    request_s = send.isend(src, registration=src_reg)
+    assert wait_until(lambda: f.emu.counters()["held"] >= 4, 5)
+    f.emu.port_up(A0)  # failback to the primary while the backup's writes are in flight
+    assert request_r.wait(10) == size and request_s.wait(10) == size
+    assert send.active_path == 0 and recv.active_path == 0
+    assert dst == src
+    dst[:] = b"\xee" * size
+    before = f.emu.counters()
+    f.emu.hold(A1, False)
+    after = f.emu.counters()
+    assert after["wire_dropped"] > before["wire_dropped"]
+    assert after["wire_delivered"] == before["wire_delivered"]
+    assert dst == b"\xee" * size
+
+
+def test_device_memory_with_an_unregistered_peer_fails_clearly_and_is_never_staged(fabric):
+    """dma-buf memory (a GPU's, here a memfd under an address the CPU cannot
+    touch) travels only by direct placement: with the other end unregistered
+    both requests fail saying why, and the connection goes on."""
+    f = fabric()
+    send, recv = f.pair()
+    for device_end in ("sender", "receiver"):
+        transport = f.a if device_end == "sender" else f.b
+        arena = DmaBufArena(CHUNK, "ib-device")
+        registration = transport.register_dmabuf(arena.fd, 0, arena.size, arena.device)
+        device_buffer = (ctypes.c_char * arena.size).from_address(arena.device)
+        host = bytearray(CHUNK)
+        if device_end == "sender":
+            request_r = recv.irecv(host)
+            request_s = send.isend(device_buffer, registration=registration)
+        else:
+            request_r = recv.irecv(device_buffer, registration=registration)
+            request_s = send.isend(host)
+        with pytest.raises(RecclError, match="cannot be carried: the (send|receive) buffer is device memory"):
+            request_s.wait(5)
+        with pytest.raises(RecclError, match="cannot be carried: device memory"):
+            request_r.wait(5)
+    registered_stream(f.a, f.b, send, recv, plan_sizes(84, 10, CHUNK), 84)
+    assert not send.error and not recv.error
+
+
+def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
+    f = fabric()
+    send, recv = f.pair()
+    arena = bytearray(4 * CHUNK)
+    reg = f.a.register(arena)
+    assert reg.nbytes == len(arena)
+    other = bytearray(CHUNK)
+    with pytest.raises(RecclError, match="outside its registration"):
+        send.isend(other, registration=reg)
+    with pytest.raises(RecclError, match="outside its registration"):
+        recv.irecv(other, registration=f.b.register(arena))
+    # Keys belong to one transport's protection domains: another's are refused.
+    stranger = _C.IbTransport(f.emu, ib_env([A0, A1]))
+    with pytest.raises(RecclError, match="made by another transport"):
+        send.isend(arena, registration=stranger.register(arena))
+    off = _C.IbTransport(f.emu, ib_env([A0, A1], IB_ZERO_COPY="off"))
+    assert off.register(arena) is None
+    assert off.supports_dmabuf()[0] is False and "RECCL_IB_ZERO_COPY=off" in off.supports_dmabuf()[1]
+    with pytest.raises(ConfigError, match="RECCL_IB_ZERO_COPY=maybe is not valid: expected on or off"):
+        _C.validate_config({"RECCL_IB_ZERO_COPY": "maybe"})
 
 
 # ------------------------------------------------------------------ input checks

@@ -18,8 +18,9 @@ import pytest
 
 import torch_reccl
 from torch_reccl.transport import IbEmulation, RecclError, _C
-from nccl_net_harness import (IB_DEVICES, INTERNAL_ERROR, INVALID_ARGUMENT, PTR_CUDA, REMOTE_ERROR,
-                              SUCCESS, VERSIONS, Plugin, ib_emulation_env, message_sizes, run_pair)
+from nccl_net_harness import (IB_DEVICES, INTERNAL_ERROR, INVALID_ARGUMENT, PTR_CUDA, PTR_DMABUF,
+                              PTR_HOST, REMOTE_ERROR, SUCCESS, VERSIONS, DmaBufArena, Plugin,
+                              ib_emulation_env, message_sizes, run_pair)
 
 HERE = os.path.dirname(__file__)
 # TCP named explicitly: on a host with RDMA devices auto would pick IB.
@@ -56,6 +57,22 @@ def test_exported_table_and_properties(version):
         if version >= 12:
             assert props.railId == dev
     assert plugin.table.getProperties(5, None) != SUCCESS  # out of range, no crash
+
+
+@pytest.mark.timeout(30)
+def test_dmabuf_registration_over_tcp_is_a_clear_error():
+    plugin = Plugin(11)
+    assert all(not plugin.properties(dev).ptrSupport & PTR_DMABUF for dev in range(2))
+    arena = DmaBufArena(1 << 16, "reccl-tcp")
+    code, _ = plugin.reg_mr_dmabuf(None, arena.device, arena.size, arena.fd)
+    assert code == INTERNAL_ERROR
+    assert any("regMrDmaBuf: dma-buf registration is not supported: tcp transport does not "
+               "register dma-buf memory" in m for m in plugin.messages), plugin.messages
+    # Host memory registers (nothing to register on TCP) and still streams.
+    host = np.zeros(64, np.uint8)
+    code, mhandle = plugin.reg_mr(None, host)
+    assert code == SUCCESS and mhandle.value
+    assert plugin.table.deregMr(None, mhandle) == SUCCESS
 
 
 @pytest.mark.timeout(90)
@@ -176,9 +193,10 @@ def test_ib_properties_are_truthful(tmp_path):
         version = int(version)
         assert [d["name"] for d in devices] == list(IB_DEVICES)
         for dev, props in enumerate(devices):
-            # Data is staged through registered host memory: host pointers only,
-            # no GPUDirect, nothing to flush, one receive per irecv.
-            assert props["ptrSupport"] == 1 and props["regIsGlobal"] == 0
+            # The emulation registers dma-buf fds: host, CUDA and dma-buf
+            # pointers (GPUDirect), nothing forced to flush, one receive per irecv.
+            assert props["ptrSupport"] == PTR_HOST | PTR_CUDA | PTR_DMABUF
+            assert props["regIsGlobal"] == 0
             assert props["maxRecvs"] == 1 and props["netDeviceType"] == 0
             # The emulated port reports 4x EDR; emulated devices have no sysfs entry.
             assert props["speed"] == 100000 and props["pciPath"] is None
@@ -200,6 +218,51 @@ def test_ib_random_sizes_many_in_flight_every_version(tmp_path):
         # The bytes went through the emulated RC QPs as RDMA writes, nothing failed.
         assert run["bytes"] >= run["payload"] and run["writes"] >= run["count"], (version, run)
         assert run["retry_exceeded"] == 0 and run["access_errors"] == 0, (version, run)
+
+
+@pytest.mark.timeout(120)
+def test_ib_registered_host_buffers_are_placed_without_staging_through_a_port_down(tmp_path):
+    report = run_ib_case(tmp_path, "registered")
+    assert report["reg_codes"] == [SUCCESS, SUCCESS]
+    assert report["errors"] == [] and report["bad"] == [], report
+    assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
+    assert report["qp_errors"] > 0
+    assert report["refused_code"] == SUCCESS and report["refused_handle"]
+    assert report["flush_reads"] == 0  # host memory: iflush has nothing to do
+    assert any("regMr: host buffer not registered, it will be staged: cannot register an empty "
+               "buffer" in m for m in report["messages"]), report["messages"]
+    # Only the empty message (nothing to register) took a staging slot.
+    assert report["staged"] == report["empty"], report
+    assert report["bytes"] >= report["payload"] and report["access_errors"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_ib_dmabuf_buffers_are_placed_directly_through_a_port_down(tmp_path):
+    report = run_ib_case(tmp_path, "dmabuf")
+    for props in report["properties"]:
+        assert props["ptrSupport"] == PTR_HOST | PTR_CUDA | PTR_DMABUF
+    assert report["reg_codes"] == [SUCCESS, SUCCESS]
+    # A GPU pointer without its dma-buf: no peer memory in the emulation.
+    assert report["peer_code"] == INTERNAL_ERROR
+    assert any("cannot register GPU memory by pointer" in m for m in report["messages"])
+    assert report["errors"] == [] and report["bad"] == [], report
+    # The port went down mid-stream and came back before the end.
+    assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
+    assert report["qp_errors"] > 0
+    # dma-buf memory cannot be staged: every non-empty message was placed, on
+    # the primary and on the backup (the rkey of the receiver's backup device).
+    assert report["staged"] == report["empty"] and report["access_errors"] == 0, report
+    # iflush read one byte of every non-empty GPU receive through a loopback QP.
+    assert report["flush_reads"] == report["count"] - report["empty"], report
+
+
+@pytest.mark.timeout(60)
+def test_ib_without_zero_copy_claims_no_dmabuf(tmp_path):
+    report = run_ib_case(tmp_path, "dmabuf_refused", RECCL_IB_ZERO_COPY="off")
+    assert all(p["ptrSupport"] == PTR_HOST for p in report["properties"])
+    assert report["code"] == INTERNAL_ERROR
+    assert any("dma-buf registration is not supported: RECCL_IB_ZERO_COPY=off" in m
+               for m in report["messages"]), report["messages"]
 
 
 @pytest.mark.timeout(160)

@@ -41,11 +41,12 @@ ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")
 RESYNC_ENTRY = struct.Struct("<QQQ")
 NOTIFY = struct.Struct("<BB")
+PLACE = struct.Struct("<QBB6x96s")                # PlaceBody: seq, host flag, length, placement
 DATA = struct.Struct("<QQQQI")                  # DataHeader
 MAX_CONTROL_BODY = RESYNC_HEADER.size + 1024 * RESYNC_ENTRY.size
 
 TYPES = {1: "HELLO", 2: "HELLO_ACK", 3: "CTS", 4: "ACK", 5: "ACTIVATE", 6: "RESYNC",
-         7: "NOTIFY", 8: "HEARTBEAT", 9: "DATA", 10: "CLOSE"}
+         7: "NOTIFY", 8: "HEARTBEAT", 9: "DATA", 10: "CLOSE", 11: "CANCEL", 12: "PLACE"}
 
 
 def frame(type_, body=b"", body_bytes=None):
@@ -76,6 +77,8 @@ VALID = [
     ("HELLO", hello(kind=1, index=15, count=16)),
     ("HELLO_ACK", frame(2, b"\x01")),
     ("NOTIFY", frame(7, NOTIFY.pack(0, 4))),
+    ("PLACE", frame(12, PLACE.pack(3, 1, 20, b"\x07" * 20))),
+    ("PLACE", frame(12, PLACE.pack(2**64 - 1, 0, 96, b"\x01" * 96))),
 ]
 
 
@@ -111,7 +114,7 @@ def test_every_truncation_of_a_control_frame_is_rejected():
 
 
 def test_huge_and_wrong_length_fields_are_rejected():
-    for type_ in range(1, 12):  # every frame type, CANCEL (11) included
+    for type_ in range(1, 13):  # every frame type, PLACE (12) included
         for length in (0xFFFFFFFF, 0x80000000, MAX_CONTROL_BODY + RESYNC_ENTRY.size,
                        MAX_CONTROL_BODY + 1, 1 << 26):
             with pytest.raises(ProtocolError):
@@ -122,7 +125,10 @@ def test_huge_and_wrong_length_fields_are_rejected():
         _C.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 0) + b"\0" * 23))
     with pytest.raises(ProtocolError, match="magic"):
         _C.parse_frame(HEADER.pack(MAGIC ^ 1, 3, 16) + b"\0" * 16)
-    for bad_type in (0, 12, 255):
+    for length, host in ((0, 1), (97, 1), (255, 0), (20, 2)):
+        with pytest.raises(ProtocolError, match="PLACE"):
+            _C.parse_frame(frame(12, PLACE.pack(1, host, length, b"\0" * 96)))
+    for bad_type in (0, 13, 255):
         with pytest.raises(ProtocolError, match="type"):
             _C.parse_frame(frame(bad_type, b""))
     for bad in (hello(version=2), hello(kind=2), hello(count=0), hello(count=17),

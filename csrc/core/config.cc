@@ -48,6 +48,10 @@ const std::vector<ConfigVar>& configVars() {
        "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try; 1..31"},
       {"RECCL_IB_RETRY_CNT", "7",
        "IB transport: QP retries before a request fails with retry-exceeded; 0..7"},
+      {"RECCL_IB_ZERO_COPY", "on",
+       "IB transport: on or off. on: registered buffers (the NCCL plugin's regMr/regMrDmaBuf) "
+       "are written straight into the peer's registered buffer (no CPU copy); off: nothing is "
+       "registered, every byte is staged and copied at both ends, and dma-buf is unsupported"},
       {"RECCL_NVL", "off",
        "NCCL plugin: off or on. on: NCCL hands the plugin its GPU buffers (cuMem allocations), "
        "which the plugin stages to host memory in its own CUDA contexts, and a message whose "
@@ -158,6 +162,11 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.ibTimeout = static_cast<int>(parseInt(name, value, 1, 31));
     } else if (name == "RECCL_IB_RETRY_CNT") {
       config.ibRetryCount = static_cast<int>(parseInt(name, value, 0, 7));
+    } else if (name == "RECCL_IB_ZERO_COPY") {
+      if (value != "on" && value != "off") {
+        throw ConfigError(name + "=" + value + " is not valid: expected on or off");
+      }
+      config.ibZeroCopy = value == "on";
     } else if (name == "RECCL_NVL") {
       if (value != "off" && value != "on") {
         throw ConfigError(name + "=" + value + " is not valid: expected off or on");

@@ -31,6 +31,7 @@ struct Config {
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
   int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
   int ibRetryCount = 7;            // RECCL_IB_RETRY_CNT: retries before a QP errors out
+  bool ibZeroCopy = true;          // RECCL_IB_ZERO_COPY: registered buffers placed directly
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
   std::string nvl = "off";         // RECCL_NVL: off | on (docs/nvl.md)
   int64_t nvlMaxBytes = 32 << 20;  // RECCL_NVL_MAX_BYTES: transit memory per connection

@@ -374,8 +374,10 @@ int Connection::activeLocalNic() const {
 
 ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
                                 const std::vector<NicInfo>& nics,
-                                const std::vector<int>& healthIds, const std::string& peer) {
+                                const std::vector<int>& healthIds, const std::string& peer,
+                                const void* registrar) {
   ConnectionEnv env;
+  env.registrar = registrar;
   env.config = config;
   env.supervisor = supervisor;
   for (const auto& nic : nics) env.localNicNames.push_back(nic.name);

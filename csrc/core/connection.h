@@ -28,12 +28,14 @@ struct ConnectionEnv {
   std::vector<int> localHealthIds;         // NicHealth id by local NIC index
   std::string peerName;                    // for events and errors
   std::vector<std::string> remoteNicAddresses;  // by remote NIC index, where known
+  const void* registrar = nullptr;  // the transport whose registrations isend/irecv take
 };
 
 // The environment of a connection of a transport with these NICs.
 ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
                                 const std::vector<NicInfo>& nics,
-                                const std::vector<int>& healthIds, const std::string& peer);
+                                const std::vector<int>& healthIds, const std::string& peer,
+                                const void* registrar);
 
 struct PathCandidate {
   int localNic = 0;

@@ -20,6 +20,7 @@ const char* frameTypeName(FrameType type) {
     case FrameType::kData: return "DATA";
     case FrameType::kClose: return "CLOSE";
     case FrameType::kCancel: return "CANCEL";
+    case FrameType::kPlace: return "PLACE";
   }
   return "UNKNOWN";
 }
@@ -39,6 +40,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
     case FrameType::kClose: *size = 0; return true;
     case FrameType::kData: *size = sizeof(DataHeader); return true;
     case FrameType::kCancel: *size = sizeof(CancelBody); return true;
+    case FrameType::kPlace: *size = sizeof(PlaceBody); return true;
     case FrameType::kResync: return false;
   }
   return false;
@@ -46,7 +48,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
 
 bool knownType(uint8_t type) {
   return type >= static_cast<uint8_t>(FrameType::kHello) &&
-         type <= static_cast<uint8_t>(FrameType::kCancel);
+         type <= static_cast<uint8_t>(FrameType::kPlace);
 }
 
 std::vector<uint8_t> frame(FrameType type, const void* body, size_t bodyBytes) {
@@ -84,7 +86,7 @@ FrameHeader parseFrameHeader(const uint8_t* bytes, size_t length) {
   }
   if (!knownType(header.type)) {
     throw ProtocolError("unknown frame type " + std::to_string(header.type) +
-                        "; valid types are 1..11");
+                        "; valid types are 1..12");
   }
   FrameType type = static_cast<FrameType>(header.type);
   size_t expected = 0;
@@ -132,6 +134,16 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
     case FrameType::kActivate: out.activate = readBody<ActivateBody>(body); break;
     case FrameType::kNotify: out.notify = readBody<NotifyBody>(body); break;
     case FrameType::kCancel: out.cancel = readBody<CancelBody>(body); break;
+    case FrameType::kPlace:
+      out.place = readBody<PlaceBody>(body);
+      if (out.place.length == 0 || out.place.length > kMaxPlacementBytes ||
+          out.place.hostAccessible > 1) {
+        throw ProtocolError("PLACE with a " + std::to_string(out.place.length) +
+                            "-byte placement (1.." + std::to_string(kMaxPlacementBytes) +
+                            ") or host flag " + std::to_string(out.place.hostAccessible) +
+                            " (0 or 1)");
+      }
+      break;
     case FrameType::kResync: {
       out.resync = readBody<ResyncHeader>(body);
       size_t count = (length - sizeof(ResyncHeader)) / sizeof(ResyncEntry);
@@ -194,6 +206,20 @@ std::vector<uint8_t> encodeClose() { return frame(FrameType::kClose, nullptr, 0)
 std::vector<uint8_t> encodeCancel(uint64_t seq, uint64_t bytes) {
   CancelBody body{seq, bytes};
   return frame(FrameType::kCancel, &body, sizeof(body));
+}
+
+std::vector<uint8_t> encodePlace(uint64_t seq, bool hostAccessible,
+                                 const std::vector<uint8_t>& placement) {
+  if (placement.empty() || placement.size() > kMaxPlacementBytes) {
+    throw Error("a placement of " + std::to_string(placement.size()) + " bytes; 1.." +
+                std::to_string(kMaxPlacementBytes) + " fit a PLACE frame");
+  }
+  PlaceBody body{};
+  body.seq = seq;
+  body.hostAccessible = hostAccessible ? 1 : 0;
+  body.length = static_cast<uint8_t>(placement.size());
+  std::memcpy(body.placement, placement.data(), placement.size());
+  return frame(FrameType::kPlace, &body, sizeof(body));
 }
 
 FrameHeader dataFrameHeader() {

@@ -16,6 +16,7 @@ constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;
 constexpr uint32_t kMaxChunkBytes = 64u << 20;  // RECCL_CHUNK_BYTES upper bound
+constexpr size_t kMaxPlacementBytes = 96;  // a transport's placement description
 
 enum class FrameType : uint8_t {
   kHello = 1,      // first frame on every socket: who I am, which path, the secret
@@ -29,6 +30,7 @@ enum class FrameType : uint8_t {
   kData = 9,       // sender -> receiver on data sockets
   kClose = 10,     // orderly close: the coming EOFs are not faults
   kCancel = 11,    // sender -> receiver: message `seq` will never come (it was too large)
+  kPlace = 12,     // receiver -> sender: buffer `seq` is registered; how to write it directly
 };
 const char* frameTypeName(FrameType type);
 
@@ -94,6 +96,14 @@ struct CancelBody {
   uint64_t bytes;  // the size the sender had
 };
 
+struct PlaceBody {
+  uint64_t seq;
+  uint8_t hostAccessible;  // 0: device memory (direct placement only)
+  uint8_t length;          // bytes of `placement` used, at most kMaxPlacementBytes
+  uint8_t reserved[6];
+  uint8_t placement[kMaxPlacementBytes];  // the transport's encoding, opaque here
+};
+
 struct NotifyBody {
   uint8_t pathIndex;
   uint8_t reason;
@@ -123,6 +133,7 @@ struct ControlFrame {
   std::vector<ResyncEntry> entries;
   NotifyBody notify{};
   CancelBody cancel{};
+  PlaceBody place{};
 };
 
 // Checks magic, type and body length against what `type` allows. Throws
@@ -144,6 +155,9 @@ std::vector<uint8_t> encodeNotify(uint8_t pathIndex, uint8_t reason);
 std::vector<uint8_t> encodeHeartbeat();
 std::vector<uint8_t> encodeClose();
 std::vector<uint8_t> encodeCancel(uint64_t seq, uint64_t bytes);
+// `placement` must be at most kMaxPlacementBytes (Error otherwise).
+std::vector<uint8_t> encodePlace(uint64_t seq, bool hostAccessible,
+                                 const std::vector<uint8_t>& placement);
 FrameHeader dataFrameHeader();
 
 }  // namespace reccl

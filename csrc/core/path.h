@@ -8,16 +8,23 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/events.h"
 #include "core/frame.h"
+#include "core/memory_registration.h"
 
 namespace reccl {
 
 // A slice of a message queued on a sending path. The payload stays in the
-// caller's buffer, which outlives the request.
+// caller's buffer, which outlives the request. With `placement` (the receiver
+// registered its buffer) and `source` (so did the sender) a transport that can
+// may write the payload straight into the receiver's buffer; otherwise, or if
+// it cannot, it carries the chunk as it always does.
 struct DataChunk {
   DataHeader header;
   const uint8_t* payload;
+  std::shared_ptr<const Placement> placement;
+  const MemoryRegistration* source = nullptr;
 };
 
 class PathOwner {
@@ -26,8 +33,10 @@ class PathOwner {
   // Called from the path's threads. None of them may block for long.
   virtual void onControl(uint64_t pathId, const ControlFrame& frame) = 0;
   // Where the payload of `header` goes; nullptr discards it. Throws ProtocolError
-  // for a frame that breaks the protocol (the path then fails).
-  virtual uint8_t* beginData(uint64_t pathId, const DataHeader& header) = 0;
+  // for a frame that breaks the protocol (the path then fails). `placed`: the
+  // payload was already written into the receive buffer by the sender's NIC
+  // (direct placement; the path copies nothing and only reports it landed).
+  virtual uint8_t* beginData(uint64_t pathId, const DataHeader& header, bool placed) = 0;
   // Pairs with beginData whatever it returned; `landed` = every payload byte arrived.
   virtual void endData(uint64_t pathId, const DataHeader& header, bool landed) = 0;
   // The path is broken; called at most once per path.
@@ -43,6 +52,16 @@ class Path {
   virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;
   virtual void sendData(const DataChunk& chunk) = 0;  // queued, written by path threads
   virtual void dropQueuedData() = 0;
+  // Drops queued data, then waits (at most `timeout`) until no write this path
+  // placed directly into the peer's buffers can still land there: each has
+  // completed (an RC completion means placed) or the path is stopped. True
+  // when that holds. A transport whose data only lands through the receiver's
+  // own copy (fenced there by epochs) has nothing to wait for.
+  virtual bool drainDirectWrites(Millis timeout) {
+    (void)timeout;
+    dropQueuedData();
+    return true;
+  }
   // Stops all I/O at once (blocked calls return); threads exit soon after.
   virtual void shutdown() = 0;
   // shutdown(), then waits until every thread of this path has exited: once it

@@ -13,10 +13,15 @@ RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
 
 RecvConnection::~RecvConnection() { destroyAllPaths(); }
 
-std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity) {
+std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
+                                               const MemoryRegistration* registration) {
   std::shared_ptr<Path> path;
   std::shared_ptr<Request> request;
+  std::vector<uint8_t> place;
   uint64_t seq = 0;
+  if (registration != nullptr) {
+    registration->requireUsable(env_.registrar, data, capacity, "receive buffer");
+  }
   {
     Lock lock(mutex_);
     if (!error_.empty()) throw Error("receive on a failed connection: " + error_);
@@ -29,9 +34,17 @@ std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity)
     request = std::make_shared<Request>(seq, data, capacity);
     PostedRecv& recv = recvs_[seq];
     recv.request = request;
+    if (registration != nullptr && capacity > 0) {
+      Placement placement = registration->placementFor(reinterpret_cast<uint64_t>(data), capacity);
+      recv.place = encodePlace(seq, placement.hostAccessible, placement.bytes);
+      recv.hostAccessible = placement.hostAccessible;
+    }
+    place = recv.place;
     path = activePathLocked();
   }
-  // Without an active path the CTS travels in the next RESYNC instead.
+  // Without an active path the CTS (and PLACE) travel with the next RESYNC.
+  // PLACE first, on the same path: the sender knows it before it may send.
+  if (path && !place.empty()) path->sendControl(place);
   if (path) path->sendControl(encodeCts(seq, capacity));
   return request;
 }
@@ -85,8 +98,10 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
     }
   }
   std::vector<ResyncEntry> entries;
+  std::vector<std::vector<uint8_t>> places;  // re-sent: the first may have died with a path
   for (const auto& [seq, recv] : recvs_) {
     entries.push_back({seq, recv.request->capacity(), resumeOffsetLocked(recv)});
+    if (!recv.place.empty()) places.push_back(recv.place);
   }
   std::vector<uint8_t> frame = encodeResync(body.epoch, nextSeq_, entries);
   // The wait above released the lock: the path this ACTIVATE came on may have
@@ -109,6 +124,7 @@ void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
   lostActiveFrom_ = -1;
   lostActiveNs_ = 0;
   lock.unlock();
+  for (const auto& place : places) path->sendControl(place);  // before the RESYNC that posts them
   path->sendControl(frame);
   if (isSwitch) {
     emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover,
@@ -127,9 +143,13 @@ void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
     case FrameType::kCancel: {
       auto it = recvs_.find(frame.cancel.seq);
       if (it == recvs_.end()) return;
-      it->second.request->fail("the sender's message of " + std::to_string(frame.cancel.bytes) +
-                               " bytes is larger than this posted receive of " +
-                               std::to_string(it->second.request->capacity()) + " bytes");
+      const uint64_t capacity = it->second.request->capacity();
+      it->second.request->fail(
+          "the sender's message of " + std::to_string(frame.cancel.bytes) + " bytes " +
+          (frame.cancel.bytes > capacity
+               ? "is larger than this posted receive of " + std::to_string(capacity) + " bytes"
+               : std::string("cannot be carried: device memory (dma-buf) at one end travels only "
+                             "by direct placement, which needs both buffers registered")));
       recvs_.erase(it);
       return;
     }
@@ -139,7 +159,7 @@ void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
   }
 }
 
-uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header) {
+uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bool placed) {
   Lock lock(mutex_);
   int index = slotOf(pathId);
   if (index < 0 || index != active_ || header.epoch != epoch_) return nullptr;  // stale
@@ -180,6 +200,14 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header) {
     recv.messageBytes = static_cast<int64_t>(header.messageBytes);
     size_t chunks = header.messageBytes == 0 ? 1 : (header.messageBytes + chunkBytes_ - 1) / chunkBytes_;
     recv.landed.assign(chunks, 0);
+  }
+  if (placed && recv.place.empty()) {
+    throw ProtocolError("a directly placed chunk of message " + std::to_string(header.seq) +
+                        ", whose receive was not registered");
+  }
+  if (!placed && !recv.hostAccessible) {
+    throw ProtocolError("a staged chunk of message " + std::to_string(header.seq) +
+                        ", whose receive buffer is device memory (direct placement only)");
   }
   if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
   ++copying_[pathId];

@@ -15,16 +15,20 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   RecvConnection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates,
                  uint64_t chunkBytes);
 
-  // Throws Error when the connection has failed or is closed, or too many
-  // receives are outstanding.
-  std::shared_ptr<Request> irecv(uint8_t* data, uint64_t capacity);
+  // Throws Error when the connection has failed or is closed, too many
+  // receives are outstanding, or `registration` (optional, owned by the
+  // caller, kept until the request completes) does not cover the buffer. A
+  // registered receive is announced with a PLACE frame before its CTS, so the
+  // sender may write into it directly.
+  std::shared_ptr<Request> irecv(uint8_t* data, uint64_t capacity,
+                                 const MemoryRegistration* registration = nullptr);
   // A path the sender dialed. Returns false if the connection no longer takes paths.
   bool attachPath(int index, PathCandidate nics, std::shared_ptr<Path> path);
 
   ~RecvConnection() override;
 
   void service() override;
-  uint8_t* beginData(uint64_t pathId, const DataHeader& header) override;
+  uint8_t* beginData(uint64_t pathId, const DataHeader& header, bool placed) override;
   void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
 
  protected:
@@ -38,6 +42,8 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
     int64_t messageBytes = -1;     // learned from the first chunk
     std::vector<uint8_t> landed;   // per chunk
     size_t landedCount = 0;
+    std::vector<uint8_t> place;    // the PLACE frame of a registered receive; empty if none
+    bool hostAccessible = true;    // false: device memory, direct placement only
   };
   void activate(int index, const ActivateBody& body, Lock& lock);
   uint64_t resumeOffsetLocked(const PostedRecv& recv) const;

@@ -1,5 +1,7 @@
 #include "core/send_connection.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
@@ -15,7 +17,9 @@ SendConnection::SendConnection(ConnectionEnv env, uint64_t id,
 
 SendConnection::~SendConnection() { destroyAllPaths(); }
 
-std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes) {
+std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes,
+                                               const MemoryRegistration* registration) {
+  if (registration != nullptr) registration->requireUsable(env_.registrar, data, bytes, "send buffer");
   Lock lock(mutex_);
   if (!error_.empty()) throw Error("send on a failed connection: " + error_);
   if (closed_) throw Error("send on a closed connection");
@@ -27,6 +31,12 @@ std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t byt
   auto request = std::make_shared<Request>(seq, const_cast<uint8_t*>(data), bytes);
   PendingSend& send = sends_[seq];
   send.request = request;
+  send.registration = registration;
+  auto placed = earlyPlacements_.find(seq);
+  if (placed != earlyPlacements_.end()) {
+    send.placement = std::move(placed->second);
+    earlyPlacements_.erase(placed);
+  }
   auto early = earlyCts_.find(seq);
   if (early != earlyCts_.end()) {
     send.capacity = early->second;
@@ -42,8 +52,25 @@ bool SendConnection::ready() const {
   return everActive_ && error_.empty();
 }
 
+bool SendConnection::checkCarriableLocked(uint64_t seq, PendingSend& send) {
+  const bool sourceOnDevice = send.registration != nullptr && !send.registration->hostAccessible();
+  const bool targetOnDevice = send.placement != nullptr && !send.placement->hostAccessible;
+  const bool direct = send.registration != nullptr && send.placement != nullptr;
+  if (direct || (!sourceOnDevice && !targetOnDevice)) return true;
+  if (send.request->capacity() == 0) return true;  // no byte to carry: no copy either
+  send.request->fail(std::string("message ") + std::to_string(seq) + " cannot be carried: the " +
+                     (sourceOnDevice ? "send" : "receive") +
+                     " buffer is device memory (dma-buf), which travels only by direct placement, "
+                     "and the " + (sourceOnDevice ? "receiver" : "sender") +
+                     " did not register its buffer");
+  cancels_.push_back({seq, send.request->capacity()});  // so the receive fails too, not hangs
+  env_.supervisor->poke();
+  return false;
+}
+
 bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
   const uint64_t bytes = send.request->capacity();
+  if (!checkCarriableLocked(seq, send)) return false;
   if (bytes > send.capacity) {
     send.request->fail("send of " + std::to_string(bytes) +
                        " bytes is larger than the posted receive of " +
@@ -62,6 +89,10 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     chunk.header.offset = offset;
     chunk.header.bytes = static_cast<uint32_t>(std::min<uint64_t>(chunkBytes_, bytes - offset));
     chunk.payload = send.request->data() + offset;
+    if (send.registration != nullptr && send.placement != nullptr) {
+      chunk.placement = send.placement;
+      chunk.source = send.registration;
+    }
     path->sendData(chunk);
     offset += chunk.header.bytes;
   } while (offset < bytes);
@@ -94,6 +125,20 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       send.capacity = frame.cts.bytes;
       send.capacityKnown = true;
       if (active_ >= 0 && !awaitingResync_ && !postLocked(it->first, send)) sends_.erase(it);
+      return;
+    }
+    case FrameType::kPlace: {
+      // Sent before the CTS or RESYNC that posts the receive, on the same
+      // path, so it is known before the first chunk is queued.
+      auto placement = std::make_shared<Placement>();
+      placement->bytes.assign(frame.place.placement, frame.place.placement + frame.place.length);
+      placement->hostAccessible = frame.place.hostAccessible != 0;
+      auto it = sends_.find(frame.place.seq);
+      if (it != sends_.end()) {
+        it->second.placement = std::move(placement);
+      } else if (frame.place.seq >= nextSeq_) {
+        earlyPlacements_[frame.place.seq] = std::move(placement);
+      }
       return;
     }
     case FrameType::kAck: {
@@ -164,7 +209,7 @@ void SendConnection::applyResyncLocked(const ControlFrame& frame) {
   }
 }
 
-uint8_t* SendConnection::beginData(uint64_t, const DataHeader&) {
+uint8_t* SendConnection::beginData(uint64_t, const DataHeader&, bool) {
   throw ProtocolError("DATA frame arrived at the sending end");
 }
 
@@ -242,7 +287,8 @@ void SendConnection::dialLocked() {
   }
 }
 
-std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* frame) {
+std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* frame,
+                                                          std::shared_ptr<Path>* drainFirst) {
   int best = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == SlotState::kUp) {
@@ -268,7 +314,10 @@ std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* 
     switchFrom_ = active_;
     switchReason_ = Reason::kHealed;
     switchStartNs_ = nowNs();
-    slots_.at(active_).path->dropQueuedData();
+    // The path stays up, so a write it placed directly could still land after
+    // the receive completed over the new one: service() drains it first.
+    *drainFirst = slots_.at(active_).path;
+    drainFirst->get()->dropQueuedData();
   }
   if (!failback && switchPending_) switchIsFailback_ = false;
   ++epoch_;
@@ -283,6 +332,7 @@ std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* 
 
 void SendConnection::service() {
   std::shared_ptr<Path> activateOn;
+  std::shared_ptr<Path> drainFirst;
   std::vector<uint8_t> activateFrame;
   std::shared_ptr<Path> cancelOn;
   std::vector<std::pair<uint64_t, uint64_t>> cancels;
@@ -301,13 +351,36 @@ void SendConnection::service() {
     }
     checkActiveSlotLocked();
     dialLocked();
-    activateOn = maybeActivateLocked(&activateFrame);
+    activateOn = maybeActivateLocked(&activateFrame, &drainFirst);
     if (!cancels_.empty() && active_ >= 0 && !awaitingResync_) {
       cancelOn = slots_.at(active_).path;
       cancels.swap(cancels_);
     }
     checkStalledLocked(active_ < 0 || awaitingResync_,
                        everActive_ ? "no usable path" : "could not connect");
+  }
+  if (drainFirst) {
+    // Bounded: a path whose writes do not complete in half a heartbeat is
+    // failed (its QP to ERR here) and the ACTIVATE no longer says "healed",
+    // so the receiver fences it too before it reports what it has.
+    const bool drained =
+        drainFirst->drainDirectWrites(Millis(std::max(1, env_.config.heartbeatMs / 2)));
+    Lock lock(mutex_);
+    if (!drained) {
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (slots_[i].path == drainFirst) {
+          failPathLocked(static_cast<int>(i), Reason::kTimeout,
+                         "direct writes did not complete before failback");
+        }
+      }
+      ActivateBody body{};
+      std::memcpy(&body, activateFrame.data() + sizeof(FrameHeader), sizeof(body));
+      activateFrame = encodeActivate(body.epoch, body.pathIndex, static_cast<uint8_t>(Reason::kTimeout));
+    }
+    // The RESYNC is due a heartbeat after the ACTIVATE leaves, not after the drain began.
+    if (awaitingResync_) resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
+    lock.unlock();
+    drainFirst.reset();
   }
   if (activateOn && !activateOn->sendControl(activateFrame)) {
     RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");

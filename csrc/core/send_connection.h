@@ -24,8 +24,13 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   SendConnection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates,
                  std::unique_ptr<Dialer> dialer, uint64_t chunkBytes);
 
-  // Throws Error when the connection has failed or is closed.
-  std::shared_ptr<Request> isend(const uint8_t* data, uint64_t bytes);
+  // Throws Error when the connection has failed or is closed, or when
+  // `registration` (optional, owned by the caller, kept until the request
+  // completes) does not cover the buffer. With a registration, and a receive
+  // the receiver registered too, a transport that can writes the payload
+  // straight into the receive buffer (docs/ib.md, direct placement).
+  std::shared_ptr<Request> isend(const uint8_t* data, uint64_t bytes,
+                                 const MemoryRegistration* registration = nullptr);
   // True once the receiver has answered an activation; false and `error()` set
   // when it can no longer happen.
   bool ready() const;
@@ -33,7 +38,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   ~SendConnection() override;
 
   void service() override;
-  uint8_t* beginData(uint64_t pathId, const DataHeader& header) override;
+  uint8_t* beginData(uint64_t pathId, const DataHeader& header, bool placed) override;
   void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
 
  protected:
@@ -48,6 +53,8 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
     bool capacityKnown = false;
     bool posted = false;       // chunks queued on the active path this epoch
     uint64_t resumeOffset = 0;
+    const MemoryRegistration* registration = nullptr;  // the caller's, or none
+    std::shared_ptr<const Placement> placement;        // the receiver's PLACE, if any
   };
 
   void onDialed(int index, std::shared_ptr<Path> path, const std::string& error);
@@ -56,13 +63,20 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   void postAllLocked();
   void applyResyncLocked(const ControlFrame& frame);
   // Picks the path to use now; fills `frame` with the ACTIVATE to send on it.
-  std::shared_ptr<Path> maybeActivateLocked(std::vector<uint8_t>* frame);
+  // On a failback, `drainFirst` is the path being left: its direct writes
+  // must all have completed before the ACTIVATE goes out (service() waits).
+  std::shared_ptr<Path> maybeActivateLocked(std::vector<uint8_t>* frame,
+                                            std::shared_ptr<Path>* drainFirst);
+  // Fails `send` (and, by CANCEL, its receive) when its bytes cannot travel:
+  // device memory at one end needs direct placement, i.e. both ends registered.
+  bool checkCarriableLocked(uint64_t seq, PendingSend& send);
   void dialLocked();
 
   std::unique_ptr<Dialer> dialer_;
   const uint64_t chunkBytes_;
   std::map<uint64_t, PendingSend> sends_;
   std::map<uint64_t, uint64_t> earlyCts_;  // receives posted before their send
+  std::map<uint64_t, std::shared_ptr<const Placement>> earlyPlacements_;  // likewise, PLACE
   // Oversized sends (seq, bytes) whose receive must be failed too: sent as CANCEL.
   std::vector<std::pair<uint64_t, uint64_t>> cancels_;
   uint64_t nextSeq_ = 0;

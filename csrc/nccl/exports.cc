@@ -92,8 +92,9 @@ ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** d
 ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   return plugin().regMr(comm, data, size, type, mhandle);
 }
-ncclResult_t regMrDmaBuf(void*, void*, size_t, int, uint64_t, int, void**) {
-  return ncclInternalError;  // ptrSupport never claims dma-buf: NVL copies GPU buffers itself
+ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                         void** mhandle) {
+  return plugin().regMrDmaBuf(comm, data, size, type, offset, fd, mhandle);
 }
 ncclResult_t deregMr(void* comm, void* mhandle) { return plugin().deregMr(comm, mhandle); }
 ncclResult_t isendV8(void* sendComm, void* data, int size, int, void* mhandle, void** request) {
@@ -116,8 +117,8 @@ ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, v
                       void** request) {
   return plugin().irecv(recvComm, n, data, sizes, mhandles, request);
 }
-ncclResult_t iflush(void* recvComm, int, void**, int*, void**, void** request) {
-  return plugin().iflush(recvComm, request);
+ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  return plugin().iflush(recvComm, n, data, sizes, mhandles, request);
 }
 ncclResult_t test(void* request, int* done, int* sizes) { return plugin().test(request, done, sizes); }
 ncclResult_t closeSend(void* comm) { return plugin().closeSend(comm); }

@@ -35,6 +35,7 @@ typedef ncclResult_t (*ncclProfilerCallback_t)(void** eHandle, int type, void* p
 
 #define RECCL_NCCL_PTR_HOST 0x1
 #define RECCL_NCCL_PTR_CUDA 0x2
+#define RECCL_NCCL_PTR_DMABUF 0x4
 #define RECCL_NCCL_NET_HANDLE_MAXSIZE 128
 #define RECCL_NCCL_NET_LOG_FLAG 0x10  // NCCL_NET debug subsystem
 

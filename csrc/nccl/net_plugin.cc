@@ -25,10 +25,12 @@ struct SendComm {
 struct RecvComm {
   std::shared_ptr<RecvConnection> connection;
 };
-// What regMr registered: host memory needs nothing; a GPU buffer (NVL) is
-// staged through its region's pinned mirror.
+// What regMr / regMrDmaBuf registered: the transport's registration (IB:
+// every device; direct placement), or for a GPU buffer without GPUDirect the
+// NVL region whose pinned mirror stages it; neither for host memory on TCP.
 struct MemoryRegion {
-  std::unique_ptr<Nvl::Region> gpu;  // null for host memory
+  std::unique_ptr<Nvl::Region> gpu;                   // NVL only
+  std::unique_ptr<MemoryRegistration> registration;  // host, peer-memory or dma-buf
 };
 struct PluginRequest {
   std::shared_ptr<Request> request;  // the connection's; null while a staged send waits for its copy
@@ -64,6 +66,21 @@ void postStagedSends(SendComm& comm) {
 
 Nvl::Region* gpuRegion(void* mhandle) {
   return mhandle == nullptr ? nullptr : static_cast<MemoryRegion*>(mhandle)->gpu.get();
+}
+
+// The registration to pass with [data, data + size), or nullptr. Host memory
+// outside its handle's registration is simply staged; device memory cannot
+// be, so that is an error.
+const MemoryRegistration* registrationFor(void* mhandle, const void* data, size_t size) {
+  if (mhandle == nullptr) return nullptr;
+  const MemoryRegistration* registration = static_cast<MemoryRegion*>(mhandle)->registration.get();
+  if (registration == nullptr) return nullptr;
+  if (size == 0 || registration->covers(reinterpret_cast<uint64_t>(data), size)) return registration;
+  if (registration->hostAccessible()) return nullptr;
+  throw ConfigError("GPU buffer [" + std::to_string(reinterpret_cast<uint64_t>(data)) + ", +" +
+                    std::to_string(size) + ") lies outside the memory handle's registration [" +
+                    std::to_string(registration->address()) + ", +" +
+                    std::to_string(registration->bytes()) + ")");
 }
 
 // NCCL calls connect() again with the same handle until it returns a comm; the
@@ -122,13 +139,17 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
     for (size_t nic = 0; nic < transport_->nics().size(); ++nic) {
       healthIds.push_back(transport_->healthId(static_cast<int>(nic)));
     }
+    dmaBuf_ = transport_->supportsDmaBuf(&dmaBufWhy_);
+    info(dmaBuf_ ? std::string("GPUDirect RDMA by dma-buf registration: GPU buffers are written "
+                               "by the NIC directly (unverified on hardware, docs/ib.md)")
+                 : "no dma-buf GPUDirect: " + dmaBufWhy_);
     std::string why;
     nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), cuda_, &why);
     if (nvl_) {
       info("RECCL_NVL=on: GPU buffers staged in reccl's own CUDA contexts (docs/nvl.md); " +
            nvl_->describe());
     } else {
-      info("NVL off, host buffers only: " + why);
+      info(std::string(dmaBuf_ ? "NVL off: " : "NVL off, host buffers only: ") + why);
     }
     return ncclSuccess;
   } catch (const std::exception& error) {
@@ -181,7 +202,8 @@ ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
     props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
     props->guid = static_cast<uint64_t>(dev);
     props->speedMbps = nic.speedMbps;
-    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ ? RECCL_NCCL_PTR_CUDA : 0);
+    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ || dmaBuf_ ? RECCL_NCCL_PTR_CUDA : 0) |
+                        (dmaBuf_ ? RECCL_NCCL_PTR_DMABUF : 0);
     props->maxComms = 65536;
     props->maxRecvs = kMaxRecvs;
     props->maxTransferBytes = kMaxTransferBytes;
@@ -250,17 +272,65 @@ ncclResult_t NetPlugin::accept(void* listenComm, void** recvComm) {
 ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** mhandle) {
   return guard("regMr", [&] {
     *mhandle = nullptr;
+    Transport* t = transport();
+    auto region = std::make_unique<MemoryRegion>();
     if (type == RECCL_NCCL_PTR_HOST) {
-      *mhandle = new MemoryRegion{};
+      // IB: registered on every device for direct placement; TCP: nothing.
+      // A refusal (e.g. RLIMIT_MEMLOCK) only costs the zero copy: staged then.
+      try {
+        if (size > 0) region->registration = t->registerMemory(data, size);
+      } catch (const Error& error) {
+        warn(std::string("regMr: host buffer not registered, it will be staged: ") + error.what());
+      }
+      *mhandle = region.release();
       return ncclSuccess;
     }
-    if (type != RECCL_NCCL_PTR_CUDA || !nvl_) {
+    if (type != RECCL_NCCL_PTR_CUDA || (!nvl_ && !dmaBuf_)) {
       warn("regMr: memory type " + std::to_string(type) + " is not supported; valid: host" +
-           (nvl_ ? ", cuda" : " (GPU buffers need RECCL_NVL)"));
+           (nvl_ || dmaBuf_ ? ", cuda"
+                            : " (GPU buffers need RECCL_NVL); over IB, dma-buf GPUDirect claims "
+                              "them too"));
+      return ncclInternalError;
+    }
+    // A GPU buffer NCCL could not give us as a dma-buf: GPUDirect by pointer
+    // (peer memory) first, as GDR wins over NVL; NVL where that is refused.
+    std::string peerError;
+    if (dmaBuf_) {
+      try {
+        region->registration = t->registerDeviceMemory(data, size);
+      } catch (const Error& error) {
+        peerError = error.what();
+      }
+    }
+    if (!region->registration) {
+      if (!nvl_) {
+        warn("regMr: GPU buffer without dma-buf: " + peerError);
+        return ncclInternalError;
+      }
+      if (!peerError.empty()) info("regMr: GPU buffer staged by NVL: " + peerError);
+      region->gpu = nvl_->registerRegion(data, size);
+    }
+    *mhandle = region.release();
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t NetPlugin::regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset,
+                                    int fd, void** mhandle) {
+  if (fd < 0) return regMr(comm, data, size, type, mhandle);  // NCCL: no dma-buf for this one
+  return guard("regMrDmaBuf", [&] {
+    *mhandle = nullptr;
+    Transport* t = transport();
+    if (!dmaBuf_) {
+      warn("regMrDmaBuf: dma-buf registration is not supported: " + dmaBufWhy_);
+      return ncclInternalError;
+    }
+    if (type != RECCL_NCCL_PTR_CUDA && type != RECCL_NCCL_PTR_HOST) {
+      warn("regMrDmaBuf: memory type " + std::to_string(type) + " is not supported; valid: host, cuda");
       return ncclInternalError;
     }
     auto region = std::make_unique<MemoryRegion>();
-    region->gpu = nvl_->registerRegion(data, size);
+    region->registration = t->registerDmaBuf(fd, offset, size, reinterpret_cast<uint64_t>(data));
     *mhandle = region.release();
     return ncclSuccess;
   });
@@ -296,8 +366,9 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
       postStagedSends(*comm);
       return ncclSuccess;
     }
+    const MemoryRegistration* registration = registrationFor(mhandle, data, size);
     try {
-      auto sent = comm->connection->isend(bytes, size);
+      auto sent = comm->connection->isend(bytes, size, registration);
       RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
                             " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size) +
                             (region ? " from GPU " + std::to_string(region->gpu()) : std::string()));
@@ -325,8 +396,10 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
     Nvl::Region* region = gpuRegion(mhandles == nullptr ? nullptr : mhandles[0]);
     uint8_t* bytes = static_cast<uint8_t*>(data[0]);
     if (region != nullptr) bytes = region->hostCopy(bytes, sizes[0], "irecv");
+    const MemoryRegistration* registration =
+        region ? nullptr : registrationFor(mhandles == nullptr ? nullptr : mhandles[0], data[0], sizes[0]);
     try {
-      auto posted = comm->connection->irecv(bytes, sizes[0]);
+      auto posted = comm->connection->irecv(bytes, sizes[0], registration);
       RECCL_LOG(kTrace, "plugin irecv connection " + std::to_string(comm->connection->id()) +
                             " seq " + std::to_string(posted->seq()) + " bytes " +
                             std::to_string(sizes[0]) +
@@ -346,11 +419,27 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
   });
 }
 
-ncclResult_t NetPlugin::iflush(void*, void** request) {
-  // Host memory needs no flush, and a staged GPU receive completes only after
-  // its copy into the GPU buffer finished.
-  *request = nullptr;
-  return ncclSuccess;
+ncclResult_t NetPlugin::iflush(void* recvComm, int n, void** data, const int* sizes,
+                               void** mhandles, void** request) {
+  // Host memory needs no flush, and an NVL-staged GPU receive completes only
+  // after its copy into the GPU buffer finished. A receive the NIC placed in
+  // GPU memory gets what NCCL's own IB transport does: a 1-byte RDMA READ from
+  // the buffer over a loopback QP on the NIC that wrote it, done here (bounded)
+  // before NCCL lets the kernel read (docs/ib.md: unverified on hardware).
+  return guard("iflush", [&] {
+    *request = nullptr;
+    if (data == nullptr || sizes == nullptr || mhandles == nullptr) return ncclSuccess;
+    auto* comm = static_cast<RecvComm*>(recvComm);
+    for (int i = 0; i < n; ++i) {
+      if (sizes[i] <= 0) continue;
+      const size_t size = static_cast<size_t>(sizes[i]);
+      const MemoryRegistration* registration = registrationFor(mhandles[i], data[i], size);
+      if (registration == nullptr || registration->hostAccessible()) continue;
+      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]),
+                                     comm->connection->activeLocalNic());
+    }
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {

@@ -47,20 +47,25 @@ class NetPlugin {
   ncclResult_t connect(int dev, void* handle, void** sendComm);
   ncclResult_t accept(void* listenComm, void** recvComm);
   ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                           void** mhandle);
   ncclResult_t deregMr(void* comm, void* mhandle);
   ncclResult_t isend(void* sendComm, void* data, size_t size, void* mhandle, void** request);
   ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, void** mhandles,
                      void** request);
-  ncclResult_t iflush(void* recvComm, void** request);
+  ncclResult_t iflush(void* recvComm, int n, void** data, const int* sizes, void** mhandles,
+                      void** request);
   ncclResult_t test(void* request, int* done, int* sizes);
   ncclResult_t closeSend(void* sendComm);
   ncclResult_t closeRecv(void* recvComm);
   ncclResult_t closeListen(void* listenComm);
 
-  // Both transports: one receive per irecv (no grouped receives), and data is
-  // staged through host memory (TCP sockets; IB registered staging slots), so
-  // regMr needs no per-buffer registration. GPU buffers are claimed only with
-  // NVL (gpu/nvl.h), which stages them to host memory itself.
+  // Both transports: one receive per irecv (no grouped receives). TCP stages
+  // host memory (regMr registers nothing); IB registers what regMr and
+  // regMrDmaBuf are given on every device, for direct placement (zero copy;
+  // RECCL_IB_ZERO_COPY). GPU buffers are claimed with dma-buf GPUDirect on IB
+  // where the verbs library supports it (it wins over NVL), else only with NVL
+  // (gpu/nvl.h), which stages them to host memory itself.
   static constexpr int kMaxRecvs = 1;
   static constexpr size_t kMaxTransferBytes = 1ull << 30;  // NCCL's MAX_NET_SIZE
 
@@ -87,6 +92,8 @@ class NetPlugin {
   std::shared_ptr<CudaApi> cuda_;    // null: the process's CUDA runtime, if any
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Nvl> nvl_;  // null: host buffers only
+  bool dmaBuf_ = false;       // GPUDirect by dma-buf registration (IB, zero copy)
+  std::string dmaBufWhy_;     // why not, when not
   std::vector<std::string> names_;
 };
 

@@ -8,6 +8,7 @@
 #include "core/frame.h"
 #include "core/health.h"
 #include "core/topology.h"
+#include "python/registered_buffer.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -71,8 +72,10 @@ struct HeldBuffer {
 
 class PyRequest {
  public:
-  PyRequest(std::shared_ptr<Request> request, std::shared_ptr<HeldBuffer> buffer)
-      : request_(std::move(request)), buffer_(std::move(buffer)) {}
+  PyRequest(std::shared_ptr<Request> request, std::shared_ptr<HeldBuffer> buffer,
+            std::shared_ptr<RegisteredBuffer> registration = nullptr)
+      : request_(std::move(request)), buffer_(std::move(buffer)),
+        registration_(std::move(registration)) {}
   // (done, nbytes); raises on failure.
   py::tuple test() {
     uint64_t bytes = 0;
@@ -98,7 +101,12 @@ class PyRequest {
  private:
   std::shared_ptr<Request> request_;
   std::shared_ptr<HeldBuffer> buffer_;
+  std::shared_ptr<RegisteredBuffer> registration_;  // kept until the request goes
 };
+
+const MemoryRegistration* registrationOf(const std::shared_ptr<RegisteredBuffer>& held) {
+  return held ? held->registration.get() : nullptr;
+}
 
 void waitReady(SendConnection& connection, double timeoutSeconds) {
   Clock::time_point deadline = Clock::now() + toMillis(timeoutSeconds);
@@ -151,6 +159,19 @@ int healthIdOrThrow(const std::string& nic) {
 
 }  // namespace
 
+py::object reccl::registerBuffer(Transport& transport, py::buffer buffer) {
+  auto held = std::make_shared<RegisteredBuffer>();
+  held->owner = buffer;
+  held->info = buffer.request(true);
+  {
+    py::gil_scoped_release release;
+    held->registration = transport.registerMemory(
+        held->info.ptr, static_cast<uint64_t>(held->info.size * held->info.itemsize));
+  }
+  if (!held->registration) return py::none();
+  return py::cast(held);
+}
+
 // The reccl process group (csrc/python/pg_bindings.cc).
 void bindProcessGroup(py::module_& m);
 // The IB verbs transport and its emulation (csrc/python/ib_bindings.cc).
@@ -183,12 +204,20 @@ PYBIND11_MODULE(_C, m) {
       .def("wait", &PyRequest::wait, py::arg("timeout") = 60.0,
            "Waits up to `timeout` seconds; returns the bytes moved");
 
+  py::class_<RegisteredBuffer, std::shared_ptr<RegisteredBuffer>>(
+      m, "Registration", "A buffer registered with a transport on every NIC (transport.register)")
+      .def_property_readonly("address", [](const RegisteredBuffer& r) { return r.registration->address(); })
+      .def_property_readonly("nbytes", [](const RegisteredBuffer& r) { return r.registration->bytes(); });
+
   py::class_<SendConnection, std::shared_ptr<SendConnection>>(m, "SendConnection")
       .def("isend",
-           [](SendConnection& c, py::buffer buffer) {
+           [](SendConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
              auto held = std::make_shared<HeldBuffer>(buffer, false);
-             return PyRequest(c.isend(held->data(), held->bytes()), held);
-           })
+             return PyRequest(c.isend(held->data(), held->bytes(), registrationOf(registration)),
+                              held, registration);
+           }, py::arg("buffer"), py::arg("registration") = nullptr,
+           "Sends `buffer`; `registration` (from transport.register, covering it) lets a "
+           "transport that can place it directly (IB)")
       .def("wait_ready", &waitReady, py::arg("timeout") = 30.0)
       .def_property_readonly("ready", &SendConnection::ready)
       .def_property_readonly("id", &SendConnection::id)
@@ -201,10 +230,12 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<RecvConnection, std::shared_ptr<RecvConnection>>(m, "RecvConnection")
       .def("irecv",
-           [](RecvConnection& c, py::buffer buffer) {
+           [](RecvConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
              auto held = std::make_shared<HeldBuffer>(buffer, true);
-             return PyRequest(c.irecv(held->data(), held->bytes()), held);
-           })
+             return PyRequest(c.irecv(held->data(), held->bytes(), registrationOf(registration)),
+                              held, registration);
+           }, py::arg("buffer"), py::arg("registration") = nullptr,
+           "Receives into `buffer`; with `registration` the sender may write it directly")
       .def_property_readonly("id", &RecvConnection::id)
       .def_property_readonly("error", &RecvConnection::error)
       .def_property_readonly("active_path", &RecvConnection::activePath)
@@ -249,6 +280,8 @@ PYBIND11_MODULE(_C, m) {
              return out;
            })
       .def("listen", &TcpTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def("register", [](TcpTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+           py::arg("buffer"), "None: TCP registers no memory (data is always copied)")
       .def(
           "connect",
           [](TcpTransport& t, int nic, py::bytes handle) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "nccl/net_plugin.h"
+#include "python/registered_buffer.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
@@ -61,22 +62,25 @@ py::list gidList(const std::vector<GidEntry>& table) {
   return out;
 }
 
-// A registered Python buffer: the region keeps the buffer alive.
+// A registered Python buffer (the region keeps it alive), or a dma-buf range
+// the NIC addresses from `base`.
 struct PyRegion {
-  py::buffer owner;
-  py::buffer_info info;
+  py::object owner;
+  uint64_t base = 0;
+  size_t size = 0;
   std::unique_ptr<VerbsMemoryRegion> region;
   uint64_t address(size_t offset, size_t length) const {
-    if (offset > static_cast<size_t>(info.size) || length > static_cast<size_t>(info.size) - offset) {
+    if (offset > size || length > size - offset) {
       throw ConfigError("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                        ") outside the registered " + std::to_string(info.size) + " bytes");
+                        ") outside the registered " + std::to_string(size) + " bytes");
     }
-    return reinterpret_cast<uint64_t>(info.ptr) + offset;
+    return base + offset;
   }
 };
 
 py::dict completionDict(const WorkCompletion& wc) {
-  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "other"};
+  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "rdma_read",
+                                         "other"};
   py::dict d;
   d["wr_id"] = wc.wrId;
   d["status"] = wcStatusName(wc.status);
@@ -90,7 +94,8 @@ SendRequest::Op opFromName(const std::string& op) {
   if (op == "send") return SendRequest::Op::kSend;
   if (op == "write") return SendRequest::Op::kWrite;
   if (op == "write_imm") return SendRequest::Op::kWriteWithImmediate;
-  throw ConfigError("operation '" + op + "' is not valid: expected send, write or write_imm");
+  if (op == "read") return SendRequest::Op::kRead;
+  throw ConfigError("operation '" + op + "' is not valid: expected send, write, write_imm or read");
 }
 
 // Raw verbs objects of the emulation, so tests can check its RC semantics
@@ -149,10 +154,27 @@ void bindRawVerbs(py::module_& m) {
       .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
         auto region = std::make_shared<PyRegion>();
         region->owner = buffer;
-        region->info = buffer.request(true);
-        region->region = d.registerMemory(region->info.ptr, static_cast<size_t>(region->info.size), remoteWrite);
+        py::buffer_info info = buffer.request(true);
+        region->base = reinterpret_cast<uint64_t>(info.ptr);
+        region->size = static_cast<size_t>(info.size * info.itemsize);
+        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
         return region;
       }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
+      .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = iova;
+        region->size = length;
+        region->region = d.registerDmaBuf(fd, offset, length, iova);
+        return region;
+      }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
+         "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
+      .def("register_gpu_pointer", [](VerbsDevice& d, uint64_t address, size_t length) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = address;
+        region->size = length;
+        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
+        return region;
+      }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
       .def("create_cq", [](VerbsDevice& d) {
         return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64));
       }, py::keep_alive<0, 1>())
@@ -187,12 +209,21 @@ void bindIbTransport(py::module_& m) {
       .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
            "Blackholes the device: packets vanish, no event, retry-exceeded later")
       .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
+           py::call_guard<py::gil_scoped_release>(),
+           "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
+           "responder QP still takes it (docs/ib.md)")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();
         py::dict d;
         d["sends"] = c.sends;
         d["writes"] = c.writes;
+        d["writes_with_imm"] = c.writesWithImmediate;
+        d["reads"] = c.reads;
+        d["held"] = c.held;
+        d["wire_delivered"] = c.wireDelivered;
+        d["wire_dropped"] = c.wireDropped;
         d["bytes"] = c.bytes;
         d["flushed"] = c.flushed;
         d["retry_exceeded"] = c.retryExceeded;
@@ -240,6 +271,23 @@ void bindIbTransport(py::module_& m) {
              return out;
            })
       .def("listen", &IbTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def("register", [](IbTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+           py::arg("buffer"),
+           "Registers `buffer` on every RDMA device for direct placement; None with "
+           "RECCL_IB_ZERO_COPY=off")
+      .def("register_dmabuf", [](IbTransport& t, int fd, uint64_t offset, uint64_t bytes, uint64_t address) {
+             auto held = std::make_shared<RegisteredBuffer>();
+             py::gil_scoped_release release;
+             held->registration = t.registerDmaBuf(fd, offset, bytes, address);
+             return held;
+           }, py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"),
+           "Registers a dma-buf range on every RDMA device, addressed as `address` (a device "
+           "pointer the CPU never dereferences)")
+      .def("supports_dmabuf", [](const IbTransport& t) {
+             std::string why;
+             bool ok = t.supportsDmaBuf(&why);
+             return py::make_tuple(ok, why);
+           })
       .def(
           "connect",
           [](IbTransport& t, int nic, py::bytes handle) {

@@ -23,7 +23,7 @@ IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t 
                  0);
   localMr_ = device_->registerMemory(local_.data(), local_.size(), false);
   remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true);
-  const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + 4);
+  const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 4);
   const int maxRecv = static_cast<int>(kControlRecvs);
   sendCq_ = device_->createCompletionQueue(maxSend);
   recvCq_ = device_->createCompletionQueue(maxRecv);

@@ -25,6 +25,10 @@ class IbEndpoint {
   static constexpr uint32_t kDataSlots = 4;       // staging slots (and FIFO entries) per path
   static constexpr uint32_t kControlRecvs = 32;   // receives kept posted
   static constexpr uint32_t kControlSends = 32;   // control frames in flight
+  // Directly placed chunks in flight: each is a WRITE plus a notice SEND that
+  // borrows a control send buffer, of which kControlReserve stay for frames.
+  static constexpr uint32_t kPlacedChunks = 16;
+  static constexpr uint32_t kControlReserve = kControlSends - kPlacedChunks;
   static constexpr size_t kControlBytes =
       (sizeof(FrameHeader) + kMaxControlBody + 63) / 64 * 64;
   // FrameHeader + DataHeader in front of each staged chunk.
@@ -86,7 +90,15 @@ class IbEndpoint {
 };
 
 // Work request ids: what a completion is about, and which buffer.
-enum class WorkKind : uint32_t { kControlRecv = 1, kControlSend = 2, kData = 3, kGrant = 4, kProbe = 5 };
+enum class WorkKind : uint32_t {
+  kControlRecv = 1,
+  kControlSend = 2,
+  kData = 3,
+  kGrant = 4,
+  kProbe = 5,
+  kPlacedWrite = 6,   // a chunk written straight into the peer's buffer (unsignaled)
+  kPlacedNotice = 7,  // the SEND after it that tells the peer it landed
+};
 inline uint64_t workId(WorkKind kind, uint32_t index) {
   return (static_cast<uint64_t>(kind) << 32) | index;
 }

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "transport/ib/ib_registration.h"
 
 namespace reccl {
 
@@ -105,6 +106,12 @@ int IbPath::drainSendsLocked() {
       switch (workKind(wc.wrId)) {
         case WorkKind::kControlSend: freeControl_.push_back(workIndex(wc.wrId)); break;
         case WorkKind::kData: freeStaging_.push_back(workIndex(wc.wrId)); break;
+        case WorkKind::kPlacedNotice:
+          // RC: the notice completes after the write before it, so that write
+          // has landed (or, flushed, never will).
+          freeControl_.push_back(workIndex(wc.wrId));
+          placedInFlight_.fetch_sub(1);
+          break;
         default: break;
       }
       bool expected = wc.status == WcStatus::kSuccess || (wc.status == WcStatus::kFlushed && stop_.load());
@@ -187,6 +194,21 @@ void IbPath::dropQueuedData() {
   queue_.clear();
 }
 
+bool IbPath::drainDirectWrites(Millis timeout) {
+  dropQueuedData();
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(sendMutex_);
+  while (placedInFlight_.load() > 0) {
+    drainSendsLocked();
+    if (placedInFlight_.load() == 0) break;
+    // A stopped path's QP is in ERR, but on a real fabric a write already on
+    // the wire may still land: only the receiver's fence covers that.
+    if (stop_.load() || Clock::now() > deadline) return false;
+    sendSlotFreed_.wait_for(lock, Millis(1));
+  }
+  return true;
+}
+
 void IbPath::grant(uint32_t slot) {
   {
     std::lock_guard<std::mutex> lock(sendMutex_);
@@ -207,13 +229,18 @@ void IbPath::grant(uint32_t slot) {
 
 void IbPath::handleControl(const uint8_t* bytes, uint32_t length) {
   FrameHeader header = parseFrameHeader(bytes, length);
-  if (header.type == static_cast<uint8_t>(FrameType::kData)) {
-    throw ProtocolError("DATA frame sent as a control message");
-  }
   if (sizeof(FrameHeader) + header.bodyBytes != length) {
     throw ProtocolError("control message of " + std::to_string(length) +
                         " bytes whose header announces " +
                         std::to_string(sizeof(FrameHeader) + header.bodyBytes));
+  }
+  if (header.type == static_cast<uint8_t>(FrameType::kData)) {
+    // The notice of a directly placed chunk (the header's size was checked).
+    if (sender_) throw ProtocolError("a placed-data notice at the sending end");
+    DataHeader data;
+    std::memcpy(&data, bytes + sizeof(FrameHeader), sizeof(data));
+    handlePlaced(data);
+    return;
   }
   ControlFrame frame = decodeControl(header, bytes + sizeof(FrameHeader), header.bodyBytes);
   if (frame.type == FrameType::kHeartbeat) return;
@@ -241,12 +268,111 @@ void IbPath::handleData(uint32_t slot, uint32_t length) {
     throw ProtocolError("RDMA write of " + std::to_string(length) + " bytes carries a chunk of " +
                         std::to_string(header.bytes));
   }
-  uint8_t* target = owner_->beginData(pathId_, header);
+  uint8_t* target = owner_->beginData(pathId_, header, false);
   if (target != nullptr) {
     std::memcpy(target, base + IbEndpoint::kDataHeadBytes, header.bytes);
     owner_->endData(pathId_, header, true);
   }
   grant(slot);  // stale or not, the slot is free again
+}
+
+void IbPath::handlePlaced(const DataHeader& header) {
+  // The payload is already where beginData would point: the write before
+  // this notice placed it. Nothing to copy; stale or duplicate notices
+  // (nullptr) are dropped like staged chunks.
+  if (owner_->beginData(pathId_, header, true) != nullptr) owner_->endData(pathId_, header, true);
+}
+
+bool IbPath::pumpPlaced(bool* failed) {
+  *failed = false;
+  if (placedInFlight_.load() >= static_cast<int>(IbEndpoint::kPlacedChunks)) return false;
+  uint32_t notice = 0;
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (freeControl_.size() <= IbEndpoint::kControlReserve) drainSendsLocked();
+    if (freeControl_.size() <= IbEndpoint::kControlReserve) return false;
+    notice = freeControl_.back();
+    freeControl_.pop_back();
+  }
+  DataChunk chunk{};
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (!queue_.empty() && queue_.front().placement) {
+      chunk = queue_.front();
+      queue_.pop_front();
+      placedInFlight_.fetch_add(1);
+    }
+  }
+  auto giveBack = [&](bool claimed) {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    freeControl_.push_back(notice);
+    if (claimed) placedInFlight_.fetch_sub(1);
+    sendSlotFreed_.notify_all();
+  };
+  if (!chunk.placement) {
+    giveBack(false);
+    return false;
+  }
+  const DataHeader& header = chunk.header;
+  const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
+  std::string problem;
+  IbPlacement placement;
+  try {
+    placement = IbPlacement::decode(chunk.placement->bytes);
+  } catch (const ProtocolError& error) {
+    problem = error.what();
+  }
+  const uint64_t payload = reinterpret_cast<uint64_t>(chunk.payload);
+  if (!problem.empty()) {
+  } else if (source == nullptr) {
+    problem = "the send buffer's registration is not an IB one";
+  } else if (static_cast<size_t>(remoteNic_) >= placement.rkeys.size()) {
+    problem = "the receiver's placement has rkeys of " + std::to_string(placement.rkeys.size()) +
+              " NICs; this path reaches its NIC " + std::to_string(remoteNic_);
+  } else if (static_cast<size_t>(localNic_) >= source->nicCount()) {
+    problem = "the send registration covers " + std::to_string(source->nicCount()) + " NICs";
+  } else if (header.offset > placement.capacity || header.bytes > placement.capacity - header.offset) {
+    problem = "chunk [" + std::to_string(header.offset) + ", +" + std::to_string(header.bytes) +
+              ") exceeds the receiver's registered " + std::to_string(placement.capacity) + " bytes";
+  } else if (header.bytes > 0 && !source->covers(payload, header.bytes)) {
+    problem = "chunk outside the send registration";
+  }
+  if (!problem.empty()) {
+    giveBack(true);
+    fail(Reason::kError, "protocol error: direct placement: " + problem);
+    *failed = true;
+    return false;
+  }
+  uint8_t* head = endpoint_->controlSend(notice);
+  const FrameHeader frameHeader = dataFrameHeader();
+  std::memcpy(head, &frameHeader, sizeof(frameHeader));
+  std::memcpy(head + sizeof(frameHeader), &header, sizeof(header));
+  SendRequest write;
+  write.wrId = workId(WorkKind::kPlacedWrite, notice);
+  write.op = SendRequest::Op::kWrite;
+  write.signaled = false;  // the notice's completion stands for both
+  write.sge = {payload, header.bytes, source->lkey(localNic_)};
+  write.remoteAddress = placement.address + header.offset;
+  write.rkey = placement.rkeys[static_cast<size_t>(remoteNic_)];
+  SendRequest notify;
+  notify.wrId = workId(WorkKind::kPlacedNotice, notice);
+  notify.op = SendRequest::Op::kSend;
+  notify.sge = {reinterpret_cast<uint64_t>(head),
+                static_cast<uint32_t>(sizeof(FrameHeader) + sizeof(DataHeader)),
+                endpoint_->localKey()};
+  bool posted;
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    // Both under one lock: nothing else of this QP goes between them.
+    posted = (header.bytes == 0 || postLocked(write)) && postLocked(notify);
+  }
+  if (!posted) {
+    giveBack(true);
+    reportSendFailure();
+    *failed = true;
+    return false;
+  }
+  return true;
 }
 
 bool IbPath::pollReceives() {
@@ -309,9 +435,20 @@ bool IbPath::pollSends() {
 bool IbPath::pumpData() {
   bool moved = false;
   while (!stop_.load()) {
+    bool placed = false;
     {
       std::lock_guard<std::mutex> lock(queueMutex_);
       if (queue_.empty()) break;
+      placed = static_cast<bool>(queue_.front().placement);
+    }
+    if (placed) {
+      bool failed = false;
+      if (!pumpPlaced(&failed)) {
+        if (failed) return true;
+        break;  // waits for notices to complete
+      }
+      moved = true;
+      continue;
     }
     const uint32_t entry = static_cast<uint32_t>(grantsUsed_ % IbEndpoint::kDataSlots);
     const uint64_t value = __atomic_load_n(endpoint_->ctsFifo(entry), __ATOMIC_ACQUIRE);
@@ -334,7 +471,9 @@ bool IbPath::pumpData() {
     bool have = false;
     {
       std::lock_guard<std::mutex> lock(queueMutex_);
-      if (!queue_.empty()) {
+      // The head may have changed since we looked (dropped and requeued): a
+      // placed chunk is never staged (its buffer may be device memory).
+      if (!queue_.empty() && !queue_.front().placement) {
         chunk = queue_.front();
         queue_.pop_front();
         have = true;

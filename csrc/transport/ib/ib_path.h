@@ -7,6 +7,15 @@
 // receiver checks it, copies the payload where the connection says
 // (PathOwner::beginData) and grants the slot again.
 //
+// Direct placement (zero copy): a chunk whose receive buffer the receiver
+// registered (its placement: address, capacity, one rkey per receiver NIC)
+// and whose send buffer the sender registered is RDMA-WRITten from the send
+// buffer (the lkey of this path's NIC) to the receive buffer (the rkey of the
+// NIC this path reaches), followed on the same QP by a SEND of the frame
+// header + DataHeader into a control receive buffer. RC executes them in
+// order, so when the notice arrives the payload is in place; the receiver
+// only records it (beginData(placed)). No grant, no copy at either end.
+//
 // One progress thread per path polls both completion queues and the FIFO.
 // A CQE error (retry exceeded, flush, access) or heartbeat silence fails the
 // path; shutdown() moves the QP to ERR first, so once it returns no write of
@@ -39,6 +48,7 @@ class IbPath : public Path {
   bool sendControl(const std::vector<uint8_t>& frame) override;
   void sendData(const DataChunk& chunk) override;
   void dropQueuedData() override;
+  bool drainDirectWrites(Millis timeout) override;
   void shutdown() override;
   void stopAndJoin() override;
   int localNic() const override { return localNic_; }
@@ -53,6 +63,10 @@ class IbPath : public Path {
   bool pumpData();
   void handleControl(const uint8_t* bytes, uint32_t length);
   void handleData(uint32_t immediate, uint32_t length);
+  void handlePlaced(const DataHeader& header);
+  // Takes the queue's head if it is a placed chunk and posts it; false if
+  // there is none or it must wait (buffers, in-flight bound).
+  bool pumpPlaced(bool* failed);
   void grant(uint32_t slot);
   // Under sendMutex_: drains the send CQ, freeing buffers; the first error is
   // kept in sendFailure_ for the caller to report unlocked.
@@ -94,6 +108,9 @@ class IbPath : public Path {
   std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
   uint64_t grantsUsed_ = 0;  // sender: FIFO entries consumed so far (progress thread only)
+  // Placed chunks taken off the queue whose notice has not completed yet: a
+  // write of this path may still land in the peer's buffer while it is > 0.
+  std::atomic<int> placedInFlight_{0};
 
   std::mutex joinMutex_;  // concurrent stopAndJoin calls: one joins, the other waits
   std::thread thread_;

@@ -8,6 +8,7 @@
 #include "core/health.h"
 #include "core/log.h"
 #include "transport/ib/ib_path.h"
+#include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/job_dialer.h"
 #include "transport/path_plan.h"
@@ -148,7 +149,7 @@ void IbTransport::watchEvents(int nic) {
 void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
 
 ConnectionEnv IbTransport::connectionEnv(const std::string& peer) {
-  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
+  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
 }
 
 std::shared_ptr<Listener> IbTransport::listen(int nic) {
@@ -178,6 +179,75 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
           handle, id), handle.chunkBytes);
   supervisor_->add(connection);
   return connection;
+}
+
+std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
+  if (!config_.ibZeroCopy) return nullptr;
+  return IbRegistration::host(this, devices_, base, bytes);
+}
+
+std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
+                                                                      uint64_t bytes) {
+  if (!config_.ibZeroCopy) {
+    throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
+  }
+  return IbRegistration::peer(this, devices_, address, bytes);
+}
+
+void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
+                                    int nic) {
+  const auto* memory = dynamic_cast<const IbRegistration*>(&registration);
+  if (memory == nullptr || memory->hostAccessible()) return;
+  // Through the NIC that wrote it; if that one is down or fails the read (its
+  // port died: its writes ended with it), through the next usable one.
+  NicHealth& health = NicHealth::instance();
+  const int count = static_cast<int>(devices_.size());
+  std::vector<int> order;
+  if (nic >= 0 && nic < count) order.push_back(nic);
+  for (int i = 0; i < count; ++i) {
+    if (i != nic) order.push_back(i);
+  }
+  std::lock_guard<std::mutex> lock(flushMutex_);
+  if (flushers_.size() != devices_.size()) flushers_.resize(devices_.size());
+  std::string failures;
+  for (int candidate : order) {
+    if (!health.usable(healthIds_[candidate])) continue;
+    std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(candidate)];
+    try {
+      if (!flusher) {
+        flusher = std::make_unique<IbFlusher>(devices_[candidate], config_.ibTimeout, config_.ibRetryCount);
+      }
+      flusher->flush(address, memory->rkey(candidate), Millis(config_.heartbeatMs));
+      return;
+    } catch (const Error& error) {
+      flusher.reset();  // its QP is in ERR (or was never made): a fresh one next time
+      failures += (failures.empty() ? "" : "; ") + std::string(error.what());
+    }
+  }
+  throw Error("GPU flush failed on every usable RDMA device" +
+              (failures.empty() ? std::string(" (none is usable)") : ": " + failures));
+}
+
+bool IbTransport::supportsDmaBuf(std::string* why) const {
+  if (!config_.ibZeroCopy) {
+    *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";
+    return false;
+  }
+  for (const auto& device : devices_) {
+    std::string reason;
+    if (!device->supportsDmaBuf(&reason)) {
+      *why = device->name() + ": " + reason;
+      return false;
+    }
+  }
+  return true;
+}
+
+std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t offset,
+                                                                uint64_t bytes, uint64_t address) {
+  std::string why;
+  if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
+  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {

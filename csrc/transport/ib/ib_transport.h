@@ -18,6 +18,7 @@
 #include "core/supervisor.h"
 #include "core/topology.h"
 #include "transport/ib/ib_endpoint.h"
+#include "transport/ib/ib_flusher.h"
 #include "transport/ib/verbs_api.h"
 #include "transport/job_threads.h"
 #include "transport/listener.h"
@@ -48,6 +49,14 @@ class IbTransport : public Transport {
 
   std::shared_ptr<Listener> listen(int nic) override;
   std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
+  // Memory regions on every device (RECCL_IB_ZERO_COPY=on; nullptr when off).
+  std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
+  std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;
+  bool supportsDmaBuf(std::string* why) const override;
+  // An RDMA READ of one byte through a loopback QP on `nic` (IbFlusher).
+  void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, int nic) override;
+  std::unique_ptr<MemoryRegistration> registerDmaBuf(int fd, uint64_t offset, uint64_t bytes,
+                                                     uint64_t address) override;
 
  private:
   void checkNic(int nic) const;
@@ -72,6 +81,8 @@ class IbTransport : public Transport {
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> eventThreads_;
   JobThreads jobs_;
+  std::mutex flushMutex_;
+  std::vector<std::unique_ptr<IbFlusher>> flushers_;  // by NIC, made on first use
 
   RandomIds ids_;
   ListenerTable listeners_;

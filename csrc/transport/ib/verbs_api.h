@@ -29,7 +29,7 @@ enum class WcStatus : uint8_t {
 };
 const char* wcStatusName(WcStatus status);
 
-enum class WcOpcode : uint8_t { kSend, kRdmaWrite, kRecv, kRecvRdmaWithImm, kOther };
+enum class WcOpcode : uint8_t { kSend, kRdmaWrite, kRecv, kRecvRdmaWithImm, kRdmaRead, kOther };
 
 // ibv_wc
 struct WorkCompletion {
@@ -87,9 +87,10 @@ struct ScatterGather {
   uint32_t lkey = 0;
 };
 
-// ibv_send_wr, one SGE
+// ibv_send_wr, one SGE. kRead: RDMA READ of sge.length bytes at
+// remoteAddress/rkey into the SGE.
 struct SendRequest {
-  enum class Op : uint8_t { kSend, kWrite, kWriteWithImmediate };
+  enum class Op : uint8_t { kSend, kWrite, kWriteWithImmediate, kRead };
   uint64_t wrId = 0;
   Op op = Op::kSend;
   ScatterGather sge;
@@ -132,7 +133,8 @@ class VerbsQueuePair {
  public:
   virtual ~VerbsQueuePair() = default;  // ibv_destroy_qp
   virtual uint32_t qpNumber() const = 0;
-  // ibv_modify_qp RESET->INIT on `port`, with local and remote write access.
+  // ibv_modify_qp RESET->INIT on `port`, with local write and remote write and
+  // read access.
   virtual void toInit(int port) = 0;
   // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID.
   virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) = 0;
@@ -156,6 +158,17 @@ class VerbsDevice {
   // ibv_reg_mr; remote write access when `remoteWrite`.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
                                                             bool remoteWrite) = 0;
+  // ibv_reg_dmabuf_mr with local and remote write and remote read (the flush
+  // reads it): `bytes` of the dma-buf
+  // `fd` from `offset`, which the NIC addresses as [iova, iova + bytes).
+  // Throws Error when the provider cannot (supportsDmaBuf says why).
+  virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
+                                                            uint64_t iova) = 0;
+  // ibv_reg_mr on a device (GPU) pointer, local + remote write + remote read: works only
+  // where a peer-memory module (nvidia-peermem) lets the NIC map it.
+  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) = 0;
+  // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
+  virtual bool supportsDmaBuf(std::string* why) const = 0;
   virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) = 0;  // ibv_create_cq
   // ibv_create_qp, type RC.
   virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,

@@ -1,6 +1,10 @@
 #include "transport/ib/verbs_emulation.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 
@@ -34,16 +38,21 @@ struct CompletionQueueRecord {
 
 struct MemoryRegionRecord {
   int device = 0;
-  uint8_t* base = nullptr;
+  uint64_t iova = 0;        // the address range the NIC is asked to use
+  uint8_t* base = nullptr;  // where the emulated NIC really reads and writes it
   size_t bytes = 0;
   bool remoteWrite = false;
+  bool remoteRead = false;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
 
   bool covers(uint64_t address, uint64_t length) const {
-    uint64_t start = reinterpret_cast<uint64_t>(base);
-    return address >= start && length <= bytes && address - start <= bytes - length;
+    return address >= iova && length <= bytes && address - iova <= bytes - length;
   }
+  // The emulated NIC's own pointer to `address` (which covers() accepted): a
+  // dma-buf region is reached through the emulation's mapping of the fd, never
+  // through the caller's address.
+  uint8_t* translate(uint64_t address) const { return base + (address - iova); }
 };
 
 struct PendingSend {
@@ -72,10 +81,22 @@ struct AsyncQueue {
   std::deque<AsyncEvent> events;
 };
 
+// A request that left its QP while the device was held: on the wire, with the
+// bytes it read when it left, delivered (or not) when the hold is released.
+struct WireRequest {
+  uint32_t fromQp = 0;
+  uint32_t toQp = 0;
+  int fromDevice = 0;
+  SendRequest request;
+  std::vector<uint8_t> payload;
+  bool senderFlushed = false;  // the sending QP went to ERR meanwhile
+};
+
 struct DeviceRecord {
   std::string name;
   bool portUp = true;
   bool drop = false;
+  bool hold = false;
   int flaps = 0;
   std::string corruptKind;
   std::vector<GidEntry> gids;
@@ -117,7 +138,11 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
 }
 
 WcOpcode opcodeOf(SendRequest::Op op) {
-  return op == SendRequest::Op::kSend ? WcOpcode::kSend : WcOpcode::kRdmaWrite;
+  switch (op) {
+    case SendRequest::Op::kSend: return WcOpcode::kSend;
+    case SendRequest::Op::kRead: return WcOpcode::kRdmaRead;
+    default: return WcOpcode::kRdmaWrite;
+  }
 }
 
 }  // namespace
@@ -136,6 +161,7 @@ struct VerbsEmulation::State {
   uint32_t nextQpNumber = 0x101;
   uint32_t nextKey = 0x1001;
   EmulationCounters counters;
+  std::deque<WireRequest> wire;
 
   int deviceIndex(const std::string& name) const {
     for (size_t i = 0; i < devices.size(); ++i) {
@@ -173,6 +199,14 @@ struct VerbsEmulation::State {
     ++counters.qpErrors;
     for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed);
     qp.sends.clear();
+    // Requests already on the wire stay there (a QP's error state does not
+    // recall packets in flight), but their sender sees them flushed.
+    for (auto& parked : wire) {
+      if (parked.fromQp == qp.qpNumber && !parked.senderFlushed) {
+        parked.senderFlushed = true;
+        completeSend(qp, parked.request, WcStatus::kFlushed);
+      }
+    }
     for (const auto& recv : qp.recvs) {
       WorkCompletion wc;
       wc.wrId = recv.wrId;
@@ -242,7 +276,7 @@ struct VerbsEmulation::State {
       toError(qp);
       return true;
     }
-    uint8_t* source = nullptr;
+    uint8_t* local = nullptr;  // what the request reads (or, a READ, fills)
     if (request.sge.length > 0) {
       MemoryRegionRecord* mr = localRegion(qp.device, request.sge);
       if (mr == nullptr) {
@@ -251,59 +285,103 @@ struct VerbsEmulation::State {
         toError(qp);
         return true;
       }
-      source = reinterpret_cast<uint8_t*>(request.sge.address);
+      local = mr->translate(request.sge.address);
     }
-    const bool consumesRecv = request.op != SendRequest::Op::kWrite;
-    if (consumesRecv && remote->recvs.empty()) return false;  // RNR: retried without bound
-    // The responder fails too on a bad request (its QP goes to ERR).
-    auto failBoth = [&](WcStatus localStatus, WcStatus remoteStatus) {
+    const uint8_t* source = local;
+    if (request.op == SendRequest::Op::kRead) {
+      // Not held: a READ's data comes back to us, there is nothing to park.
+      auto it = byRkey.find(request.rkey);
+      MemoryRegionRecord* mr = it == byRkey.end() ? nullptr : it->second;
       qp.sends.pop_front();
-      if (remoteStatus != WcStatus::kSuccess && consumesRecv) {
-        RecvRequest recv = remote->recvs.front();
-        remote->recvs.pop_front();
-        WorkCompletion wc;
-        wc.wrId = recv.wrId;
-        wc.status = remoteStatus;
-        wc.opcode = WcOpcode::kRecv;
-        complete(remote->recvCq, wc);
+      if (mr == nullptr || mr->device != remote->device || !mr->remoteRead ||
+          !mr->covers(request.remoteAddress, request.sge.length)) {
+        completeSend(qp, request, WcStatus::kRemoteAccess);
+        toError(*remote);
+        toError(qp);
+        return true;
       }
-      completeSend(qp, request, localStatus);
-      toError(*remote);
-      toError(qp);
+      if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
+      ++counters.reads;
+      completeSend(qp, request, WcStatus::kSuccess);
       return true;
+    }
+    if (devices[qp.device].hold) {
+      // Leaves now with the bytes it reads now; lands when the hold ends.
+      WireRequest parked;
+      parked.fromQp = qp.qpNumber;
+      parked.toQp = remote->qpNumber;
+      parked.fromDevice = qp.device;
+      parked.request = request;
+      if (source != nullptr) parked.payload.assign(source, source + request.sge.length);
+      wire.push_back(std::move(parked));
+      ++counters.held;
+      qp.sends.pop_front();
+      return true;
+    }
+    Delivery result = deliver(*remote, request, source, qp.device);
+    if (result == Delivery::kReceiverNotReady) return false;  // RNR: retried without bound
+    qp.sends.pop_front();
+    if (result == Delivery::kDone) {
+      completeSend(qp, request, WcStatus::kSuccess);
+      return true;
+    }
+    completeSend(qp, request, result == Delivery::kRemoteAccess ? WcStatus::kRemoteAccess
+                                                                : WcStatus::kRemoteOperation);
+    toError(*remote);
+    toError(qp);
+    return true;
+  }
+
+  enum class Delivery { kDone, kReceiverNotReady, kRemoteAccess, kRemoteOperation };
+
+  // Executes `request` at the responder `remote`, reading the payload from
+  // `source`. On a bad request the responder's receive (if one was due) fails
+  // and its QP goes to ERR; the requester's side is the caller's.
+  Delivery deliver(QueuePairRecord& remote, const SendRequest& request, const uint8_t* source,
+                   int fromDevice) {
+    const bool consumesRecv = request.op != SendRequest::Op::kWrite;
+    if (consumesRecv && remote.recvs.empty()) return Delivery::kReceiverNotReady;
+    auto failRecv = [&](WcStatus status) {
+      RecvRequest recv = remote.recvs.front();
+      remote.recvs.pop_front();
+      WorkCompletion wc;
+      wc.wrId = recv.wrId;
+      wc.status = status;
+      wc.opcode = WcOpcode::kRecv;
+      complete(remote.recvCq, wc);
+      return Delivery::kRemoteOperation;
     };
     uint8_t* target = nullptr;
     if (request.op == SendRequest::Op::kSend) {
-      const RecvRequest& recv = remote->recvs.front();
-      if (recv.sge.length < request.sge.length) {
-        return failBoth(WcStatus::kRemoteOperation, WcStatus::kLocalLengthError);
-      }
+      const RecvRequest& recv = remote.recvs.front();
+      if (recv.sge.length < request.sge.length) return failRecv(WcStatus::kLocalLengthError);
       if (request.sge.length > 0) {
-        MemoryRegionRecord* mr = localRegion(remote->device, recv.sge);
-        if (mr == nullptr) return failBoth(WcStatus::kRemoteOperation, WcStatus::kLocalProtection);
-        target = reinterpret_cast<uint8_t*>(recv.sge.address);
+        MemoryRegionRecord* mr = localRegion(remote.device, recv.sge);
+        if (mr == nullptr) return failRecv(WcStatus::kLocalProtection);
+        target = mr->translate(recv.sge.address);
       }
     } else {
       auto it = byRkey.find(request.rkey);
       MemoryRegionRecord* mr = it == byRkey.end() ? nullptr : it->second;
-      if (mr == nullptr || mr->device != remote->device || !mr->remoteWrite ||
+      if (mr == nullptr || mr->device != remote.device || !mr->remoteWrite ||
           !mr->covers(request.remoteAddress, request.sge.length)) {
-        return failBoth(WcStatus::kRemoteAccess, WcStatus::kSuccess);
+        return Delivery::kRemoteAccess;
       }
-      target = reinterpret_cast<uint8_t*>(request.remoteAddress);
+      target = mr->translate(request.remoteAddress);
     }
     uint32_t immediate = request.immediate;
     if (request.sge.length > 0) std::memcpy(target, source, request.sge.length);
-    corrupt(qp.device, request.op, target, request.sge.length, &immediate);
+    corrupt(fromDevice, request.op, target, request.sge.length, &immediate);
     counters.bytes += request.sge.length;
     if (request.op == SendRequest::Op::kSend) {
       ++counters.sends;
     } else {
       ++counters.writes;
+      if (request.op == SendRequest::Op::kWriteWithImmediate) ++counters.writesWithImmediate;
     }
     if (consumesRecv) {
-      RecvRequest recv = remote->recvs.front();
-      remote->recvs.pop_front();
+      RecvRequest recv = remote.recvs.front();
+      remote.recvs.pop_front();
       WorkCompletion wc;
       wc.wrId = recv.wrId;
       wc.byteLength = request.sge.length;
@@ -314,11 +392,46 @@ struct VerbsEmulation::State {
         wc.hasImmediate = true;
         wc.immediate = immediate;
       }
-      complete(remote->recvCq, wc);
+      complete(remote.recvCq, wc);
     }
-    qp.sends.pop_front();
-    completeSend(qp, request, WcStatus::kSuccess);
-    return true;
+    return Delivery::kDone;
+  }
+
+  // The hold on `device` ended: what it parked on the wire arrives now, in
+  // order, where the responder QP still takes it (RTR/RTS, connected back, its
+  // port usable); a responder in ERR (fenced) or gone drops it.
+  void releaseWire(int device) {
+    std::deque<WireRequest> kept;
+    while (!wire.empty()) {
+      WireRequest parked = std::move(wire.front());
+      wire.pop_front();
+      if (parked.fromDevice != device) {
+        kept.push_back(std::move(parked));
+        continue;
+      }
+      auto sender = qps.find(parked.fromQp);
+      QueuePairRecord* from = sender == qps.end() || parked.senderFlushed ? nullptr : sender->second;
+      auto it = qps.find(parked.toQp);
+      QueuePairRecord* remote = it == qps.end() ? nullptr : it->second;
+      bool reachable = remote != nullptr && remote->peer.qpNumber == parked.fromQp &&
+                       (remote->state == QpState::kReadyToReceive ||
+                        remote->state == QpState::kReadyToSend) &&
+                       linkUsable(remote->device);
+      Delivery result = reachable ? deliver(*remote, parked.request, parked.payload.data(), device)
+                                  : Delivery::kReceiverNotReady;
+      if (result == Delivery::kDone) {
+        ++counters.wireDelivered;
+        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess);
+        continue;
+      }
+      ++counters.wireDropped;
+      if (result != Delivery::kReceiverNotReady && remote != nullptr) toError(*remote);
+      if (from != nullptr) {
+        completeSend(*from, parked.request, WcStatus::kRetryExceeded);
+        toError(*from);
+      }
+    }
+    wire = std::move(kept);
   }
 
   bool step(int64_t now) {
@@ -344,10 +457,38 @@ namespace {
 using State = VerbsEmulation::State;
 using Lock = std::unique_lock<std::mutex>;
 
+// The emulated NIC's own mapping of a dma-buf fd (RAII).
+class DmaBufMapping {
+ public:
+  DmaBufMapping(int fd, uint64_t offset, size_t bytes) : bytes_(bytes) {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    if (offset % static_cast<uint64_t>(page) != 0) {
+      throw Error("dma-buf offset " + std::to_string(offset) + " is not a multiple of the " +
+                  std::to_string(page) + "-byte page size");
+    }
+    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                          static_cast<off_t>(offset));
+    if (mapped == MAP_FAILED) {
+      throw Error(std::string("emulated ibv_reg_dmabuf_mr: mmap of fd ") + std::to_string(fd) +
+                  " failed: " + std::strerror(errno));
+    }
+    data_ = static_cast<uint8_t*>(mapped);
+  }
+  ~DmaBufMapping() { ::munmap(data_, bytes_); }
+  DmaBufMapping(const DmaBufMapping&) = delete;
+  DmaBufMapping& operator=(const DmaBufMapping&) = delete;
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  const size_t bytes_;
+};
+
 class EmulatedMemoryRegion : public VerbsMemoryRegion {
  public:
-  EmulatedMemoryRegion(std::shared_ptr<State> state, MemoryRegionRecord record)
-      : state_(std::move(state)), record_(record) {
+  EmulatedMemoryRegion(std::shared_ptr<State> state, MemoryRegionRecord record,
+                       std::unique_ptr<DmaBufMapping> mapping = nullptr)
+      : state_(std::move(state)), record_(record), mapping_(std::move(mapping)) {
     Lock lock(state_->mutex);
     record_.lkey = state_->nextKey++;
     record_.rkey = state_->nextKey++;
@@ -365,6 +506,7 @@ class EmulatedMemoryRegion : public VerbsMemoryRegion {
  private:
   std::shared_ptr<State> state_;
   MemoryRegionRecord record_;
+  std::unique_ptr<DmaBufMapping> mapping_;  // unmapped after the keys are gone
 };
 
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
@@ -545,9 +687,30 @@ class EmulatedDevice : public VerbsDevice {
     MemoryRegionRecord record;
     record.device = device_;
     record.base = static_cast<uint8_t*>(address);
+    record.iova = reinterpret_cast<uint64_t>(address);
     record.bytes = bytes;
     record.remoteWrite = remoteWrite;
     return std::make_unique<EmulatedMemoryRegion>(state_, record);
+  }
+  bool supportsDmaBuf(std::string*) const override { return true; }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t) override {
+    throw Error("the verbs emulation cannot register GPU memory by pointer (on a real host that "
+                "needs nvidia-peermem); register it as a dma-buf instead");
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
+                                                    uint64_t iova) override {
+    if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");
+    // Like a real NIC, the emulation reaches the memory through the fd (its
+    // own mapping), never through the caller's address `iova`.
+    auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes);
+    MemoryRegionRecord record;
+    record.device = device_;
+    record.base = mapping->data();
+    record.iova = iova;
+    record.bytes = bytes;
+    record.remoteWrite = true;
+    record.remoteRead = true;
+    return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
   }
   std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
     if (depth < 1) throw Error("completion queue depth must be at least 1");
@@ -654,6 +817,14 @@ void VerbsEmulation::setPortUp(const std::string& device, bool up) {
 void VerbsEmulation::setDrop(const std::string& device, bool drop) {
   Lock lock(state_->mutex);
   state_->devices[state_->deviceIndex(device)].drop = drop;
+  state_->work.notify_all();
+}
+
+void VerbsEmulation::setHold(const std::string& device, bool hold) {
+  Lock lock(state_->mutex);
+  int index = state_->deviceIndex(device);
+  state_->devices[index].hold = hold;
+  if (!hold) state_->releaseWire(index);
   state_->work.notify_all();
 }
 

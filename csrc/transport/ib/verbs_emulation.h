@@ -12,7 +12,8 @@
 // with kRetryExceeded and the QP goes to ERR; moving a QP to ERR flushes every
 // outstanding request (kFlushed). A SEND or WRITE WITH IMMEDIATE meets an
 // empty receive queue with unbounded RNR retry (rnr_retry = 7), as we
-// configure real QPs. Port changes raise PORT_ERR / PORT_ACTIVE (and
+// configure real QPs. Memory regions of dma-buf fds are reached through the
+// emulation's own mapping of the fd (a memfd stands in for a GPU's dma-buf). Port changes raise PORT_ERR / PORT_ACTIVE (and
 // GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to other
 // table indices, as re-added addresses do on real hosts.
 #pragma once
@@ -30,6 +31,8 @@ namespace reccl {
 struct EmulationCounters {
   uint64_t sends = 0;           // SENDs delivered
   uint64_t writes = 0;          // RDMA WRITEs delivered (with or without immediate)
+  uint64_t writesWithImmediate = 0;  // of those, WRITE WITH IMMEDIATE (the staged chunks)
+  uint64_t reads = 0;           // RDMA READs served (the GPU flush)
   uint64_t bytes = 0;           // payload bytes delivered
   uint64_t flushed = 0;         // completions with kFlushed
   uint64_t retryExceeded = 0;   // completions with kRetryExceeded
@@ -37,6 +40,9 @@ struct EmulationCounters {
   uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
   uint64_t corrupted = 0;       // deliveries altered by corruptNext
   uint64_t qpErrors = 0;        // QPs that entered ERR
+  uint64_t held = 0;            // requests parked on the wire by setHold
+  uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
+  uint64_t wireDropped = 0;     // parked requests their responder no longer took
 };
 
 class VerbsEmulation : public VerbsApi {
@@ -57,6 +63,15 @@ class VerbsEmulation : public VerbsApi {
   // Silently drops every packet to and from the device (no event, no error
   // until the retry budget runs out), like a blackholed switch port.
   void setDrop(const std::string& device, bool drop);
+  // Packets in flight: while on, every request the device sends leaves its
+  // QP at once (with the bytes it reads then) but stays on the wire, with no
+  // completion yet; moving the sending QP to ERR flushes it at the sender but
+  // does not recall it. Turning it off delivers what is parked, in order, to
+  // every responder QP still in RTR/RTS: a responder in ERR drops it (so does
+  // one with no receive posted for a SEND: no RNR retry on release). This is
+  // how tests show that a stale write of an old path cannot land once the
+  // receiver fenced that path.
+  void setHold(const std::string& device, bool hold);
   // Alters the next delivery sent from `device`: "immediate" (an out-of-range
   // immediate), "payload" (the first payload byte flipped).
   void corruptNext(const std::string& device, const std::string& kind);

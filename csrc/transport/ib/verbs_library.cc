@@ -43,6 +43,10 @@ struct Functions {
   decltype(&::ibv_query_gid) queryGid = nullptr;
   decltype(&::ibv_get_async_event) getAsyncEvent = nullptr;
   decltype(&::ibv_ack_async_event) ackAsyncEvent = nullptr;
+  // Optional (rdma-core v34+): typed here, so older headers build too.
+  using RegDmaBufMr = ibv_mr* (*)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                  int access);
+  RegDmaBufMr regDmaBufMr = nullptr;
 
   ~Functions() {
     if (handle != nullptr) dlclose(handle);
@@ -79,6 +83,7 @@ WcOpcode opcodeOf(ibv_wc_opcode opcode) {
   switch (opcode) {
     case IBV_WC_SEND: return WcOpcode::kSend;
     case IBV_WC_RDMA_WRITE: return WcOpcode::kRdmaWrite;
+    case IBV_WC_RDMA_READ: return WcOpcode::kRdmaRead;
     case IBV_WC_RECV: return WcOpcode::kRecv;
     case IBV_WC_RECV_RDMA_WITH_IMM: return WcOpcode::kRecvRdmaWithImm;
     default: return WcOpcode::kOther;
@@ -135,7 +140,7 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = static_cast<uint8_t>(port);
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
   void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
@@ -192,6 +197,7 @@ class SystemQueuePair : public VerbsQueuePair {
         wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.imm_data = htonl(request.immediate);
         break;
+      case SendRequest::Op::kRead: wr.opcode = IBV_WR_RDMA_READ; break;
     }
     wr.wr.rdma.remote_addr = request.remoteAddress;
     wr.wr.rdma.rkey = request.rkey;
@@ -268,6 +274,44 @@ class SystemDevice : public VerbsDevice {
     int access = IBV_ACCESS_LOCAL_WRITE | (remoteWrite ? IBV_ACCESS_REMOTE_WRITE : 0);
     ibv_mr* mr = fn_->regMr(pd_, address, bytes, access);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
+    return std::make_unique<SystemMemoryRegion>(fn_, mr);
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) override {
+    ibv_mr* mr = fn_->regMr(pd_, address, bytes,
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (mr == nullptr) {
+      throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
+                  " (needs the nvidia-peermem module, or use dma-buf)");
+    }
+    return std::make_unique<SystemMemoryRegion>(fn_, mr);
+  }
+  bool supportsDmaBuf(std::string* why) const override {
+    if (fn_->regDmaBufMr == nullptr) {
+      *why = "libibverbs.so.1 has no ibv_reg_dmabuf_mr (rdma-core older than v34)";
+      return false;
+    }
+    // Probe with an invalid fd: a kernel or provider without dma-buf support
+    // answers EOPNOTSUPP / EPROTONOSUPPORT, one with it EBADF.
+    errno = 0;
+    ibv_mr* probe = fn_->regDmaBufMr(pd_, 0, 0, 0, -1, 0);
+    if (probe != nullptr) {
+      fn_->deregMr(probe);
+      return true;
+    }
+    if (errno == EOPNOTSUPP || errno == EPROTONOSUPPORT) {
+      *why = name_ + ": the kernel driver does not support dma-buf registration (" +
+             std::strerror(errno) + ")";
+      return false;
+    }
+    return true;
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
+                                                    uint64_t iova) override {
+    std::string why;
+    if (!supportsDmaBuf(&why)) throw Error("dma-buf registration on " + name_ + ": " + why);
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    ibv_mr* mr = fn_->regDmaBufMr(pd_, offset, bytes, iova, fd, access);
+    if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
   std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
@@ -407,6 +451,7 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     *error = "libibverbs.so.1 lacks " + missing;
     return nullptr;
   }
+  fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
   return std::make_shared<SystemVerbs>(fn);
 }
 

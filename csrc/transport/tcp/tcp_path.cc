@@ -216,7 +216,7 @@ void TcpPath::readerLoop(size_t index) {
         throw ProtocolError("DATA chunk of " + std::to_string(header.bytes) +
                             " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
       }
-      target = owner_->beginData(pathId_, header);
+      target = owner_->beginData(pathId_, header, false);
     } catch (const ProtocolError& error) {
       RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
       fail(Reason::kError, std::string("protocol error: ") + error.what());

@@ -92,7 +92,7 @@ TcpTransport::~TcpTransport() {
 void TcpTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "NICs"); }
 
 ConnectionEnv TcpTransport::connectionEnv(const std::string& peer) {
-  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer);
+  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
 }
 
 std::shared_ptr<Listener> TcpTransport::listen(int nic) {
