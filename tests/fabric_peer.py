@@ -102,8 +102,9 @@ def main() -> int:
     # The path that carried the end of each stream (read after every completion:
     # once a peer closes, the connection has no active path any more).
     final_paths = {}
-    # Paths seen after the driver marked the fault: a stream that ended before the
-    # fault says nothing about failover.
+    # Paths seen after the driver marked the fault, with the wall time they were
+    # seen: a stream that ended before the fault took effect says nothing about
+    # failover.
     fault_marker = os.path.join(args.dir, "fault")
     after_fault = {}
 
@@ -112,7 +113,7 @@ def main() -> int:
         if path >= 0:
             final_paths[key] = path
             if os.path.exists(fault_marker):
-                after_fault[key] = path
+                after_fault[key] = (path, time.time())
 
     def send_all(peer: int, conn) -> None:
         try:
