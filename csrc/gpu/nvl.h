@@ -25,7 +25,7 @@ class Nvl {
   // The plugin's NVL, or nullptr (host buffers only) for RECCL_NVL=off, with
   // the reason in `why`. Throws ConfigError when RECCL_NVL=on finds no CUDA
   // GPU or RECCL_NIC_GPUS is wrong. `healthIds[n]` is NIC n's health-table id.
-  // `cuda` null: the process's CUDA runtime; tests pass an emulation.
+  // `cuda` null: the CUDA driver in own contexts; tests pass an emulation.
   static std::unique_ptr<Nvl> create(const Config& config, const std::vector<NicInfo>& nics,
                                      std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                      std::string* why);

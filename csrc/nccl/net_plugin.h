@@ -89,7 +89,7 @@ class NetPlugin {
   std::mutex mutex_;
   ncclDebugLogger_t logger_ = nullptr;
   std::shared_ptr<VerbsApi> verbs_;  // null: the system library, if any
-  std::shared_ptr<CudaApi> cuda_;    // null: the process's CUDA runtime, if any
+  std::shared_ptr<CudaApi> cuda_;    // null: the CUDA driver (own contexts), if any
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Nvl> nvl_;  // null: host buffers only
   bool dmaBuf_ = false;       // GPUDirect by dma-buf registration (IB, zero copy)

@@ -1,6 +1,6 @@
 // Python bindings of the NVL pieces (torch_reccl._C), for tests and bench/:
 // the transit map (pure logic, testable without a GPU), the device stager over
-// the process's CUDA runtime, and the CUDA emulation that runs the plugin's NVL
+// the CUDA driver (own contexts), and the CUDA emulation that runs the plugin's NVL
 // path without GPUs. The NCCL plugin uses them directly.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
