@@ -831,3 +831,48 @@ def test_interrupted_failback_reports_no_bogus_switch(fake_receiver, events):
     assert all(e.from_path != e.to_path for e in switches), [e.to_dict() for e in switches]
     assert reason != REASON_HEALED, "the return to the backup is announced as a failback"
     assert torch_reccl.stats()["nics"]["lo:127.0.0.2"]["failovers"] == backup_failovers
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("announce", ["cts", "resync"])
+def test_receives_announced_too_far_ahead_fail_the_path_not_the_sender(fake_receiver, events, announce):
+    """A receiver posts at most 1024 receives ahead of the sends: a CTS (or a
+    RESYNC entry) for message 5000 with at most 1 message sent breaks the
+    protocol. It fails that path (the sender keeps no table entry for it) and
+    the sender carries on over the backup, its message intact."""
+    # No failback: the fake receiver answers only the paths this test drives.
+    t = Transport(reccl_env(**SENDER_ENV, RECCL_FAILBACK="0"))
+    send = t.connect(0, fake_receiver.handle)
+    p0, p1 = fake_receiver.path(0), fake_receiver.path(1)
+    epoch, _reason = activate(p0)
+    payload = os.urandom(1000)
+    if announce == "resync":
+        p0.send(resync(epoch, 0, [(5000, 64, 0)]))  # the answer to the first ACTIVATE
+    else:
+        p0.send(resync(epoch, 0, []))
+        send.wait_ready(5)
+        request = send.isend(payload)
+        p0.send(frame(3, CTS.pack(5000, 64)))
+    deadline = time.monotonic() + 3
+    refused = []
+    while not refused and time.monotonic() < deadline:
+        refused = [e for e in events.of("path_down", send.id) if "message 5000" in e.detail]
+        time.sleep(0.02)
+    assert refused, events.of("path_down", send.id)
+    assert refused[0].reason == "error" and "at most 1024 ahead" in refused[0].detail, refused[0].detail
+    # the sender goes on over the backup and delivers
+    epoch, _reason = activate(p1)
+    if announce == "resync":
+        p1.send(resync(epoch, 0, []))
+        send.wait_ready(5)
+        request = send.isend(payload)
+        p1.send(frame(3, CTS.pack(0, len(payload))))
+    else:
+        p1.send(resync(epoch, 0, [(0, len(payload), 0)]))
+    (header, data), = p1.read_data(1)
+    assert header[0] == 0 and data == payload
+    p1.send(frame(4, ACK.pack(0, len(payload))))
+    assert request.wait(5) == len(payload)
+    p1.send(_C.encode_frame("close", 0, 0))
+    time.sleep(0.05)
+    send.close()

@@ -117,6 +117,7 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       // Receives are truthful whichever path told us; duplicates are harmless.
       auto it = sends_.find(frame.cts.seq);
       if (it == sends_.end()) {
+        requireAnnounceableLocked(frame.cts.seq, "CTS");
         if (frame.cts.seq >= nextSeq_) earlyCts_[frame.cts.seq] = frame.cts.bytes;
         return;
       }
@@ -136,8 +137,9 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       auto it = sends_.find(frame.place.seq);
       if (it != sends_.end()) {
         it->second.placement = std::move(placement);
-      } else if (frame.place.seq >= nextSeq_) {
-        earlyPlacements_[frame.place.seq] = std::move(placement);
+      } else {
+        requireAnnounceableLocked(frame.place.seq, "PLACE");
+        if (frame.place.seq >= nextSeq_) earlyPlacements_[frame.place.seq] = std::move(placement);
       }
       return;
     }
@@ -162,7 +164,21 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
   }
 }
 
+void SendConnection::requireAnnounceableLocked(uint64_t seq, const char* what) const {
+  // The receiver posts at most kMaxOutstanding receives, and each one it
+  // finished (or cancelled) took one of our sends: a receive it announces lies
+  // below nextSeq_ + kMaxOutstanding. One beyond that breaks the protocol and
+  // must not grow the tables of receives posted ahead of their sends.
+  if (seq >= nextSeq_ + kMaxOutstanding) {
+    throw ProtocolError(std::string(what) + " for message " + std::to_string(seq) + ", but only " +
+                        std::to_string(nextSeq_) + " were sent and a receiver posts at most " +
+                        std::to_string(kMaxOutstanding) + " ahead");
+  }
+}
+
 void SendConnection::applyResyncLocked(const ControlFrame& frame) {
+  // Checked before anything changes: a bad RESYNC fails the path, not the state.
+  for (const auto& entry : frame.entries) requireAnnounceableLocked(entry.seq, "RESYNC entry");
   std::map<uint64_t, const ResyncEntry*> outstanding;
   for (const auto& entry : frame.entries) outstanding[entry.seq] = &entry;
   int64_t replayed = 0;

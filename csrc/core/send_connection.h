@@ -62,6 +62,9 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   bool postLocked(uint64_t seq, PendingSend& send);
   void postAllLocked();
   void applyResyncLocked(const ControlFrame& frame);
+  // Throws ProtocolError for a receive announced (CTS, PLACE, RESYNC) further
+  // ahead of our sends than a receiver can post.
+  void requireAnnounceableLocked(uint64_t seq, const char* what) const;
   // Picks the path to use now; fills `frame` with the ACTIVATE to send on it.
   // On a failback, `drainFirst` is the path being left: its direct writes
   // must all have completed before the ACTIVATE goes out (service() waits).
