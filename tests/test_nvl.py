@@ -243,7 +243,8 @@ def test_emulated_nvl_refuses_cudamalloc_buffers_and_keeps_nothing(emulated_nvl_
     assert run["legacy_code"] != 0
     text = "\n".join(run["messages"])
     assert "RECCL_NVL stages only GPU buffers from CUDA's virtual memory API" in text
-    assert "Set NCCL_CUMEM_ENABLE=1 or RECCL_NVL=off" in text
+    assert "Set NCCL_CUMEM_ENABLE=1 (and, for tensors registered with NCCL, " in text
+    assert "expandable_segments:True) or RECCL_NVL=off" in text
     # nothing was allocated for the refused buffer
     before, after = run["registered"], run["after_legacy"]
     assert after["stats"] == before["stats"]

@@ -58,7 +58,8 @@ std::unique_ptr<Nvl::Region> Nvl::registerRegion(void* data, size_t size) {
                 "its buffers so with NCCL_CUMEM_ENABLE=1, its default where the driver supports it); "
                 "these " + std::to_string(size) + " bytes on GPU " + std::to_string(gpu) +
                 " come from cudaMalloc, and copying them would wait for the application's CUDA calls. "
-                "Set NCCL_CUMEM_ENABLE=1 or RECCL_NVL=off");
+                "Set NCCL_CUMEM_ENABLE=1 (and, for tensors registered with NCCL, "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or RECCL_NVL=off");
   }
   return std::unique_ptr<Region>(new Region(*this, gpu, static_cast<uint8_t*>(data), size));
 }
