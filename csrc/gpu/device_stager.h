@@ -66,9 +66,9 @@ class DeviceStager {
 
  private:
   // One of two lanes of a route: the NVLink leg runs on the buffer GPU's stream
-  // (that GPU can always reach its own memory, however NCCL allocated it; the
-  // transit buffer is plain cudaMalloc memory with peer access enabled), the
-  // PCIe leg on the transit GPU's stream; events order the two.
+  // (that GPU reaches its own memory, and the transit buffer, allocated on the
+  // transit GPU, by peer access), the PCIe leg on the transit GPU's stream;
+  // events order the two.
   struct Lane {
     CudaStream bufferStream, transitStream;
     CudaEvent bufferDone, transitDone;

@@ -370,8 +370,7 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
     try {
       auto sent = comm->connection->isend(bytes, size, registration);
       RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
-                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size) +
-                            (region ? " from GPU " + std::to_string(region->gpu()) : std::string()));
+                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size));
       auto* pending = new PluginRequest();
       pending->request = std::move(sent);
       *request = pending;
