@@ -31,6 +31,13 @@ def thread_count():
     return len(os.listdir("/proc/self/task"))
 
 
+def settled_thread_count() -> bool:
+    """True when no thread started or exited over the last 0.1 s."""
+    before = thread_count()
+    time.sleep(0.1)
+    return thread_count() == before
+
+
 def switch_events(events, kind, conn):
     """(sender's, receiver's) events of `kind` for connection `conn`."""
     found = events.of(kind, connection=conn.id)
@@ -508,6 +515,8 @@ def test_fault_seen_only_by_the_sender_process(spawn_peer, events):
 @pytest.mark.timeout(30)
 def test_close_leaves_no_threads_behind():
     gc.collect()
+    # Threads of earlier tests may still be exiting: count from a settled baseline.
+    assert wait_until(settled_thread_count, 5)
     baseline = thread_count()
     t = Transport(reccl_env())
     listener = t.listen(0)
@@ -517,7 +526,9 @@ def test_close_leaves_no_threads_behind():
     send.wait_ready(10)
     recv = listener.accept(10)
     stream(send, recv, plan_sizes(71, 10, 1 << 20), 71)
-    assert thread_count() >= with_transport + 2 * 2 * (1 + 4)  # 2 paths x (control + 4 data) x 2 ends
+    # The backup path comes up beside the primary, not before wait_ready returns.
+    paths_up = with_transport + 2 * 2 * (1 + 4)  # 2 paths x (control + 4 data) x 2 ends
+    assert wait_until(lambda: thread_count() >= paths_up, 3), (thread_count(), paths_up)
     start = time.monotonic()
     close_both(send, recv)
     assert time.monotonic() - start < 2.0
