@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def sources():
     # core/ and transport/ use no torch headers, so they compile quickly.
-    files = [os.path.join("csrc", "python", name) for name in ("bindings.cc", "pg_bindings.cc", "ib_bindings.cc", "gpu_bindings.cc")]
+    files = [os.path.join("csrc", "python", name) for name in ("bindings.cc", "pg_bindings.cc", "ib_bindings.cc", "gpu_bindings.cc", "executor_bindings.cc")]
     for folder in ("core", "transport", "gpu", "nccl", "engine", "pg"):
         files += glob.glob(os.path.join("csrc", folder, "**", "*.cc"), recursive=True)
     return sorted(files)

@@ -35,7 +35,8 @@ FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True
 
 MAGIC = 0x4C434552
 HEADER = struct.Struct("<IB3xI")               # FrameHeader
-HELLO = struct.Struct("<HBBBBBBQQQ16s32s")      # HelloBody
+HELLO = struct.Struct("<HBBBBBBQQQQ16s32s")     # HelloBody (version 2: with the dialer tag)
+PROTOCOL_VERSION = 2
 CTS = ACK = struct.Struct("<QQ")
 ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")
@@ -54,9 +55,9 @@ def frame(type_, body=b"", body_bytes=None):
 
 
 def hello(listen_id=0, secret=b"\0" * 16, kind=0, index=0, count=1, path=0, sender_nic=0,
-          receiver_nic=0, connection=1, nonce=1, version=1, name=b"fuzz"):
+          receiver_nic=0, connection=1, nonce=1, version=PROTOCOL_VERSION, name=b"fuzz", tag=0):
     return frame(1, HELLO.pack(version, kind, index, count, path, sender_nic, receiver_nic,
-                               listen_id, connection, nonce, secret, name))
+                               listen_id, connection, nonce, tag, secret, name))
 
 
 def resync(epoch, next_seq, entries):
@@ -96,7 +97,7 @@ def parse(data):
 
 
 def test_valid_frames_parse():
-    assert HEADER.size == 12 and HELLO.size == 80 and DATA.size == 36
+    assert HEADER.size == 12 and HELLO.size == 88 and DATA.size == 36
     for name, data in VALID:
         assert _C.parse_frame(data) == name
     assert _C.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
@@ -131,7 +132,7 @@ def test_huge_and_wrong_length_fields_are_rejected():
     for bad_type in (0, 13, 255):
         with pytest.raises(ProtocolError, match="type"):
             _C.parse_frame(frame(bad_type, b""))
-    for bad in (hello(version=2), hello(kind=2), hello(count=0), hello(count=17),
+    for bad in (hello(version=1), hello(kind=2), hello(count=0), hello(count=17),
                 hello(kind=1, index=4, count=4)):
         with pytest.raises(ProtocolError, match="HELLO|version"):
             _C.parse_frame(bad)
@@ -674,7 +675,7 @@ class FakeReceiver:
             s.bind((address, 0))
             s.listen(64)
             self.sockets.append(s)
-        head = HANDLE_HEAD.pack(0x48434552, 1, 2, 0, 1, self.listen_id, self.secret, chunk)
+        head = HANDLE_HEAD.pack(0x48434552, PROTOCOL_VERSION, 2, 0, 1, self.listen_id, self.secret, chunk)
         nics = b"".join(HANDLE_NIC.pack(socket.inet_aton(s.getsockname()[0]), s.getsockname()[1])
                         for s in self.sockets)
         self.handle = (head + nics).ljust(128, b"\0")
@@ -701,8 +702,8 @@ class FakeReceiver:
                     conn.close()
                     continue
                 (version, kind, index, count, path, _snic, _rnic, listen_id, connection, nonce,
-                 secret, _name) = HELLO.unpack_from(greeting, HEADER.size)
-                assert (listen_id, secret, version) == (self.listen_id, self.secret, 1)
+                 _tag, secret, _name) = HELLO.unpack_from(greeting, HEADER.size)
+                assert (listen_id, secret, version) == (self.listen_id, self.secret, PROTOCOL_VERSION)
                 conn.sendall(frame(2, b"\x01"))
                 entry = self._partial.setdefault((path, nonce), {"data": {}, "count": count})
                 if kind == 0:

@@ -11,7 +11,7 @@
 namespace reccl {
 
 constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;  // 2: HELLO carries the dialer's tag
 constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;
@@ -55,6 +55,8 @@ struct HelloBody {
   uint64_t listenId;
   uint64_t connectionId;
   uint64_t pathNonce;    // one dial attempt: groups a path's sockets
+  uint64_t dialerTag;    // what the dialer says this connection is for (0: untagged);
+                         // lets one listener serve many connections (listener.h)
   uint8_t secret[kSecretBytes];
   char senderNicName[kNicNameBytes];
 };

@@ -47,6 +47,9 @@ class Path {
  public:
   virtual ~Path() = default;  // stops and joins every thread (stopAndJoin): a fence
   // Starts I/O; callbacks go to `owner` until the path is stopped and joined.
+  // Throws Error (the path shut down, to be failed by the caller) when the
+  // system refuses the path its threads: a connection loses that path, the
+  // process does not die.
   virtual void start(PathOwner* owner, uint64_t pathId) = 0;
   // Writes a whole control frame; bounded. False when the path is failing.
   virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;

@@ -55,7 +55,11 @@ bool RecvConnection::attachPath(int index, PathCandidate nics, std::shared_ptr<P
     return false;
   }
   uint64_t pathId = installPathLocked(index, path, nics);
-  path->start(this, pathId);
+  try {
+    path->start(this, pathId);
+  } catch (const Error& e) {
+    failPathLocked(index, Reason::kError, e.what());
+  }
   return true;
 }
 

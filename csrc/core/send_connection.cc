@@ -267,7 +267,11 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
       if (discard) discard->shutdown();
     } else {
       uint64_t pathId = installPathLocked(index, path);
-      path->start(this, pathId);
+      try {
+        path->start(this, pathId);
+      } catch (const Error& e) {
+        failPathLocked(index, Reason::kError, e.what());
+      }
     }
   }
   discard.reset();

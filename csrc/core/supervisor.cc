@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace reccl {
 
@@ -53,6 +54,7 @@ void Supervisor::forEach(const std::function<void(Serviced&)>& fn) {
 }
 
 void Supervisor::run() {
+  nameThisThread("reccl-supervise");
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);

@@ -1,88 +1,82 @@
 #include "engine/worker_pool.h"
 
+#include <exception>
+
+#include "core/executor.h"
 #include "engine/op_context.h"
 
 namespace reccl {
 
-WorkerPool::WorkerPool(int threads) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
+namespace {
+
+bool isAborted(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const AbortedError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
-WorkerPool::~WorkerPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  for (auto& t : threads_) t.join();
-}
+}  // namespace
 
-void WorkerPool::loop() {
-  for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
-      job = std::move(queue_.back());
-      queue_.pop_back();
-    }
-    job();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --running_;
-    }
-    done_.notify_all();
-  }
+WorkerPool::WorkerPool(int /*threads*/) {}
+
+WorkerPool::~WorkerPool() { awaitRunning(); }
+
+void WorkerPool::awaitRunning() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->done.wait(lock, [&] { return state_->running == 0; });  // each job notifies as it ends
 }
 
 void WorkerPool::runAll(const std::vector<std::function<void()>>& jobs,
                         const std::function<void()>& onError) {
-  std::mutex errorMutex;
-  std::exception_ptr first, firstReal;
-  auto wrap = [&](const std::function<void()>& job) {
-    return [&, job] {
-      try {
-        job();
-      } catch (...) {
-        std::exception_ptr e = std::current_exception();
-        bool aborted = false;
-        try {
-          std::rethrow_exception(e);
-        } catch (const AbortedError&) {
-          aborted = true;
-        } catch (...) {
-        }
-        bool call = false;
-        {
-          std::lock_guard<std::mutex> lock(errorMutex);
-          call = !first;
-          if (!first) first = e;
-          if (!aborted && !firstReal) firstReal = e;
-        }
-        if (call && onError) onError();
-      }
-    };
-  };
   if (jobs.empty()) return;
-  if (jobs.size() > 1 && threads_.size() + 1 < jobs.size()) {
-    // More jobs than threads: run the extra ones on the caller afterwards
-    // would serialize channels that must run together; refuse instead.
-    throw Error("worker pool too small for " + std::to_string(jobs.size()) + " channels");
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 1; i < jobs.size(); ++i) {
-      queue_.push_back(wrap(jobs[i]));
-      ++running_;
+  std::exception_ptr first, firstReal;  // guarded by state_->mutex
+  auto fail = [&](std::exception_ptr error) {
+    const bool aborted = isAborted(error);
+    bool firstFailure = false;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      firstFailure = !first;
+      if (!first) first = error;
+      if (!aborted && !firstReal) firstReal = error;
+    }
+    if (firstFailure && onError) onError();
+  };
+  auto runGuarded = [&](const std::function<void()>& job) {
+    try {
+      job();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  };
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      ++state_->running;
+    }
+    try {
+      Executor::instance().submit([&runGuarded, &job = jobs[i], state = state_] {
+        runGuarded(job);
+        // Touches nothing of this call after counting itself finished.
+        std::lock_guard<std::mutex> lock(state->mutex);
+        --state->running;
+        state->done.notify_all();
+      });
+    } catch (...) {
+      // No thread for this channel: stop the ones started; the rest never start.
+      {
+        std::lock_guard<std::mutex> lock(state_->mutex);
+        --state_->running;
+      }
+      fail(std::current_exception());
+      break;
     }
   }
-  wake_.notify_all();
-  wrap(jobs[0])();
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return running_ == 0; });
-  }
+  runGuarded(jobs[0]);
+  awaitRunning();
   if (firstReal) std::rethrow_exception(firstReal);
   if (first) std::rethrow_exception(first);
 }

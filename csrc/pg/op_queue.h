@@ -1,5 +1,7 @@
-// The worker thread of a process group: runs its collectives one at a time in
-// the order they were issued (the same order on every rank), as c10d requires.
+// The op queue of a process group: runs its collectives one at a time in the
+// order they were issued (the same order on every rank), as c10d requires. A
+// queue owns no thread: while it has jobs, one task on the process-wide
+// Executor runs them in order and ends when the queue is empty.
 #pragma once
 
 #include <condition_variable>
@@ -17,40 +19,40 @@ namespace reccl {
 class OpQueue {
  public:
   struct Job {
-    std::function<void()> run;                         // does the op and completes its work
+    std::function<void()> run;                         // does the op and completes its work; never throws
     std::function<void(const std::string&)> cancel;   // fails its work without running it
   };
 
-  OpQueue();
+  OpQueue() = default;
   ~OpQueue();  // stop("process group destroyed")
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
 
-  // Throws Error once stopped.
+  // Throws Error once stopped. When no thread can be started to run the
+  // queue, cancels its jobs (this one included) with the reason.
   void push(Job job);
   // Waits up to `timeout` for every queued job to finish; true when idle.
   bool drain(Millis timeout);
-  // Cancels the jobs not started with `why`, waits for the running one, and
-  // joins the thread. Idempotent.
+  // Cancels the jobs not started with `why` and waits for the running one
+  // (not when called from that job itself). Idempotent.
   void stop(const std::string& why);
 
  private:
-  // What the worker thread uses, shared with it: when the queue is destroyed
+  // What the drain task uses, shared with it: when the queue is destroyed
   // from one of its own jobs (a future callback dropping the last reference to
-  // the process group), the thread is detached and must not touch freed memory
-  // on its way out.
+  // the process group), the task finishes that job after the queue is gone and
+  // must not touch freed memory.
   struct State {
     std::mutex mutex;
-    std::condition_variable wake;
-    std::condition_variable idle;
+    std::condition_variable idle;  // `busy` went false
     std::deque<Job> jobs;
-    bool running = false;
+    bool busy = false;             // a drain task is scheduled or running: at most one
+    std::thread::id runner;        // the thread running the drain task, if any
     bool stopping = false;
   };
-  static void loop(const std::shared_ptr<State>& state);
+  static void drainTask(const std::shared_ptr<State>& state);
 
   const std::shared_ptr<State> state_ = std::make_shared<State>();
-  std::thread thread_;
 };
 
 }  // namespace reccl

@@ -177,6 +177,8 @@ void bindProcessGroup(py::module_& m);
 // The IB verbs transport and its emulation (csrc/python/ib_bindings.cc).
 void bindIbTransport(py::module_& m);
 void bindGpu(py::module_& m);
+// Test hooks of the shared executor (csrc/python/executor_bindings.cc).
+void bindExecutor(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_reccl native core: bonded connections with failover";
@@ -402,4 +404,5 @@ PYBIND11_MODULE(_C, m) {
   bindProcessGroup(m);
   bindIbTransport(m);
   bindGpu(m);
+  bindExecutor(m);
 }

@@ -1,9 +1,13 @@
 #include "transport/job_threads.h"
 
+#include <system_error>
+
+#include "core/thread_name.h"
+
 namespace reccl {
 
 void JobThreads::run(std::function<void()> job) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_) return;
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second->load()) {
@@ -14,11 +18,20 @@ void JobThreads::run(std::function<void()> job) {
     }
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
-  jobs_.emplace_back(std::thread([job = std::move(job), done] {
-                       job();
-                       done->store(true);
-                     }),
-                     done);
+  auto task = std::make_shared<std::function<void()>>(std::move(job));
+  try {
+    jobs_.emplace_back(std::thread([task, done] {
+                         nameThisThread("reccl-dial");
+                         (*task)();
+                         done->store(true);
+                       }),
+                       done);
+  } catch (const std::system_error&) {
+    // The system has no thread to give: run the job here (every job is
+    // bounded) rather than lose it and leave its connection waiting.
+    lock.unlock();
+    (*task)();
+  }
 }
 
 void JobThreads::stopAndJoin() {

@@ -11,6 +11,7 @@
 
 #include "core/health.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace reccl {
 
@@ -54,6 +55,7 @@ void LinkMonitor::handle(const uint8_t* bytes, size_t length) {
 }
 
 void LinkMonitor::run() {
+  nameThisThread("reccl-linkmon");
   std::vector<uint8_t> buffer(64 << 10);
   while (!stop_.load()) {
     pollfd pfd{socket_.get(), POLLIN, 0};

@@ -1,5 +1,6 @@
 #include "transport/listener.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "transport/random_bytes.h"
@@ -15,10 +16,22 @@ std::shared_ptr<RecvConnection> Listener::accept(Millis timeout) {
   return connection;
 }
 
+std::shared_ptr<RecvConnection> Listener::acceptTagged(uint64_t tag, Millis timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto found = [&] { return readyTagged_.count(tag) > 0 || closed_; };
+  if (!cv_.wait_for(lock, timeout, found)) return nullptr;
+  auto it = readyTagged_.find(tag);
+  if (it == readyTagged_.end()) return nullptr;
+  auto connection = std::move(it->second);
+  readyTagged_.erase(it);
+  return connection;
+}
+
 void Listener::close() {
   std::lock_guard<std::mutex> lock(mutex_);
   closed_ = true;
   ready_.clear();
+  readyTagged_.clear();
   cv_.notify_all();
 }
 
@@ -39,6 +52,9 @@ bool Listener::adoptPath(const HelloBody& hello, PathCandidate nics, std::shared
     if (it != connections_.end()) connection = it->second.lock();
     if (!connection) {
       if (closed_) return false;
+      // A second connection under a tag still waiting to be accepted: a member
+      // dialing twice for one slot. The first one stands.
+      if (hello.dialerTag != 0 && readyTagged_.count(hello.dialerTag) > 0) return false;
       std::vector<PathCandidate> slots(kMaxPaths, PathCandidate{nics.localNic, 0, false});
       connection = std::make_shared<RecvConnection>(makeEnv(), hello.connectionId, slots, chunkBytes);
       connection->keepAlive(self);
@@ -50,7 +66,11 @@ bool Listener::adoptPath(const HelloBody& hello, PathCandidate nics, std::shared
   if (!connection->attachPath(hello.pathIndex, nics, std::move(path))) return false;
   if (fresh) {
     std::lock_guard<std::mutex> lock(mutex_);
-    ready_.push_back(connection);
+    if (hello.dialerTag == 0) {
+      ready_.push_back(connection);
+    } else {
+      readyTagged_.emplace(hello.dialerTag, connection);
+    }
     cv_.notify_all();
   }
   return true;
@@ -72,8 +92,12 @@ std::shared_ptr<Listener> ListenerTable::create(int nic, int backupNic, uint32_t
   handle.nics = std::move(endpoints);
   listener->handle_ = encodeHandle(handle);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = listeners_.begin(); it != listeners_.end();) {
-    it = it->second.expired() ? listeners_.erase(it) : std::next(it);
+  if (listeners_.size() >= sweepAt_) {
+    // Amortized: a sweep only after the table doubled, so making L listeners costs O(L).
+    for (auto it = listeners_.begin(); it != listeners_.end();) {
+      it = it->second.expired() ? listeners_.erase(it) : std::next(it);
+    }
+    sweepAt_ = std::max<size_t>(64, 2 * listeners_.size());
   }
   listeners_[listenId] = listener;
   return listener;

@@ -25,8 +25,12 @@ class Listener {
  public:
   const std::vector<uint8_t>& handle() const { return handle_; }
   int nic() const { return nic_; }
-  // The next connection a peer opened, or nullptr after `timeout`.
+  // The next untagged connection a peer opened, or nullptr after `timeout`.
   std::shared_ptr<RecvConnection> accept(Millis timeout);
+  // The connection a peer opened with `tag` (nonzero), or nullptr after
+  // `timeout`. One listener then serves every peer and channel of a group:
+  // the tag says which (engine/links.h), the secret that it is a member.
+  std::shared_ptr<RecvConnection> acceptTagged(uint64_t tag, Millis timeout);
   // Stops taking new connections; accepted ones keep working (and re-dialing),
   // since each keeps its listener alive.
   void close();
@@ -48,7 +52,8 @@ class Listener {
   std::vector<uint8_t> handle_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<RecvConnection>> ready_;
+  std::deque<std::shared_ptr<RecvConnection>> ready_;             // untagged, in arrival order
+  std::map<uint64_t, std::shared_ptr<RecvConnection>> readyTagged_; // by dialer tag
   std::map<uint64_t, std::weak_ptr<RecvConnection>> connections_;
   bool closed_ = false;
 };
@@ -70,6 +75,7 @@ class ListenerTable {
  private:
   std::mutex mutex_;
   std::map<uint64_t, std::weak_ptr<Listener>> listeners_;
+  size_t sweepAt_ = 64;  // drop closed listeners when the table grows past this
 };
 
 }  // namespace reccl

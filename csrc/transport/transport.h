@@ -37,8 +37,13 @@ class Transport {
   // A listener on `nic`; its handle (kHandleBytes) goes to the sender out of band.
   virtual std::shared_ptr<Listener> listen(int nic) = 0;
   // Starts connecting at once to the listener behind `handle`; poll
-  // SendConnection::ready().
-  virtual std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) = 0;
+  // SendConnection::ready(). `tag` (nonzero) names the connection to a
+  // listener that serves several (Listener::acceptTagged); 0: untagged.
+  virtual std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle,
+                                                  uint64_t tag) = 0;
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) {
+    return connect(nic, handle, 0);
+  }
 
   // Registers host memory [base, base + bytes) on every NIC for zero-copy
   // sends and receives (isend/irecv take the result). nullptr when this

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "transport/ib/ib_registration.h"
 
 namespace reccl {
@@ -51,7 +52,12 @@ void IbPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
   lastHeardNs_.store(nowNs());
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    shutdown();
+    throw Error(std::string("could not start the IB path's thread: ") + e.what());
+  }
 }
 
 void IbPath::shutdown() {
@@ -525,6 +531,7 @@ bool IbPath::pumpData() {
 }
 
 void IbPath::run() {
+  nameThisThread("reccl-ib-path");
   if (!sender_) {
     for (uint32_t slot = 0; slot < IbEndpoint::kDataSlots; ++slot) grant(slot);
   }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "transport/ib/ib_path.h"
 #include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
@@ -115,6 +116,7 @@ IbTransport::~IbTransport() {
 }
 
 void IbTransport::watchEvents(int nic) {
+  nameThisThread("reccl-ib-event");
   NicHealth& health = NicHealth::instance();
   while (!stopping_.load()) {
     AsyncEvent event;
@@ -161,9 +163,11 @@ std::shared_ptr<Listener> IbTransport::listen(int nic) {
                            static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
 }
 
-std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<uint8_t>& bytes) {
+std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<uint8_t>& bytes,
+                                                   uint64_t tag) {
   checkNic(nic);
   ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
+  handle.dialerTag = tag;
   std::vector<PathCandidate> candidates = planPaths(
       nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
   uint64_t id = ids_.next();
@@ -325,6 +329,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
   hello.listenId = handle.listenId;
   hello.connectionId = connectionId;
+  hello.dialerTag = handle.dialerTag;
   hello.pathNonce = ids_.next();
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);

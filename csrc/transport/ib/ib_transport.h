@@ -48,7 +48,9 @@ class IbTransport : public Transport {
   const std::string& bootstrapAddress() const { return bootstrapAddress_; }
 
   std::shared_ptr<Listener> listen(int nic) override;
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
+  using Transport::connect;
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle,
+                                          uint64_t tag) override;
   // Memory regions on every device (RECCL_IB_ZERO_COPY=on; nullptr when off).
   std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
   std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;

@@ -9,6 +9,7 @@
 #include <deque>
 
 #include "core/error.h"
+#include "core/thread_name.h"
 
 namespace reccl {
 
@@ -775,6 +776,7 @@ VerbsEmulation::~VerbsEmulation() {
 }
 
 void VerbsEmulation::run() {
+  nameThisThread("reccl-ibemu");
   Lock lock(state_->mutex);
   while (!state_->stopping) {
     // Timeouts are checked every millisecond; new work wakes us at once.

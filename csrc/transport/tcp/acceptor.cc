@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace reccl {
 
@@ -100,6 +101,7 @@ bool Acceptor::advance(Pending& pending) {
 }
 
 void Acceptor::run() {
+  nameThisThread("reccl-accept");
   std::vector<Pending> pending;
   while (!stop_.load()) {
     std::vector<pollfd> fds;

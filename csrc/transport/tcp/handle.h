@@ -26,6 +26,8 @@ struct ListenHandle {
   int listenerNic = 0;
   int listenerBackup = -1;
   std::vector<HandleEndpoint> nics;  // by the listener's NIC index (rail)
+  // Not on the wire: the dialer's tag, sent in every HELLO of the connection.
+  uint64_t dialerTag = 0;
 };
 
 std::vector<uint8_t> encodeHandle(const ListenHandle& handle);

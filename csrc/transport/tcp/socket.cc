@@ -17,6 +17,9 @@ namespace reccl {
 
 namespace {
 constexpr int kPollSliceMs = 50;  // how often a blocked transfer rechecks stop/blackhole
+// A wait with no stall limit is an idle socket waiting for its next frame:
+// shutdown() wakes it, so it rechecks an injected blackhole only this often.
+constexpr int kIdlePollSliceMs = 250;
 
 bool parseAddress(const std::string& address, uint16_t port, sockaddr_in* out) {
   std::memset(out, 0, sizeof(*out));
@@ -32,13 +35,14 @@ IoResult waitReady(int fd, short events, const IoWatch& watch, Millis limit,
     if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
     bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
     if (limit.count() > 0 && Clock::now() - *lastProgress > limit) return {IoCode::kStalled, 0};
+    const int slice = limit.count() > 0 ? kPollSliceMs : kIdlePollSliceMs;
     if (!blackholed) {
       pollfd pfd{fd, events, 0};
-      int ready = ::poll(&pfd, 1, kPollSliceMs);
+      int ready = ::poll(&pfd, 1, slice);
       if (ready > 0) return {IoCode::kOk, 0};
       if (ready < 0 && errno != EINTR) return {IoCode::kError, errno};
     } else {
-      ::poll(nullptr, 0, kPollSliceMs);
+      ::poll(nullptr, 0, slice);
     }
   }
 }

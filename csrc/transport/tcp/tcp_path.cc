@@ -3,11 +3,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace reccl {
 
@@ -42,13 +44,18 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
   lastHeardNs_.store(nowNs());
-  threads_.emplace_back([this] { controlLoop(); });
-  for (size_t i = 0; i < data_.size(); ++i) {
-    if (role_ == Role::kSender) {
-      threads_.emplace_back([this, i] { writerLoop(i); });
-    } else {
-      threads_.emplace_back([this, i] { readerLoop(i); });
+  try {
+    threads_.emplace_back([this] { controlLoop(); });
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (role_ == Role::kSender) {
+        threads_.emplace_back([this, i] { writerLoop(i); });
+      } else {
+        threads_.emplace_back([this, i] { readerLoop(i); });
+      }
     }
+  } catch (const std::system_error& e) {
+    shutdown();  // the threads already running see stop_ and end; the destructor joins them
+    throw Error(std::string("could not start the path's threads to ") + peer_ + ": " + e.what());
   }
 }
 
@@ -103,6 +110,7 @@ void TcpPath::dropQueuedData() {
 }
 
 void TcpPath::controlLoop() {
+  nameThisThread("reccl-path-ctl");
   const Millis interval(std::max<int64_t>(5, heartbeat_.count() / 4));
   const std::vector<uint8_t> heartbeat = encodeHeartbeat();
   Clock::time_point nextBeat = Clock::now();
@@ -124,8 +132,17 @@ void TcpPath::controlLoop() {
       std::this_thread::sleep_for(Millis(10));
       continue;
     }
+    // Sleep until the next heartbeat is due or the peer's silence would fail
+    // the path, whichever is first; a frame, or shutdown() closing the socket,
+    // wakes it at once. No fixed polling slice: an idle path wakes ~1/interval.
+    const int64_t beatInMs =
+        std::chrono::duration_cast<Millis>(nextBeat - Clock::now()).count();
+    const int64_t silenceInMs =
+        (heartbeat_.count() * 1000000LL - (nowNs() - lastHeardNs_.load())) / 1000000 + 1;
+    const int timeoutMs =
+        static_cast<int>(std::clamp<int64_t>(std::min(beatInMs, silenceInMs), 1, interval.count()));
     pollfd pfd{control_.get(), POLLIN, 0};
-    int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(interval.count(), 50)));
+    int ready = ::poll(&pfd, 1, timeoutMs);
     if (ready <= 0) continue;
     FrameHeader header{};
     IoResult result = recvAll(control_.get(), &header, sizeof(header), idle, heartbeat_);
@@ -157,15 +174,15 @@ void TcpPath::controlLoop() {
 }
 
 void TcpPath::writerLoop(size_t index) {
+  nameThisThread("reccl-path-data");
   const int fd = data_[index].get();
   const FrameHeader frameHeader = dataFrameHeader();
   while (!stop_.load()) {
     DataChunk chunk{};
     {
       std::unique_lock<std::mutex> lock(queueMutex_);
-      if (!queueCv_.wait_for(lock, Millis(100), [&] { return stop_.load() || !queue_.empty(); })) {
-        continue;
-      }
+      // No timeout: sendData() and shutdown() notify, so an idle writer never wakes.
+      queueCv_.wait(lock, [&] { return stop_.load() || !queue_.empty(); });
       if (stop_.load()) return;
       chunk = queue_.front();
       queue_.pop_front();
@@ -189,6 +206,7 @@ void TcpPath::writerLoop(size_t index) {
 }
 
 void TcpPath::readerLoop(size_t index) {
+  nameThisThread("reccl-path-data");
   const int fd = data_[index].get();
   std::vector<uint8_t> scratch(64 << 10);
   IoWatch idle = watch(Millis(0));

@@ -30,6 +30,7 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
   hello.listenId = handle.listenId;
   hello.connectionId = connectionId;
+  hello.dialerTag = handle.dialerTag;
   hello.pathNonce = ids_.next();
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
@@ -103,9 +104,11 @@ std::shared_ptr<Listener> TcpTransport::listen(int nic) {
                            static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
 }
 
-std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector<uint8_t>& bytes) {
+std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector<uint8_t>& bytes,
+                                                   uint64_t tag) {
   checkNic(nic);
   ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
+  handle.dialerTag = tag;
   std::vector<PathCandidate> candidates = planPaths(
       nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
   uint64_t id = ids_.next();

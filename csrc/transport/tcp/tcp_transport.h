@@ -39,7 +39,9 @@ class TcpTransport : public Transport {
   int healthId(int nic) const override { return healthIds_.at(nic); }
 
   std::shared_ptr<Listener> listen(int nic) override;
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle) override;
+  using Transport::connect;
+  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle,
+                                          uint64_t tag) override;
 
  private:
   struct PartialPath {
