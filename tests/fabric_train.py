@@ -35,7 +35,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     import torch_reccl
-    from torch_reccl.backend import Options, backend_info, fault_picture
+    from torch_reccl.backend import Options, backend_info
 
     rebalances = []
     torch_reccl.on_event(lambda e: rebalances.append({"op": e.op, "plan": e.plan, "detail": e.detail}),
@@ -55,14 +55,17 @@ def main() -> int:
     gen = torch.Generator().manual_seed(99 + args.rank)
     losses = []
 
-    def wait_for_plan(want: str) -> None:
+    def wait_for_local_state(want: str) -> None:
+        # The group agrees on its plan in-band at each collective; what must
+        # happen first is this rank seeing the fault (a blackhole only after
+        # heartbeats) or its failback, so the next steps switch plans.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            avoided = fault_picture()["plan"]["channels_without_data"]
-            if (want == "avoid") == bool(avoided):
+            on_backup = backend_info()["channels_on_backup"]
+            if (want == "avoid") == bool(on_backup):
                 return
             time.sleep(0.02)
-        print(f"rank 0: no plan with {want} channels within 20 s: {fault_picture()}",
+        print(f"rank 0: channels on backup did not become {want} within 20 s: {backend_info()}",
               file=sys.stderr, flush=True)
 
     started = time.monotonic()
@@ -71,7 +74,7 @@ def main() -> int:
             print(f"PAUSE {step}", flush=True)
             answer = sys.stdin.readline().split()
             if len(answer) > 1:
-                wait_for_plan(answer[1])
+                wait_for_local_state(answer[1])
         x = torch.randn(32, 64, generator=gen)
         y = torch.randn(32, 8, generator=gen)
         loss = torch.nn.functional.mse_loss(model(x), y)

@@ -1,11 +1,14 @@
-"""DCR's decisions and the control plane's store encodings, without a network.
+"""DCR's rule and the per-op agreement it rides on, without a network.
 
 The end-to-end behaviour (switching at the same op on every rank through real
 faults) is tested in tests/test_training_fabric.py; these pin the rules that
-make it deterministic and the validation of what the control plane reads back
-from the store.
+make it deterministic: every rank applies advancePlan to the same agreed
+inputs, and the agreement's merge gives the same bytes whatever order
+recursive doubling merges the ranks in.
 """
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -14,28 +17,33 @@ from torch_reccl._native import native
 _C = native()
 ProtocolError = _C.ProtocolError
 
-
-def test_a_plan_starts_only_when_due_and_newer():
-    none = (0, 0, 0)
-    plan1 = (1, 10, 0b10)
-    assert _C._dcr_plan_to_adopt(0, [none, none], 9) is None
-    assert _C._dcr_plan_to_adopt(0, [none, plan1], 9) is None          # not due yet
-    assert _C._dcr_plan_to_adopt(0, [none, plan1], 10) == plan1        # due
-    assert _C._dcr_plan_to_adopt(1, [plan1, plan1], 12) is None        # already in force
+ALL_REDUCE, BROADCAST = 1, 2
 
 
-def test_a_rank_that_learned_late_is_carried_along():
-    # Only one rank knew of the plan when its op came; every rank sees the same
-    # descriptors, so every rank computes the same answer.
-    plan1 = (1, 10, 0b10)
-    for carried in ([plan1, (0, 0, 0), (0, 0, 0)], [(0, 0, 0), (0, 0, 0), plan1]):
-        assert _C._dcr_plan_to_adopt(0, carried, 15) == plan1
+def test_a_new_agreed_set_makes_a_plan_that_starts_after_the_offset():
+    start = (0, 0, 0)
+    switched, current, pending = _C._dcr_advance_plan(start, None, 0b10, 7, 3)
+    assert switched is None and current == start and pending == (1, 10, 0b10)
+    switched, current, pending = _C._dcr_advance_plan(current, pending, 0b10, 9, 3)
+    assert switched is None and pending == (1, 10, 0b10)      # not due yet
+    switched, current, pending = _C._dcr_advance_plan(current, pending, 0b10, 10, 3)
+    assert switched == (1, 10, 0b10) == current and pending is None
 
 
-def test_the_newest_due_plan_wins():
-    plan1, plan2, plan3 = (1, 10, 0b10), (2, 12, 0), (3, 50, 0b1)
-    assert _C._dcr_plan_to_adopt(0, [plan1, plan2, plan3], 12) == plan2
-    assert _C._dcr_plan_to_adopt(0, [plan1, plan3], 12) == plan1
+def test_offset_zero_switches_at_the_agreeing_op():
+    switched, current, pending = _C._dcr_advance_plan((0, 0, 0), None, 0b1, 5, 0)
+    assert switched == (1, 5, 0b1) == current and pending is None
+    # healed: back to every channel, a newer plan id
+    switched, current, _ = _C._dcr_advance_plan(current, None, 0, 6, 0)
+    assert switched == (2, 6, 0) == current
+
+
+def test_a_pending_plan_is_dropped_or_replaced_when_the_agreement_changes():
+    _, current, pending = _C._dcr_advance_plan((0, 0, 0), None, 0b1, 1, 5)
+    _, current, pending2 = _C._dcr_advance_plan(current, pending, 0, 2, 5)
+    assert pending2 is None and current == (0, 0, 0)          # healed before it started
+    _, current, pending3 = _C._dcr_advance_plan(current, pending, 0b11, 2, 5)
+    assert pending3 == (1, 7, 0b11)                            # the newer set wins, later start
 
 
 def test_avoided_channels_carry_no_data():
@@ -51,27 +59,70 @@ def test_avoiding_every_channel_keeps_equal_shares():
     assert [c for _, c in _C._dcr_plan_weights(0b1111, 4, 400)] == [100, 100, 100, 100]
 
 
-def test_group_view_round_trip():
-    degraded = [(0, 5, 0b1, 0b1, 7), (2, 4, 0b1, 0, 0)]
-    raw = _C._encode_group_view(3, 2, 9, 0b1, 5, degraded)
-    assert _C._decode_group_view(raw, 3) == (3, 2, 9, 0b1, 5, degraded)
+def random_merge_order(n, rng):
+    """Merge steps (into, from): every rank's state folds into state 0 along a random tree."""
+    alive = list(range(n))
+    steps = []
+    while len(alive) > 1:
+        a, b = rng.sample(alive, 2)
+        if b == 0:
+            a, b = b, a
+        steps.append((a, b))
+        alive.remove(b)
+    return steps
 
 
-@pytest.mark.parametrize("cut", [0, 3, 4, 20, 47])
-def test_truncated_views_are_rejected(cut):
-    raw = _C._encode_group_view(1, 1, 1, 1, 1, [(0, 1, 1, 0, 0)])
+@pytest.mark.parametrize("n", [2, 3, 7, 16, 33])
+def test_every_merge_order_gives_the_same_bytes(n):
+    rng = random.Random(n)
+    ops = [(5, ALL_REDUCE, 100, -1)] * n
+    ops[n - 1] = (5, BROADCAST, 100, 0)            # the last rank called something else
+    if n > 3:
+        ops[n // 2] = (5, ALL_REDUCE, 101, -1)     # and a middle one another count
+    faults = [(rng.randrange(100), 0, 0) for _ in range(n)]
+    for r in rng.sample(range(n), min(n, 11)):   # more degraded ranks than are listed
+        faults[r] = (faults[r][0], 1 << (r % 3), 1 << (r % 2))
+    results = {_C._agreement_fold(n, ops, faults, random_merge_order(n, rng)) for _ in range(20)}
+    assert len(results) == 1, "merge order changed the agreement"
+    d = _C._agreement_decode(results.pop(), n)
+    odd = n // 2 if n > 3 else n - 1
+    assert (d["first_rank"], d["odd_rank"]) == (0, odd)
+    assert f"rank 0 called all_reduce(float32, 100 elements" in d["mismatch"]
+    assert f"but rank {odd} called" in d["mismatch"]
+    degraded = [r for r in range(n) if faults[r][1] or faults[r][2]]
+    assert d["degraded_ranks"] == len(degraded)
+    assert [x[0] for x in d["listed"]] == degraded[:8]
+    assert d["max_ops_done"] == max(f[0] for f in faults)
+    backup = 0
+    for f in faults:
+        backup |= f[1]
+    assert d["backup_channels"] == backup
+
+
+def test_agreeing_ranks_have_no_mismatch():
+    n = 5
+    ops = [(2, ALL_REDUCE, 8, -1)] * n
+    d = _C._agreement_decode(_C._agreement_fold(n, ops, [(0, 0, 0)] * n, random_merge_order(n, random.Random(1))), n)
+    assert d["odd_rank"] == -1 and d["mismatch"] is None and d["degraded_ranks"] == 0
+
+
+@pytest.mark.parametrize("cut", [0, 3, 4, 100, 591])
+def test_truncated_agreements_are_rejected(cut):
+    raw = _C._agreement_fold(2, [(0, ALL_REDUCE, 1, -1)] * 2, [(0, 0, 0)] * 2, [(0, 1)])
     with pytest.raises(ProtocolError, match="truncated"):
-        _C._decode_group_view(raw[:cut], 2)
+        _C._agreement_decode(raw[:cut], 2)
 
 
-def test_bad_views_are_rejected_with_a_reason():
-    good = _C._encode_group_view(1, 1, 1, 1, 1, [(1, 1, 1, 0, 0)])
+def test_bad_agreements_are_rejected_with_a_reason():
+    good = _C._agreement_fold(3, [(0, ALL_REDUCE, 1, -1)] * 3, [(0, 1, 0), (0, 0, 0), (0, 1, 0)],
+                              [(0, 1), (0, 2)])
+    assert _C._agreement_decode(good, 3)["degraded_ranks"] == 2
     with pytest.raises(ProtocolError, match="bad magic"):
-        _C._decode_group_view(b"XXXX" + good[4:], 2)
-    with pytest.raises(ProtocolError, match="trailing"):
-        _C._decode_group_view(good + b"\0", 2)
-    with pytest.raises(ProtocolError, match="names rank 1 of a group of 1"):
-        _C._decode_group_view(good, 1)
-    many = _C._encode_group_view(1, 1, 1, 1, 1, [(0, 1, 1, 0, 0), (1, 1, 1, 0, 0)])
-    with pytest.raises(ProtocolError, match="lists 2 degraded ranks in a group of 1"):
-        _C._decode_group_view(many, 1)
+        _C._agreement_decode(b"XXXX" + good[4:], 3)
+    with pytest.raises(ProtocolError, match="outside a group of 1"):
+        _C._agreement_decode(good, 1)                 # two degraded ranks in a group of one
+    listed_rank_of_second = 80 + 2 * 96 + 40       # second listed entry's rank field
+    bad = bytearray(good)
+    bad[listed_rank_of_second:listed_rank_of_second + 4] = (0).to_bytes(4, "little")
+    with pytest.raises(ProtocolError, match="out of order"):
+        _C._agreement_decode(bytes(bad), 3)

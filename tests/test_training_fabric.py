@@ -26,7 +26,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "fabric_train.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60
 ENV = {"RECCL_HEARTBEAT_MS": "300", "RECCL_CONNECT_TIMEOUT_MS": "1000",
-       "RECCL_NICS": "eth0,eth1", "RECCL_DCR_PERIOD_MS": "50"}
+       "RECCL_NICS": "eth0,eth1"}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_fault_then_heal(fabric, reference, fault):
         run.kill()
     check_identical(results, reference)
     switches = rebalance_ops(results)
-    if fault != "flap":  # a flap may be too short for the control plane to act on
+    if fault != "flap":  # a flap may heal between two collectives: no plan needed
         assert len(switches) >= 2, switches
         assert "channel 1 of 2 carry no data" in switches[0][2], switches
         assert 20 <= switches[0][0], switches

@@ -39,10 +39,14 @@ def nics(env: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
 
 
 def stats() -> Dict[str, Any]:
-    """Per-NIC bytes, state and failover counts, plus process-wide counters."""
+    """Per-NIC bytes, state and failover counts, plus process-wide counters
+    (``control``: store requests of the rendezvous and the fault board, agreements run)."""
     c = native()
     out: Dict[str, Any] = {"nics": c.nic_stats()}
     out.update(c.process_stats())
+    if hasattr(c, "_reccl_control_stats"):
+        # store requests and per-op agreements of the "reccl" backend's control plane
+        out["control"] = c._reccl_control_stats()
     return out
 
 

@@ -92,6 +92,7 @@ def _create_cpu_backend(dist_options, options: "Options"):
         -1 if options.channels is None else options.channels,
         0 if options.chunk_bytes is None else options.chunk_bytes,
         0 if options.window is None else options.window,
+        list(dist_options.global_ranks_in_group or []),
     )
 
 
@@ -204,11 +205,15 @@ def backend_info(group=None) -> Dict[str, Any]:
 
 
 def fault_picture(group=None) -> Dict[str, Any]:
-    """The job-wide fault picture of a reccl group, as its control plane shares it
-    every ``RECCL_DCR_PERIOD_MS``: the plan the group should run (``plan``: id,
-    start_op, channels_without_data), the most advanced rank's ``max_ops_done``,
-    and every ``degraded`` rank (ops_done, channels_on_backup, nics_down by index
-    into its RECCL_NICS). ``round`` counts the coordinator's periods (0: none yet)."""
+    """The fault picture of a reccl group. Its ranks agree on their fault state at
+    every CPU collective (no traffic between collectives): the plan the group runs
+    or is about to (``plan``: id, start_op, channels_without_data), the most advanced
+    rank's ``max_ops_done``, ``agreed_at_op`` (-1: no CPU collective yet), and
+    ``degraded_ranks`` with the lowest of them listed in ``degraded`` (ops_done,
+    channels_on_backup, nics_down by index into its RECCL_NICS, device_ops_done).
+    Ranks whose NICs are down also come from the job's fault board, which processes
+    update on change (and every ``RECCL_DCR_PERIOD_MS`` while degraded), so CUDA-only
+    groups see them too; reading it costs store requests in proportion to faults."""
     return _pg_native()._reccl_fault_picture(_cpu_backend(group))
 
 

@@ -31,11 +31,15 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_WINDOW", "4", "CPU engine: chunks each channel receives ahead; 1..64"},
       {"RECCL_DCR", "1",
        "CPU engine: move data off channels whose path runs over a backup NIC; 0 or 1"},
-      {"RECCL_DCR_PERIOD_MS", "100",
-       "control plane: how often ranks share NIC health and ops done (ms); 10..60000"},
-      {"RECCL_DCR_OFFSET", "4",
-       "control plane: a new channel plan starts this many collectives after the most "
-       "advanced rank; 1..1000000"},
+      {"RECCL_DCR_PERIOD_MS", "1000",
+       "job-wide fault picture: while a rank is degraded it republishes its fault state this "
+       "often (ms); nothing is published while it is healthy; 10..60000"},
+      {"RECCL_DCR_OFFSET", "0",
+       "CPU engine: a new channel plan starts this many collectives after the one at which the "
+       "ranks agreed on the fault state (0: that same collective); 0..1000000"},
+      {"RECCL_SMALL_BYTES", "65536",
+       "CPU engine: a collective whose largest message is at most this many bytes runs by "
+       "recursive doubling (log2 N steps); larger ones by rings; 0..4194304"},
       {"RECCL_TRANSPORT", "tcp",
        "NCCL net plugin: tcp, auto or ib; auto = ib when libibverbs loads and lists RDMA "
        "devices, else tcp (ib is verified only against the verbs emulation so far)"},
@@ -144,7 +148,9 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
     } else if (name == "RECCL_DCR_PERIOD_MS") {
       config.dcrPeriodMs = static_cast<int>(parseInt(name, value, 10, 60000));
     } else if (name == "RECCL_DCR_OFFSET") {
-      config.dcrOffset = static_cast<int>(parseInt(name, value, 1, 1000000));
+      config.dcrOffset = static_cast<int>(parseInt(name, value, 0, 1000000));
+    } else if (name == "RECCL_SMALL_BYTES") {
+      config.smallBytes = parseInt(name, value, 0, 4 << 20);
     } else if (name == "RECCL_TRANSPORT") {
       if (value != "auto" && value != "tcp" && value != "ib") {
         throw ConfigError(name + "=" + value + " is not valid: expected auto, tcp or ib");

@@ -24,8 +24,9 @@ struct Config {
   int window = 4;                  // RECCL_WINDOW: chunks a channel receives ahead
   // The control plane and DCR.
   bool dcr = true;                 // RECCL_DCR: rebalance channels away from backup NICs
-  int dcrPeriodMs = 100;           // RECCL_DCR_PERIOD_MS: control-plane exchange period
-  int dcrOffset = 4;               // RECCL_DCR_OFFSET: ops ahead at which a new plan starts
+  int dcrPeriodMs = 1000;          // RECCL_DCR_PERIOD_MS: republish period while degraded
+  int dcrOffset = 0;               // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
+  int64_t smallBytes = 65536;      // RECCL_SMALL_BYTES: recursive doubling up to this size
   std::string transport = "tcp";   // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC

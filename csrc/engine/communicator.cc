@@ -1,7 +1,6 @@
 #include "engine/communicator.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "core/health.h"
@@ -18,12 +17,6 @@ namespace {
 constexpr size_t kMessagesPerConnection = 512;
 constexpr size_t kMaxChunksPerTransfer = 128;
 
-std::string seconds(Millis ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
-  return buf;
-}
-
 uint8_t* bytesOf(void* p) { return static_cast<uint8_t*>(p); }
 const uint8_t* bytesOf(const void* p) { return static_cast<const uint8_t*>(p); }
 
@@ -34,8 +27,9 @@ void copyIfDistinct(void* dst, const void* src, size_t bytes) {
 
 }  // namespace
 
-Communicator::Communicator(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
-                           const std::string& prefix, int rank, int size, CommOptions options)
+Communicator::Communicator(std::shared_ptr<Transport> transport,
+                           std::shared_ptr<Rendezvous> rendezvous, const std::string& prefix,
+                           int rank, int size, CommOptions options)
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
@@ -52,25 +46,15 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, Rendezvous& ren
   if (options_.window < 1 || options_.window > 64) {
     throw ConfigError("window=" + std::to_string(options_.window) + " is not valid: expected 1..64");
   }
-  ControlSettings control = options_.control;
-  control.enabled = control.enabled && size > 1;
-  // Before the handles' rendezvous, so every rank's control keys exist once it is done.
-  control_ = std::make_unique<ControlPlane>(control.enabled ? rendezvous.sideChannel() : nullptr,
-                                            prefix, rank, size, plan_.channels(), control,
-                                            [this] { return sampleState(); });
-  links_ = std::make_shared<Links>(std::move(transport), rendezvous, prefix, rank, size,
+  links_ = std::make_shared<Links>(std::move(transport), std::move(rendezvous), prefix, rank, size,
                                    plan_.channels(), options_.rendezvousTimeout);
+  agreement_ = std::make_unique<RecursiveDoubling>(links_, rank, size, options_.smallBytes);
   p2p_ = std::make_shared<P2p>(links_, options_.group);
   pool_ = std::make_unique<WorkerPool>(plan_.channels() - 1);
   scratch_.resize(plan_.channels());
-  txBuffers_.resize(size_);
-  txPending_.resize(size_);
-  rxBuffers_.resize(size_);
-  control_->start();
 }
 
 Communicator::~Communicator() {
-  control_->stop();
   links_->close();
   pool_.reset();
 }
@@ -82,23 +66,16 @@ std::string Communicator::error() const {
 
 void Communicator::flush(Millis timeout) {
   std::lock_guard<std::mutex> lock(opMutex_);
-  const Clock::time_point deadline = Clock::now() + timeout;
-  for (auto& pending : txPending_) {
-    if (!pending) continue;
-    Millis left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    if (left.count() <= 0 || !pending->wait(left)) return;
-    pending.reset();
-  }
+  agreement_->flush(timeout);
 }
 
-void Communicator::abort(const std::string& why) {
+void Communicator::abort(const std::string& why, bool orderly) {
   {
     std::lock_guard<std::mutex> lock(errorMutex_);
     if (error_.empty()) error_ = why;
   }
   aborted_.store(true);
-  control_->stop();
-  links_->close();
+  links_->close(orderly);
 }
 
 uint8_t* Communicator::opScratch(size_t bytes) {
@@ -108,14 +85,14 @@ uint8_t* Communicator::opScratch(size_t bytes) {
   return opScratch_.data();
 }
 
-RankState Communicator::sampleState() const {
-  RankState state;
-  state.opsDone = opsDone_.load();
-  state.nicsDown = links_->nicsDown();
-  state.backupChannels = links_->channelsOnBackup(state.nicsDown);
+RankFaults Communicator::sampleFaults() const {
+  RankFaults faults;
+  faults.opsDone = opsDone_.load();
+  faults.nicsDown = links_->nicsDown();
+  faults.backupChannels = links_->channelsOnBackup(faults.nicsDown);
   std::lock_guard<std::mutex> lock(planMutex_);
-  if (deviceOps_) state.deviceOps = deviceOps_();
-  return state;
+  if (deviceOps_) faults.deviceOps = deviceOps_();
+  return faults;
 }
 
 void Communicator::setDeviceOpsCounter(std::function<uint64_t()> counter) {
@@ -133,19 +110,28 @@ PlanProposal Communicator::currentPlan() const {
   return current_;
 }
 
-GroupView Communicator::groupView() const { return control_->view(); }
+FaultPicture Communicator::faultPicture() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return picture_;
+}
 
-void Communicator::adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq) {
-  std::vector<PlanProposal> carried;
-  carried.reserve(all.size());
-  for (const auto& d : all) carried.push_back(d.proposal);
-  std::optional<PlanProposal> next = planToAdopt(plan_.id(), carried, seq);
-  if (!next) return;
+void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
+  const uint64_t avoid =
+      options_.rebalance ? agreement.backupChannels & allChannelsMask(plan_.channels()) : 0;
+  std::optional<PlanProposal> next = advancePlan(plans_, avoid, seq, options_.dcrOffset);
   {
     std::lock_guard<std::mutex> lock(planMutex_);
-    plan_ = planOf(*next, plan_.channels());
-    current_ = *next;
+    if (next) {
+      plan_ = planOf(*next, plan_.channels());
+      current_ = *next;
+    }
+    picture_.agreedAtOp = static_cast<int64_t>(seq);
+    picture_.plan = plans_.pending ? *plans_.pending : plans_.current;
+    picture_.maxOpsDone = agreement.maxOpsDone;
+    picture_.degradedRanks = agreement.degradedRanks;
+    picture_.listed = agreement.listed;
   }
+  if (!next) return;
   Event event;
   event.kind = EventKind::kRebalance;
   event.wallNs = wallNs();
@@ -177,8 +163,8 @@ size_t Communicator::chunkElems(DataType dtype, size_t largestSegment,
   return std::max(base, (largestSegment + maxChunks - 1) / maxChunks);
 }
 
-void Communicator::run(OpDescriptor desc, Millis timeout,
-                       const std::function<Inline(int peer)>& payloadTo, const Body& body) {
+void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
+                       const Body& body, uint64_t countsDigest) {
   std::lock_guard<std::mutex> lock(opMutex_);
   std::string broken = error();
   if (!broken.empty()) {
@@ -187,20 +173,21 @@ void Communicator::run(OpDescriptor desc, Millis timeout,
   }
   desc.seq = seq_++;
   desc.planId = plan_.id();
-  desc.proposal = control_->view().plan;
   desc.chunkBytes = options_.chunkBytes;
   desc.channels = static_cast<uint32_t>(plan_.channels());
   OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);
   try {
-    std::vector<OpDescriptor> all;
-    std::vector<Inline> inlineFrom;
-    exchange(ctx, desc, payloadTo, &all, &inlineFrom);
-    checkConsistent(all, options_.group);
-    adoptPlan(all, desc.seq);
-    body(ctx, inlineFrom);
+    if (size_ > 1) {
+      Agreement agreement = Agreement::of(rank_, desc, sampleFaults(), countsDigest);
+      agreement_->run(ctx, agreement, payload);
+      agreement.check(options_.group);
+      if (agreement.countsDigest != 0) diagnoseAlltoall(ctx, desc);
+      adoptAgreement(agreement, desc.seq);
+    }
+    body(ctx);
     opsDone_.fetch_add(1);
   } catch (const MismatchError&) {
-    throw;  // every rank saw it after a complete exchange: the streams are intact
+    throw;  // every rank saw it after a complete agreement: the streams are intact
   } catch (const std::exception& e) {
     // Aborted from outside (shutdown, abort, a failed p2p op): the connections
     // were closed under this op, so report why rather than what broke.
@@ -215,69 +202,64 @@ void Communicator::run(OpDescriptor desc, Millis timeout,
   }
 }
 
-void Communicator::exchange(const OpContext& ctx, const OpDescriptor& mine,
-                            const std::function<Inline(int peer)>& payloadTo,
-                            std::vector<OpDescriptor>* all, std::vector<Inline>* inlineFrom) {
-  all->assign(size_, OpDescriptor{});
-  (*all)[rank_] = mine;
-  inlineFrom->assign(size_, Inline{});
-  if (size_ == 1) return;
-  const size_t capacity = kDescriptorBytes + 2 * sizeof(uint64_t) * size_ + kInlineBytes;
-  std::vector<std::shared_ptr<SendConnection>> to(size_);
-  std::vector<std::shared_ptr<RecvConnection>> from(size_);
+void Communicator::diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& desc) {
+  // Every pair compares its own counts (what the peer sends me against what I
+  // expect), then the ranks agree on the lowest (sender, receiver) pair that
+  // differs, so every rank raises the same error. Only on this error path does
+  // an all-to-all talk to every peer outside its data.
+  struct PairVerdict {
+    int64_t from = -1, to = -1;
+    uint64_t sent = 0, expected = 0;
+  };
+  std::vector<uint64_t> theirs(size_, 0);
+  std::vector<std::shared_ptr<Request>> recvs(size_), sends(size_);
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_) to[p] = links_->sender(p, 0, Lane::kCollective);
+    if (p != rank_) recvs[p] = links_->receiver(p, 0, Lane::kCollective, ctx)->irecv(
+                         reinterpret_cast<uint8_t*>(&theirs[p]), sizeof(uint64_t));
   }
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_) from[p] = links_->receiver(p, 0, Lane::kCollective, ctx);
+    if (p != rank_) sends[p] = links_->sender(p, 0, Lane::kCollective)->isend(
+                         reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&desc.sendCounts[p])),
+                         sizeof(uint64_t));
   }
-  std::vector<std::shared_ptr<Request>> recvs(size_);
+  PairVerdict verdict;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    if (rxBuffers_[p].size() < capacity) rxBuffers_[p].resize(capacity);
-    recvs[p] = from[p]->irecv(rxBuffers_[p].data(), capacity);
-  }
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    // The previous op's descriptor to p completed long ago (p answered it);
-    // its buffer is reused only now, so no op waits for the ACK of its own.
-    if (txPending_[p]) ctx.wait(*txPending_[p], "the previous descriptor to", p, 0);
-    txPending_[p].reset();
-    Inline payload = payloadTo(p);
-    if (payload.bytes > kInlineBytes) throw Error("internal: inline payload too large");
-    if (txBuffers_[p].size() < capacity) txBuffers_[p].resize(capacity);
-    size_t head = encodeDescriptor(mine, rank_, size_, static_cast<uint32_t>(payload.bytes),
-                                   txBuffers_[p].data());
-    if (payload.bytes) std::memcpy(txBuffers_[p].data() + head, payload.data, payload.bytes);
-    txPending_[p] = to[p]->isend(txBuffers_[p].data(), head + payload.bytes);
-  }
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    uint64_t got = 0;
-    try {
-      got = ctx.wait(*recvs[p], "the descriptor from", p, 0);
-    } catch (const TimeoutError&) {
-      std::string missing;
-      for (int q = 0; q < size_; ++q) {
-        uint64_t bytes;
-        std::string err;
-        if (q != rank_ && !recvs[q]->test(&bytes, &err)) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-        }
-      }
-      throw TimeoutError("reccl: " + ctx.label() + " timed out after " + seconds(ctx.timeout()) +
-                         ": rank(s) " + missing +
-                         " did not join it (every rank of the group must call the same "
-                         "collectives in the same order), or their network paths are gone");
+    ctx.wait(*recvs[p], "the all_to_all counts from", p, 0);
+    if (verdict.from < 0 && theirs[p] != desc.recvCounts[p]) {
+      verdict = {p, rank_, theirs[p], desc.recvCounts[p]};
     }
-    DecodedDescriptor d = decodeDescriptor(rxBuffers_[p].data(), got, size_);
-    if (d.sender != p) {
-      throw ProtocolError("descriptor from rank " + std::to_string(p) + " claims to be from rank " +
-                          std::to_string(d.sender));
-    }
-    (*all)[p] = d.desc;
-    (*inlineFrom)[p] = Inline{d.payload, d.payloadBytes};
   }
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) ctx.wait(*sends[p], "the all_to_all counts to", p, 0);
+  }
+  RdPayload payload;
+  payload.data = reinterpret_cast<uint8_t*>(&verdict);
+  payload.bytes = sizeof(verdict);
+  payload.held = [](int, int) { return std::pair<size_t, size_t>{0, sizeof(PairVerdict)}; };
+  payload.merge = [&verdict](const uint8_t* bytes, size_t, size_t, bool) {
+    PairVerdict other;
+    std::memcpy(&other, bytes, sizeof(other));
+    auto key = [](const PairVerdict& v) {
+      return v.from < 0 ? std::make_pair(INT64_MAX, INT64_MAX) : std::make_pair(v.from, v.to);
+    };
+    if (key(other) < key(verdict)) verdict = other;
+  };
+  Agreement agreement = Agreement::of(rank_, desc, RankFaults{}, 0);
+  agreement_->run(ctx, agreement, payload);
+  if (verdict.from < 0) {
+    throw ProtocolError("reccl: " + ctx.label() +
+                        ": the all_to_all counts disagree but no pair of ranks differs");
+  }
+  throw MismatchError(
+      "reccl: collective mismatch in process group '" + options_.group + "' at op #" +
+      std::to_string(desc.seq) + ": in " + opKindName(desc.kind) + "(" + dataTypeName(desc.dtype) +
+      ") rank " + std::to_string(verdict.from) + " sends " + std::to_string(verdict.sent) +
+      " elements to rank " + std::to_string(verdict.to) + " but rank " +
+      std::to_string(verdict.to) + " expects " + std::to_string(verdict.expected) +
+      " from rank " + std::to_string(verdict.from) +
+      ". Every rank of a group must call the same collectives in the same order with matching "
+      "dtype, size, root and reduce op.");
 }
 
 void Communicator::forChannels(const OpContext& ctx, DataType dtype, size_t unit,
@@ -306,14 +288,6 @@ void checkRoot(int root, int size) {
   }
 }
 
-void checkInlineBytes(const char* what, int peer, size_t got, size_t expected) {
-  if (got != expected) {
-    throw ProtocolError(std::string("reccl: ") + what + ": rank " + std::to_string(peer) +
-                        " sent " + std::to_string(got) + " inline bytes, expected " +
-                        std::to_string(expected));
-  }
-}
-
 // The ring segments of one channel's range: `parts` near-equal pieces.
 std::vector<Range> ringSegments(const Range& range, int parts) {
   std::vector<Range> segs = splitEvenly(range.count, parts);
@@ -335,47 +309,21 @@ size_t largestRange(const std::vector<Range>& ranges) {
 
 }  // namespace
 
-// Small messages: reduces every rank's payload (this rank's at `mine`, the
-// peers' inline) into `out`.
-void Communicator::reduceInline(const char* what, const std::vector<Inline>& from, int rank,
-                                const void* mine, void* out, size_t count, DataType dtype,
-                                ReduceOp op) {
-  const size_t bytes = count * elementSize(dtype);
-  std::vector<const void*> inputs(from.size());
-  for (size_t p = 0; p < from.size(); ++p) {
-    const int peer = static_cast<int>(p);
-    if (peer != rank) checkInlineBytes(what, peer, from[p].bytes, bytes);
-    inputs[p] = peer == rank ? mine : from[p].data;
-  }
-  reduceAll(out, inputs.data(), static_cast<int>(from.size()), count, dtype, op);
-}
-
-// Small messages: copies every peer's inline payload into its block of `out`.
-void Communicator::gatherInline(const char* what, const std::vector<Inline>& from, int rank,
-                                void* out, size_t bytes) {
-  for (size_t p = 0; p < from.size(); ++p) {
-    const int peer = static_cast<int>(p);
-    if (peer == rank) continue;
-    checkInlineBytes(what, peer, from[p].bytes, bytes);
-    if (bytes) std::memcpy(bytesOf(out) + p * bytes, from[p].data, bytes);
-  }
-}
-
 void Communicator::allreduce(const void* in, void* out, size_t count, DataType dtype,
                              ReduceOp op, Millis timeout) {
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
-  run(desc, timeout,
-      [&](int) { return small ? Inline{bytesOf(in), bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (size_ == 1) return copyIfDistinct(out, in, bytes);
-        if (small) {
-          reduceInline("all_reduce", from, rank_, in, out, count, dtype, op);
+  const bool rd = small(bytes);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  copyIfDistinct(out, in, bytes);
+  run(desc, timeout, rd ? reducePayload(bytesOf(out), count, dtype, op) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ == 1) return;
+        if (rd) {
+          if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
           return;
         }
-        copyIfDistinct(out, in, bytes);
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRingSegment(ranges, size_), 2 * (size_ - 1));
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -392,19 +340,12 @@ void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int roo
                              Millis timeout) {
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kBroadcast, dtype, count, root);
-  run(desc, timeout,
-      [&](int) { return small && rank_ == root ? Inline{bytesOf(buffer), bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (size_ == 1) return;
-        if (small) {
-          if (rank_ != root) {
-            checkInlineBytes("broadcast", root, from[root].bytes, bytes);
-            if (bytes) std::memcpy(buffer, from[root].data, bytes);
-          }
-          return;
-        }
+  const bool rd = small(bytes);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kBroadcast, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  run(desc, timeout, rd ? broadcastPayload(bytesOf(buffer), bytes, root) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ == 1 || rd) return;
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -418,27 +359,28 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
   checkRoot(root, size_);
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kReduce, dtype, count, root, op);
-  run(desc, timeout,
-      [&](int peer) { return small && peer == root ? Inline{bytesOf(in), bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (size_ == 1) return copyIfDistinct(out, in, bytes);
-        if (small) {
-          if (rank_ != root) return;
-          reduceInline("reduce", from, rank_, in, out, count, dtype, op);
+  const bool rd = small(bytes);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kReduce, dtype, count, root, op);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  // The root reduces in place into `out`; the others in a work buffer (their
+  // `out` stays untouched).
+  uint8_t* work;
+  if (rank_ == root) {
+    copyIfDistinct(out, in, bytes);
+    work = bytesOf(out);
+  } else {
+    work = opScratch(bytes);
+    if (bytes) std::memcpy(work, in, bytes);
+  }
+  run(desc, timeout, rd ? reducePayload(work, count, dtype, op) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ == 1) return;
+        if (rd) {
+          if (rank_ == root && op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
           return;
         }
         // Ring reduce-scatter (rank r ends with segment r reduced), then every
         // rank sends its segment to the root.
-        uint8_t* work;
-        if (rank_ == root) {
-          copyIfDistinct(out, in, bytes);
-          work = bytesOf(out);
-        } else {
-          work = opScratch(bytes);
-          std::memcpy(work, in, bytes);
-        }
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRingSegment(ranges, size_), 2 * (size_ - 1));
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -462,16 +404,13 @@ void Communicator::reduce(const void* in, void* out, size_t count, DataType dtyp
 void Communicator::allgather(const void* in, void* out, size_t count, DataType dtype,
                              Millis timeout) {
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
-  run(desc, timeout, [&](int) { return small ? Inline{bytesOf(in), bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        copyIfDistinct(bytesOf(out) + rank_ * bytes, in, bytes);
-        if (size_ == 1) return;
-        if (small) {
-          gatherInline("all_gather", from, rank_, out, bytes);
-          return;
-        }
+  const bool rd = small(bytes * size_);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  copyIfDistinct(bytesOf(out) + rank_ * bytes, in, bytes);
+  run(desc, timeout, rd ? gatherPayload(bytesOf(out), bytes, size_) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ == 1 || rd) return;
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRange(ranges), size_ - 1);
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -486,28 +425,25 @@ void Communicator::reduceScatter(const void* in, void* out, size_t count, DataTy
                                  ReduceOp op, Millis timeout) {
   checkReduceOp(op, dtype);
   const size_t bytes = count * elementSize(dtype);  // per rank
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dtype, count, -1, op);
-  run(desc, timeout,
-      [&](int peer) { return small ? Inline{bytesOf(in) + peer * bytes, bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (size_ == 1) return copyIfDistinct(out, in, bytes);
-        if (small) {
-          reduceInline("reduce_scatter", from, rank_, bytesOf(in) + rank_ * bytes, out, count,
-                       dtype, op);
-          return;
+  const bool rd = small(bytes * size_);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dtype, count, -1, op);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  uint8_t* work = opScratch(bytes * size_);
+  if (bytes) std::memcpy(work, in, bytes * size_);
+  run(desc, timeout, rd ? reducePayload(work, count * size_, dtype, op) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ > 1 && !rd) {
+          const std::vector<Range> ranges = plan_.split(count);
+          const size_t unit = chunkElems(dtype, largestRange(ranges), size_ - 1);
+          forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+            const Range range = ranges[job.channel];
+            SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
+            RegionSends regions(size_);
+            ringReduceScatter(job, work, seg, rank_, op, regions, sends);
+          });
         }
-        uint8_t* work = opScratch(bytes * size_);
-        std::memcpy(work, in, bytes * size_);
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRange(ranges), size_ - 1);
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const Range range = ranges[job.channel];
-          SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
-          RegionSends regions(size_);
-          ringReduceScatter(job, work, seg, rank_, op, regions, sends);
-        });
-        std::memcpy(out, work + rank_ * bytes, bytes);
+        if (bytes) std::memcpy(out, work + rank_ * bytes, bytes);
+        if (rd && op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
       });
 }
 
@@ -515,18 +451,15 @@ void Communicator::gather(const void* in, void* out, size_t count, DataType dtyp
                           Millis timeout) {
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
-  run(desc, timeout,
-      [&](int peer) { return small && peer == root ? Inline{bytesOf(in), bytes} : Inline{}; },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (rank_ == root) copyIfDistinct(bytesOf(out) + root * bytes, in, bytes);
-        if (size_ == 1) return;
-        if (small) {
-          if (rank_ != root) return;
-          gatherInline("gather", from, rank_, out, bytes);  // only on the root
-          return;
-        }
+  const bool rd = small(bytes * size_);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  // Small: every rank gathers every block (log2 N steps); only the root keeps them.
+  uint8_t* blocks = rank_ == root ? bytesOf(out) : (rd ? opScratch(bytes * size_) : nullptr);
+  if (blocks) copyIfDistinct(blocks + rank_ * bytes, in, bytes);
+  run(desc, timeout, rd ? gatherPayload(blocks, bytes, size_) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (size_ == 1 || rd) return;
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -548,21 +481,20 @@ void Communicator::scatter(const void* in, void* out, size_t count, DataType dty
                            Millis timeout) {
   checkRoot(root, size_);
   const size_t bytes = count * elementSize(dtype);
-  const bool small = bytes <= kInlineBytes;
-  const OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
-  run(desc, timeout,
-      [&](int peer) {
-        return small && rank_ == root ? Inline{bytesOf(in) + peer * bytes, bytes} : Inline{};
-      },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
-        if (rank_ == root) copyIfDistinct(out, bytesOf(in) + root * bytes, bytes);
-        if (size_ == 1) return;
-        if (small) {
-          if (rank_ == root) return;
-          checkInlineBytes("scatter", root, from[root].bytes, bytes);
-          if (bytes) std::memcpy(out, from[root].data, bytes);
+  const bool rd = small(bytes * size_);
+  OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
+  // Small: the root's blocks reach every rank (log2 N steps); each keeps its own.
+  uint8_t* blocks = rd ? opScratch(bytes * size_) : nullptr;
+  if (rd && rank_ == root && bytes) std::memcpy(blocks, in, bytes * size_);
+  run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size_, root) : RdPayload{},
+      [&](const OpContext& ctx) {
+        if (rd) {
+          if (bytes) std::memcpy(out, blocks + rank_ * bytes, bytes);
           return;
         }
+        if (rank_ == root) copyIfDistinct(out, bytesOf(in) + root * bytes, bytes);
+        if (size_ == 1) return;
         const std::vector<Range> ranges = plan_.split(count);
         const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
         forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
@@ -594,7 +526,6 @@ void Communicator::alltoall(const void* in, const std::vector<uint64_t>& sendCou
                       std::to_string(size_) + ")");
   }
   const size_t elem = elementSize(dtype);
-  auto isInline = [&](uint64_t count) { return count * elem <= kInlineBytes; };
   auto pairUnit = [&](uint64_t count) {
     size_t base = std::max<size_t>(1, options_.chunkBytes / elem);
     return std::max<size_t>(base, (count + kMaxChunksPerTransfer - 1) / kMaxChunksPerTransfer);
@@ -602,56 +533,39 @@ void Communicator::alltoall(const void* in, const std::vector<uint64_t>& sendCou
   OpDescriptor desc;
   desc.kind = OpKind::kAlltoall;
   desc.dtype = dtype;
+  desc.algorithm = static_cast<uint8_t>(Algorithm::kChannels);
   desc.sendCounts = sendCounts;
   desc.recvCounts = recvCounts;
-  run(desc, timeout,
-      [&](int peer) {
-        return isInline(sendCounts[peer])
-                   ? Inline{bytesOf(in) + sendOffsets[peer] * elem, sendCounts[peer] * elem}
-                   : Inline{};
-      },
-      [&](const OpContext& ctx, const std::vector<Inline>& from) {
+  for (uint64_t c : sendCounts) desc.count += c;
+  // Counts are checked by a digest in the agreement; each pair's own counts
+  // are compared only when the digest says some pair disagrees.
+  const uint64_t digest = alltoallCountsDigest(rank_, size_, sendCounts, recvCounts);
+  run(desc, timeout, RdPayload{},
+      [&](const OpContext& ctx) {
         copyIfDistinct(bytesOf(out) + recvOffsets[rank_] * elem,
                        bytesOf(in) + sendOffsets[rank_] * elem, sendCounts[rank_] * elem);
-        bool large = false;
-        for (int p = 0; p < size_; ++p) {
-          if (p == rank_) continue;
-          if (isInline(recvCounts[p])) {
-            checkInlineBytes("all_to_all", p, from[p].bytes, recvCounts[p] * elem);
-            if (recvCounts[p]) {
-              std::memcpy(bytesOf(out) + recvOffsets[p] * elem, from[p].data, recvCounts[p] * elem);
-            }
-          } else {
-            large = true;
-          }
-          if (!isInline(sendCounts[p])) large = true;
-        }
-        if (!large) return;
+        if (size_ == 1) return;
         forChannels(ctx, dtype, 1, [&](ChannelJob& job, SendList& sends) {
           std::vector<Transfer> sendTo, recvFrom;
           for (int p = 0; p < size_; ++p) {
             if (p == rank_) continue;
-            if (!isInline(sendCounts[p])) {
-              Range r = plan_.split(sendCounts[p])[job.channel];
-              r.offset += sendOffsets[p];
-              sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)), r, -1, pairUnit(sendCounts[p])});
-            }
-            if (!isInline(recvCounts[p])) {
-              Range r = plan_.split(recvCounts[p])[job.channel];
-              r.offset += recvOffsets[p];
-              recvFrom.push_back({p, bytesOf(out), r, -1, pairUnit(recvCounts[p])});
-            }
+            Range s = plan_.split(sendCounts[p])[job.channel];
+            s.offset += sendOffsets[p];
+            sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)), s, -1, pairUnit(sendCounts[p])});
+            Range r = plan_.split(recvCounts[p])[job.channel];
+            r.offset += recvOffsets[p];
+            recvFrom.push_back({p, bytesOf(out), r, -1, pairUnit(recvCounts[p])});
           }
           directExchange(job, sendTo, recvFrom, sends);
         });
-      });
+      },
+      digest);
 }
 
 void Communicator::barrier(Millis timeout) {
   OpDescriptor desc;
   desc.kind = OpKind::kBarrier;
-  run(desc, timeout, [](int) { return Inline{}; },
-      [](const OpContext&, const std::vector<Inline>&) {});
+  run(desc, timeout, RdPayload{}, [](const OpContext&) {});
 }
 
 }  // namespace reccl

@@ -1,15 +1,16 @@
 // A group of ranks and the collectives over it, on CPU memory. Blocking calls;
-// one collective at a time (the process-group layer runs them in order on its
-// worker thread). Point-to-point traffic goes through p2p().
+// one collective at a time (the process-group layer runs them in order).
+// Point-to-point traffic goes through p2p().
 //
 // Every collective runs in two phases:
-//  1. Descriptor exchange: each rank sends every peer (over channel 0) a 96-byte
-//     descriptor of the op it is running (and the newest channel plan it has
-//     heard of from the control plane: DCR switches plans in-band, rebalance.h), plus, when the per-peer payload is at
-//     most kInlineBytes, the payload itself. Every rank then checks all
-//     descriptors (MismatchError on any difference, on every rank, before any
-//     data moves). For small messages this single round *is* the algorithm
-//     (latency-optimal: one message from each rank to each peer).
+//  1. Agreement (agreement.h) by recursive doubling (recursive_doubling.h):
+//     log2 N exchanges per rank carry every rank's op descriptor and fault
+//     state, so a mismatch fails on every rank, with the same message, before
+//     any data moves, and DCR's plan switches at the same op everywhere. When
+//     the op's largest message is at most RECCL_SMALL_BYTES, its data rides
+//     in the same messages and this phase *is* the algorithm (latency
+//     O(log N)): all_reduce, reduce and reduce_scatter reduce, all_gather and
+//     gather gather, broadcast and scatter spread the root's data.
 //  2. Data phase for larger messages: the data is divided over the channels by
 //     the channel plan and each channel runs a chunked, pipelined ring
 //     (allreduce, allgather, reduce-scatter, reduce), a chain (broadcast) or
@@ -29,18 +30,21 @@
 
 #include "engine/channel_job.h"
 #include "engine/channel_plan.h"
-#include "engine/control_plane.h"
+#include "engine/agreement.h"
 #include "engine/data_type.h"
 #include "engine/descriptor.h"
 #include "engine/links.h"
 #include "engine/p2p.h"
 #include "engine/reduce_op.h"
+#include "engine/recursive_doubling.h"
+#include "engine/rebalance.h"
 #include "engine/rendezvous.h"
 #include "engine/worker_pool.h"
 
 namespace reccl {
 
-constexpr size_t kInlineBytes = 16384;  // per-peer payload carried with the descriptor
+// How a collective's data moves (carried in its descriptor: ranks must agree).
+enum class Algorithm : uint8_t { kNone = 0, kRecursiveDoubling = 1, kChannels = 2 };
 
 struct CommOptions {
   int channels = 0;                  // 0: one per NIC
@@ -48,14 +52,25 @@ struct CommOptions {
   int window = 4;                    // chunks received ahead per channel
   std::string group = "";            // process group name, for errors
   Millis rendezvousTimeout{300000};  // bound on reading peers' handles
-  ControlSettings control;           // the control plane and DCR
+  size_t smallBytes = 65536;         // recursive doubling up to this largest message
+  bool rebalance = true;             // DCR
+  uint64_t dcrOffset = 0;            // ops between the agreement and a new plan
+};
+
+// What the last agreement said of the group's faults.
+struct FaultPicture {
+  int64_t agreedAtOp = -1;     // op sequence number of that agreement (-1: none yet)
+  PlanProposal plan;           // the newest plan: pending if one is, else in force
+  uint64_t maxOpsDone = 0;     // of the most advanced rank
+  uint32_t degradedRanks = 0;  // ranks on backups or with NICs down
+  std::vector<DegradedRank> listed;  // the lowest of them (at most kListedDegradedRanks)
 };
 
 class Communicator {
  public:
-  // Publishes this rank's listener handles under `prefix` and reads every
-  // peer's; connections are made on first use.
-  Communicator(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
+  // Publishes this rank's listener handles under `prefix` (one key); peers'
+  // handles are read and connections made on first use.
+  Communicator(std::shared_ptr<Transport> transport, std::shared_ptr<Rendezvous> rendezvous,
                const std::string& prefix, int rank, int size, CommOptions options);
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -66,11 +81,15 @@ class Communicator {
   int channels() const;
   // The plan in force (id 0: every channel); changes only between collectives.
   PlanProposal currentPlan() const;
-  // The job-wide fault picture as of the last control-plane period.
-  GroupView groupView() const;
-  // Where the control plane reads how many collectives the group's GPU backend
-  // (torch's ProcessGroupNCCL) has issued; called from its thread.
+  // The group's fault picture as of the last collective.
+  FaultPicture faultPicture() const;
+  // This rank's fault state now (what it brings to the next agreement).
+  RankFaults localFaults() const { return sampleFaults(); }
+  // Where this rank reads how many collectives the group's GPU backend
+  // (torch's ProcessGroupNCCL) has issued, for the fault picture.
   void setDeviceOpsCounter(std::function<uint64_t()> counter);
+  // Connections made so far (both directions).
+  size_t connections() const { return links_->connections(); }
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 
@@ -101,63 +120,55 @@ class Communicator {
 
   // Waits (up to `timeout`) until every message this rank sent has reached its
   // peer: ops complete without waiting for the acknowledgement of their last
-  // descriptors, so an orderly shutdown flushes them before closing.
+  // agreement messages, so an orderly shutdown flushes them before closing.
   void flush(Millis timeout);
   // Fails the op in progress and every later one with `why`; closes every
-  // connection. Safe from any thread; idempotent.
-  void abort(const std::string& why);
+  // connection (`orderly`: and deletes this rank's rendezvous key). Safe from
+  // any thread; idempotent.
+  void abort(const std::string& why, bool orderly = false);
   // Empty while usable; otherwise why not.
   std::string error() const;
 
  private:
-  struct Inline {
-    const uint8_t* data = nullptr;
-    size_t bytes = 0;
-  };
-  using Body = std::function<void(const OpContext&, const std::vector<Inline>&)>;
-  // Small messages: reduces every rank's payload (this rank's at `mine`, the
-  // peers' inline) into `out`.
-  static void reduceInline(const char* what, const std::vector<Inline>& from, int rank,
-                           const void* mine, void* out, size_t count, DataType dtype, ReduceOp op);
-  // Small messages: copies every peer's inline payload into its block of `out`.
-  static void gatherInline(const char* what, const std::vector<Inline>& from, int rank, void* out,
-                           size_t bytes);
-
-  // Phase 1 then `body` (the data phase), with the error policy above.
-  void run(OpDescriptor desc, Millis timeout, const std::function<Inline(int peer)>& payloadTo,
-           const Body& body);
-  void exchange(const OpContext& ctx, const OpDescriptor& mine,
-                const std::function<Inline(int peer)>& payloadTo,
-                std::vector<OpDescriptor>* all, std::vector<Inline>* inlineFrom);
+  using Body = std::function<void(const OpContext&)>;
+  // Phase 1 (with `payload` riding along, possibly empty) then `body` (the
+  // data phase), with the error policy above. `countsDigest`: all_to_all's.
+  void run(OpDescriptor desc, Millis timeout, const RdPayload& payload, const Body& body,
+           uint64_t countsDigest = 0);
+  // all_to_all whose count digest did not add up: finds the first pair that
+  // disagrees (every rank the same) and throws MismatchError.
+  [[noreturn]] void diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& desc);
+  // Whether the op's largest recursive-doubling message, `bytes`, is small enough.
+  bool small(size_t bytes) const { return size_ > 1 && bytes <= options_.smallBytes; }
   // Runs fn(job, sends) for every channel in parallel (chunks of `unit`
   // elements), then waits for each channel's sends.
   void forChannels(const OpContext& ctx, DataType dtype, size_t unit,
                    const std::function<void(ChannelJob&, SendList&)>& fn);
   size_t chunkElems(DataType dtype, size_t largestSegment, int segmentsPerConnection) const;
   std::string label(const OpDescriptor& desc) const;
-  RankState sampleState() const;
+  RankFaults sampleFaults() const;
   // A work buffer of at least `bytes` for the op in progress (grow-only).
   uint8_t* opScratch(size_t bytes);
-  // Switches to the plan every rank's descriptor of op `seq` agrees on (if any).
-  void adoptPlan(const std::vector<OpDescriptor>& all, uint64_t seq);
+  // Records the agreement of op `seq` and switches plans where DCR says so.
+  void adoptAgreement(const Agreement& agreement, uint64_t seq);
 
   const int rank_;
   const int size_;
   const CommOptions options_;
   std::shared_ptr<Links> links_;
-  std::unique_ptr<ControlPlane> control_;  // stopped before links_ go
+  std::unique_ptr<RecursiveDoubling> agreement_;
   ChannelPlan plan_;
+  PlanState plans_;  // op thread only
   // Guards writes of plan_ (only the op thread writes it, and reads it freely)
-  // and every access to current_ and deviceOps_ from other threads.
+  // and every access to picture_ and deviceOps_ from other threads.
   mutable std::mutex planMutex_;
   PlanProposal current_;
+  FaultPicture picture_;
   std::function<uint64_t()> deviceOps_;
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel
-  std::vector<uint8_t> opScratch_;              // reduce, reduce_scatter
-  std::vector<std::vector<uint8_t>> txBuffers_, rxBuffers_;  // per peer, phase 1
-  std::vector<std::shared_ptr<Request>> txPending_;           // per peer: the last descriptor sent
+  std::vector<uint8_t> opScratch_;              // reduce, reduce_scatter, scatter
   std::mutex opMutex_;
   uint64_t seq_ = 0;
   std::atomic<uint64_t> opsDone_{0};

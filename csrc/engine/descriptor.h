@@ -1,9 +1,7 @@
 // What each rank says it is doing at a collective: op sequence number, kind,
-// dtype, count, root, reduce op, the channel plan in force and the newest plan
-// the rank has heard of (DCR adopts it in-band, see rebalance.h). Every collective starts by
-// exchanging descriptors with every peer (with small payloads inline, see
-// communicator.h); every rank then compares all of them, so a mismatch raises the
-// same error, naming both sides, on every rank before any data moves.
+// dtype, count, root, reduce op and the channel plan in force. Every collective starts by agreeing on the
+// descriptors of all ranks (agreement.h), so a mismatch raises the same error,
+// naming both sides, on every rank before any data moves.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +41,12 @@ struct OpDescriptor {
   DataType dtype = DataType::kUInt8;
   ReduceOp op = ReduceOp::kSum;   // reducing kinds only
   int32_t root = -1;              // rooted kinds only
-  uint64_t count = 0;             // elements per rank (see each kind); alltoall: 0
+  uint64_t count = 0;             // elements per rank (see each kind); alltoall: elements sent
   uint64_t planId = 0;            // channel plan in force (DCR switches it at an agreed op)
   uint64_t chunkBytes = 0;        // the communicator's pipelining unit (must agree)
   uint32_t channels = 0;          // the communicator's channels (must agree)
-  PlanProposal proposal;          // the newest plan this rank knows of (may differ)
-  // alltoall only: elements this rank sends to / receives from each rank.
+  uint8_t algorithm = 0;          // how the data moves (communicator.h); must agree
+  // alltoall only (never on the wire): elements this rank sends to / receives from each rank.
   std::vector<uint64_t> sendCounts;
   std::vector<uint64_t> recvCounts;
 
@@ -68,28 +66,23 @@ struct OpDescriptor {
   }
 };
 
-// The wire header of a descriptor message: 96 bytes, then the alltoall count
-// vectors (16 bytes per rank), then any inline payload.
+// The wire form of a descriptor: 96 bytes. all_to_all's count vectors are
+// not carried (they are O(N)); agreement.h checks them by a digest.
 constexpr size_t kDescriptorBytes = 96;
 
-// Serializes `desc` from `sender`, announcing `inlineBytes` of payload after it.
-// `out` must hold messageBytes(desc, inlineBytes).
-size_t encodeDescriptor(const OpDescriptor& desc, int sender, int groupSize,
-                        uint32_t inlineBytes, uint8_t* out);
-size_t descriptorMessageBytes(const OpDescriptor& desc, int groupSize, uint32_t inlineBytes);
-
+void encodeDescriptor(const OpDescriptor& desc, int sender, int groupSize, uint8_t* out);
 struct DecodedDescriptor {
   OpDescriptor desc;
   int sender = -1;
-  const uint8_t* payload = nullptr;  // inline bytes, inside the decoded buffer
-  uint32_t payloadBytes = 0;
 };
-// Validates every field and length; throws ProtocolError naming the problem.
+// Validates every field; throws ProtocolError naming the problem.
 DecodedDescriptor decodeDescriptor(const uint8_t* data, size_t bytes, int groupSize);
 
-// Compares the descriptors of every rank (index = rank). Throws MismatchError
-// naming the first difference ("rank 0 called X but rank 2 called Y"); every
-// rank computes the same verdict from the same inputs.
-void checkConsistent(const std::vector<OpDescriptor>& byRank, const std::string& group);
+// Whether two ranks' descriptors describe the same op (an equivalence: the
+// fields that matter for the kind, compared for equality).
+bool sameOp(const OpDescriptor& a, const OpDescriptor& b);
+// The MismatchError text for rank `ra` calling `a` and rank `rb` calling `b`.
+std::string mismatchMessage(const std::string& group, int ra, const OpDescriptor& a, int rb,
+                            const OpDescriptor& b);
 
 }  // namespace reccl

@@ -1,5 +1,7 @@
 #include "engine/links.h"
 
+#include <future>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -10,11 +12,20 @@ namespace reccl {
 
 namespace {
 std::string laneName(Lane lane) { return lane == Lane::kP2p ? "p2p" : "collective"; }
+constexpr Millis kAcceptSlice(50);
+constexpr Millis kForgetBound(2000);  // deleting our key at close: never longer than this
 }  // namespace
 
-Links::Links(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
+Links::Links(std::shared_ptr<Transport> transport, std::shared_ptr<Rendezvous> rendezvous,
              const std::string& prefix, int rank, int size, int channels, Millis timeout)
-    : transport_(std::move(transport)), rank_(rank), size_(size), channels_(channels) {
+    : transport_(std::move(transport)),
+      rendezvous_(std::move(rendezvous)),
+      key_(prefix + "h/" + std::to_string(rank)),
+      prefix_(prefix),
+      rank_(rank),
+      size_(size),
+      channels_(channels),
+      timeout_(timeout) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw ConfigError("rank " + std::to_string(rank) + " is not in a group of " +
                       std::to_string(size));
@@ -22,63 +33,104 @@ Links::Links(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
   if (channels < 1) throw ConfigError("a communicator needs at least one channel");
   nics_ = static_cast<int>(transport_->nics().size());
   if (nics_ < 1) throw ConfigError("no NICs: set RECCL_NICS");
-  links_.resize(static_cast<size_t>(size) * slotsPerPeer());
-  for (auto& l : links_) l = std::make_unique<Link>();
-  // My listener handles for each peer, (channels + 1) x kHandleBytes, under
-  // "<prefix>h/<me>/<peer>"; I read "<prefix>h/<peer>/<me>" of every peer.
-  std::vector<std::string> myKeys, theirKeys;
-  std::vector<std::vector<uint8_t>> mine;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    std::vector<uint8_t> blob;
-    for (int slot = 0; slot < slotsPerPeer(); ++slot) {
-      int nic = slot < channels_ ? nicOf(slot) : nicOf(rank + peer);
-      Link& l = *links_[static_cast<size_t>(peer) * slotsPerPeer() + slot];
-      l.listener = transport_->listen(nic);
-      const auto& handle = l.listener->handle();
-      if (handle.size() != kHandleBytes) throw Error("unexpected listen handle size");
-      blob.insert(blob.end(), handle.begin(), handle.end());
-    }
-    myKeys.push_back(prefix + "h/" + std::to_string(rank) + "/" + std::to_string(peer));
-    mine.push_back(std::move(blob));
-    theirKeys.push_back(prefix + "h/" + std::to_string(peer) + "/" + std::to_string(rank));
-  }
   if (size == 1) return;
-  rendezvous.setMany(myKeys, mine);
-  std::vector<std::vector<uint8_t>> theirs = rendezvous.getMany(theirKeys, timeout);
-  size_t index = 0;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    const std::vector<uint8_t>& blob = theirs.at(index++);
-    if (blob.size() != static_cast<size_t>(slotsPerPeer()) * kHandleBytes) {
-      throw ConfigError("rank " + std::to_string(peer) + " published " + std::to_string(blob.size()) +
-                        " bytes of listen handles, expected " +
-                        std::to_string(slotsPerPeer() * kHandleBytes) +
-                        ": every rank must use the same number of channels");
-    }
-    for (int slot = 0; slot < slotsPerPeer(); ++slot) {
-      links_[static_cast<size_t>(peer) * slotsPerPeer() + slot]->peerHandle.assign(
-          blob.begin() + slot * kHandleBytes, blob.begin() + (slot + 1) * kHandleBytes);
-    }
+  std::vector<uint8_t> blob;
+  for (int nic = 0; nic < nics_; ++nic) {
+    listeners_.push_back(transport_->listen(nic));
+    const auto& handle = listeners_.back()->handle();
+    if (handle.size() != kHandleBytes) throw Error("unexpected listen handle size");
+    blob.insert(blob.end(), handle.begin(), handle.end());
   }
+  rendezvous_->set(key_, blob);
 }
 
 Links::~Links() { close(); }
+
+int Links::slotOf(int channel, Lane lane) const {
+  if (lane == Lane::kP2p) return channels_;
+  if (channel < 0 || channel >= channels_) {
+    throw ConfigError("channel " + std::to_string(channel) + " out of range");
+  }
+  return channel;
+}
 
 Links::Link& Links::link(int peer, int channel, Lane lane) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw ConfigError("peer rank " + std::to_string(peer) + " is not another rank of this group of " +
                       std::to_string(size_));
   }
-  int slot = lane == Lane::kP2p ? channels_ : channel;
-  if (lane == Lane::kCollective && (channel < 0 || channel >= channels_)) {
-    throw ConfigError("channel " + std::to_string(channel) + " out of range");
-  }
-  return *links_[static_cast<size_t>(peer) * slotsPerPeer() + slot];
+  const int slot = slotOf(channel, lane);
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  std::unique_ptr<Link>& l = links_[{peer, slot}];
+  if (!l) l = std::make_unique<Link>();
+  return *l;
+}
+
+// Both ends pick the NIC from what they share: the channel, or the pair.
+int Links::nicFor(int peer, int channel, Lane lane) const {
+  return lane == Lane::kP2p ? (rank_ + peer) % nics_ : channel % nics_;
+}
+
+uint64_t Links::tagOf(int from, int channel, Lane lane) {
+  return (uint64_t{1} << 63) | (static_cast<uint64_t>(from) << 16) |
+         (static_cast<uint64_t>(lane) << 8) | static_cast<uint64_t>(channel & 0xff);
 }
 
 void Links::checkOpen() const {
   if (closed_.load()) throw AbortedError("the communicator's connections are closed");
+}
+
+Links::Peer& Links::peerEntry(int peer) {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  std::unique_ptr<Peer>& slot = peers_[peer];
+  if (!slot) slot = std::make_unique<Peer>();
+  return *slot;
+}
+
+void Links::checkHandles(int peer, const std::vector<uint8_t>& blob) {
+  if (blob.empty() || blob.size() % kHandleBytes != 0 || blob.size() / kHandleBytes > kMaxHandleNics) {
+    throw ProtocolError("rank " + std::to_string(peer) + " published " + std::to_string(blob.size()) +
+                        " bytes of listen handles, expected " + std::to_string(kHandleBytes) +
+                        " per NIC (1.." + std::to_string(kMaxHandleNics) + " NICs)");
+  }
+}
+
+const std::vector<uint8_t>& Links::peerHandles(int peer) {
+  Peer& p = peerEntry(peer);
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.handles.empty()) {
+    std::vector<uint8_t> blob = rendezvous_->get(prefix_ + "h/" + std::to_string(peer), timeout_);
+    checkHandles(peer, blob);
+    p.handles = std::move(blob);
+  }
+  return p.handles;
+}
+
+void Links::dialAhead(const std::vector<int>& peers, int channel, Lane lane) {
+  checkOpen();
+  std::vector<int> missing;
+  std::vector<std::string> keys;
+  for (int peer : peers) {
+    if (peer < 0 || peer >= size_ || peer == rank_) continue;
+    Peer& p = peerEntry(peer);
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (p.handles.empty()) {
+      missing.push_back(peer);
+      keys.push_back(prefix_ + "h/" + std::to_string(peer));
+    }
+  }
+  if (!keys.empty()) {
+    std::vector<std::vector<uint8_t>> blobs = rendezvous_->getMany(keys, timeout_);
+    for (size_t i = 0; i < missing.size(); ++i) {
+      checkHandles(missing[i], blobs.at(i));
+      Peer& p = peerEntry(missing[i]);
+      std::lock_guard<std::mutex> lock(p.mutex);
+      if (p.handles.empty()) p.handles = std::move(blobs[i]);
+    }
+  }
+  for (int peer : peers) {
+    if (peer >= 0 && peer < size_ && peer != rank_) sender(peer, channel, lane);
+  }
 }
 
 std::shared_ptr<SendConnection> Links::sender(int peer, int channel, Lane lane) {
@@ -87,8 +139,13 @@ std::shared_ptr<SendConnection> Links::sender(int peer, int channel, Lane lane) 
   std::lock_guard<std::mutex> lock(l.mutex);
   checkOpen();
   if (!l.send) {
-    int nic = lane == Lane::kP2p ? nicOf(rank_ + peer) : nicOf(channel);
-    l.send = transport_->connect(nic, l.peerHandle);
+    const std::vector<uint8_t>& handles = peerHandles(peer);
+    const int peerNics = static_cast<int>(handles.size() / kHandleBytes);
+    // The peer listens on the NIC it computes for us: the same formula over its NICs.
+    const int theirNic = lane == Lane::kP2p ? (rank_ + peer) % peerNics : channel % peerNics;
+    std::vector<uint8_t> handle(handles.begin() + theirNic * kHandleBytes,
+                                handles.begin() + (theirNic + 1) * kHandleBytes);
+    l.send = transport_->connect(nicFor(peer, channel, lane), handle, tagOf(rank_, channel, lane));
   }
   return l.send;
 }
@@ -97,23 +154,36 @@ std::shared_ptr<RecvConnection> Links::tryReceiver(int peer, int channel, Lane l
   checkOpen();
   Link& l = link(peer, channel, lane);
   std::lock_guard<std::mutex> lock(l.mutex);
-  if (!l.recv && l.listener) l.recv = l.listener->accept(Millis(0));
+  if (!l.recv && !listeners_.empty()) {
+    l.recv = listeners_[nicFor(peer, channel, lane)]->acceptTagged(tagOf(peer, channel, lane),
+                                                                   Millis(0));
+  }
+  return l.recv;
+}
+
+std::shared_ptr<RecvConnection> Links::receiverUntil(int peer, int channel, Lane lane,
+                                                     const OpContext& ctx,
+                                                     Clock::time_point until) {
+  checkOpen();
+  Link& l = link(peer, channel, lane);
+  std::lock_guard<std::mutex> lock(l.mutex);
+  const uint64_t tag = tagOf(peer, channel, lane);
+  while (!l.recv) {
+    checkOpen();
+    ctx.check("rank " + std::to_string(peer) + " to connect (" + laneName(lane) + " channel " +
+              std::to_string(lane == Lane::kP2p ? 0 : channel) + ")");
+    const Clock::time_point now = Clock::now();
+    if (now >= until) return nullptr;
+    const Millis slice =
+        std::min(kAcceptSlice, std::chrono::duration_cast<Millis>(until - now) + Millis(1));
+    l.recv = listeners_[nicFor(peer, channel, lane)]->acceptTagged(tag, slice);
+  }
   return l.recv;
 }
 
 std::shared_ptr<RecvConnection> Links::receiver(int peer, int channel, Lane lane,
                                                 const OpContext& ctx) {
-  checkOpen();
-  Link& l = link(peer, channel, lane);
-  std::lock_guard<std::mutex> lock(l.mutex);
-  while (!l.recv) {
-    checkOpen();
-    ctx.check("rank " + std::to_string(peer) + " to connect (" + laneName(lane) + " channel " +
-              std::to_string(lane == Lane::kP2p ? 0 : channel) + ")");
-    if (!l.listener) throw AbortedError("listener closed");
-    l.recv = l.listener->accept(Millis(50));
-  }
-  return l.recv;
+  return receiverUntil(peer, channel, lane, ctx, Clock::time_point::max());
 }
 
 uint64_t Links::nicsDown() const {
@@ -124,48 +194,80 @@ uint64_t Links::nicsDown() const {
   return mask;
 }
 
+size_t Links::connections() const {
+  size_t count = 0;
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  for (const auto& [key, l] : links_) {
+    std::unique_lock<std::mutex> linkLock(l->mutex, std::try_to_lock);
+    if (!linkLock.owns_lock()) continue;
+    count += (l->send ? 1 : 0) + (l->recv ? 1 : 0);
+  }
+  return count;
+}
+
 uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
   uint64_t mask = 0;
   for (int c = 0; c < channels_; ++c) {
     if (nicsDown & (uint64_t{1} << nicOf(c))) mask |= uint64_t{1} << c;
   }
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    for (int c = 0; c < channels_; ++c) {
-      Link& l = *links_[static_cast<size_t>(peer) * slotsPerPeer() + c];
-      std::unique_lock<std::mutex> lock(l.mutex, std::try_to_lock);
-      if (!lock.owns_lock()) continue;  // being accepted: not failed over
-      // Path 0 is the primary; -1 (between paths) counts once a backup is chosen.
-      if ((l.send && l.send->activePath() > 0) || (l.recv && l.recv->activePath() > 0)) {
-        mask |= uint64_t{1} << c;
-      }
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  for (const auto& [key, l] : links_) {
+    const int slot = key.second;
+    if (slot >= channels_) continue;  // the p2p lane is no channel
+    std::unique_lock<std::mutex> linkLock(l->mutex, std::try_to_lock);
+    if (!linkLock.owns_lock()) continue;  // being accepted: not failed over
+    // Path 0 is the primary; -1 (between paths) counts once a backup is chosen.
+    if ((l->send && l->send->activePath() > 0) || (l->recv && l->recv->activePath() > 0)) {
+      mask |= uint64_t{1} << slot;
     }
   }
   return mask;
 }
 
-void Links::close() {
+void Links::close(bool orderly) {
   if (closed_.exchange(true)) return;
   std::vector<std::shared_ptr<Connection>> connections;
-  std::vector<std::shared_ptr<Listener>> listeners;
-  for (auto& l : links_) {
-    std::lock_guard<std::mutex> lock(l->mutex);
-    if (l->send) connections.push_back(std::move(l->send));
-    if (l->recv) connections.push_back(std::move(l->recv));
-    if (l->listener) listeners.push_back(std::move(l->listener));
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    for (auto& [key, l] : links_) {
+      std::lock_guard<std::mutex> linkLock(l->mutex);
+      if (l->send) connections.push_back(std::move(l->send));
+      if (l->recv) connections.push_back(std::move(l->recv));
+    }
   }
-  for (auto& listener : listeners) listener->close();
+  // Closed, not released: accepts racing with this return nothing from now on.
+  for (auto& listener : listeners_) listener->close();
+  if (orderly && size_ > 1) {
+    // Bounded: a store that stopped answering keeps only this detached call.
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = done->get_future();
+    try {
+      std::thread([rendezvous = rendezvous_, key = key_, done] {
+        try {
+          rendezvous->erase(key);
+        } catch (const std::exception&) {
+          // The store is gone: nothing left to clean.
+        }
+        done->set_value();
+      }).detach();
+      finished.wait_for(kForgetBound);
+    } catch (const std::system_error&) {
+      // No thread to be had: the key stays (the job's store is torn down with the job).
+    }
+  }
   // Close in parallel: each close waits (bounded) for the peer's CLOSE.
   constexpr size_t kParallel = 16;
   for (size_t base = 0; base < connections.size(); base += kParallel) {
     std::vector<std::thread> closers;
     for (size_t i = base; i < std::min(connections.size(), base + kParallel); ++i) {
-      closers.emplace_back([c = connections[i]] { c->close(); });
+      try {
+        closers.emplace_back([c = connections[i]] { c->close(); });
+      } catch (const std::system_error&) {
+        connections[i]->close();  // no thread to be had: close it here, bounded all the same
+      }
     }
     for (auto& t : closers) t.join();
   }
-  connections.clear();
-  listeners.clear();
 }
 
 }  // namespace reccl

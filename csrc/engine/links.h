@@ -1,14 +1,20 @@
-// The connections of one communicator: for every peer, one one-way connection
-// each way per channel (channel c pinned to NIC c % nics) plus one per way for
-// point-to-point traffic (on NIC (rank + peer) % nics), so p2p messages never
-// interleave with collective ones.
+// The connections of one communicator: to and from each peer, one one-way
+// connection per channel (channel c pinned to NIC c % nics) plus one per way
+// for point-to-point traffic (on NIC (rank + peer) % nics), so p2p messages
+// never interleave with collective ones.
 //
-// At construction each rank opens one listener per (peer, lane, channel) and
-// publishes the handles through the rendezvous; connections are made lazily,
-// the first time an operation needs them (the sender connects, the receiver
-// accepts on the listener it opened for that peer, so it knows who dialed).
+// Rendezvous in O(1) keys per rank: each rank opens one listener per NIC and
+// publishes their handles under one key, "<prefix>h/<rank>". Nothing is read
+// up front: a rank reads a peer's key the first time it sends to that peer,
+// and every connection is made on first use, so a rank connects only to the
+// peers its algorithms use (O(log N) for the agreement, ring neighbours, roots).
+// Each dial carries a tag naming the sender's rank, lane and channel; the
+// receiver accepts by tag on its listener of that NIC. The key is deleted when
+// the communicator closes in order.
 #pragma once
 
+#include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,9 +31,8 @@ enum class Lane : int { kCollective = 0, kP2p = 1 };
 
 class Links {
  public:
-  // Publishes this rank's handles under `prefix` and reads every peer's
-  // (bounded by `timeout`).
-  Links(std::shared_ptr<Transport> transport, Rendezvous& rendezvous,
+  // Opens the listeners and publishes their handles (one store write).
+  Links(std::shared_ptr<Transport> transport, std::shared_ptr<Rendezvous> rendezvous,
         const std::string& prefix, int rank, int size, int channels, Millis timeout);
   ~Links();
   Links(const Links&) = delete;
@@ -38,10 +43,18 @@ class Links {
   int channels() const { return channels_; }
   int nicOf(int channel) const { return channel % nics_; }
 
-  // The connection to `peer`; dials it on first use (does not block).
+  // The connection to `peer`; on first use reads the peer's handles (bounded
+  // by the rendezvous timeout) and dials (does not wait for it).
   std::shared_ptr<SendConnection> sender(int peer, int channel, Lane lane);
+  // Starts the connections to `peers` at once: their handles in one store
+  // read, the dials in parallel (an algorithm's first op then waits for one
+  // round of dials, not one per step).
+  void dialAhead(const std::vector<int>& peers, int channel, Lane lane);
   // The connection from `peer`; accepts it on first use (blocks, bounded by ctx).
   std::shared_ptr<RecvConnection> receiver(int peer, int channel, Lane lane, const OpContext& ctx);
+  // As receiver(), but nullptr when `until` passes first.
+  std::shared_ptr<RecvConnection> receiverUntil(int peer, int channel, Lane lane,
+                                                const OpContext& ctx, Clock::time_point until);
   // Non-blocking: the connection from `peer` if it has been (or can now be) accepted.
   std::shared_ptr<RecvConnection> tryReceiver(int peer, int channel, Lane lane);
 
@@ -51,30 +64,48 @@ class Links {
   uint64_t channelsOnBackup(uint64_t nicsDown) const;
   // Bit n: local NIC n is down.
   uint64_t nicsDown() const;
+  // Connections made so far (both directions), for stats and tests.
+  size_t connections() const;
 
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is
-  // written afterwards. Idempotent; later sender()/receiver() calls throw.
-  void close();
+  // written afterwards. `orderly`: also deletes this rank's key (bounded).
+  // Idempotent; later sender()/receiver() calls throw.
+  void close(bool orderly = false);
 
  private:
   struct Link {
     std::mutex mutex;
-    std::shared_ptr<Listener> listener;  // mine: the peer dials it to send to me
-    std::vector<uint8_t> peerHandle;     // the peer's listener for my sends
     std::shared_ptr<SendConnection> send;
     std::shared_ptr<RecvConnection> recv;
   };
+  struct Peer {
+    std::mutex mutex;
+    std::vector<uint8_t> handles;  // the peer's listener handles, one per its NIC
+  };
   Link& link(int peer, int channel, Lane lane);
-  int slotsPerPeer() const { return channels_ + 1; }
+  int slotOf(int channel, Lane lane) const;
+  int nicFor(int peer, int channel, Lane lane) const;
+  // The dial tag a sender of rank `from` uses for (lane, channel).
+  static uint64_t tagOf(int from, int channel, Lane lane);
+  const std::vector<uint8_t>& peerHandles(int peer);
+  Peer& peerEntry(int peer);
+  static void checkHandles(int peer, const std::vector<uint8_t>& blob);
   void checkOpen() const;
 
   std::shared_ptr<Transport> transport_;
+  std::shared_ptr<Rendezvous> rendezvous_;
+  const std::string key_;
+  const std::string prefix_;
   const int rank_;
   const int size_;
   const int channels_;
+  const Millis timeout_;
   int nics_ = 1;
-  std::vector<std::unique_ptr<Link>> links_;  // [peer][slot]
+  std::vector<std::shared_ptr<Listener>> listeners_;  // by NIC; fixed after construction
+  mutable std::mutex mapMutex_;                      // guards the two maps (not their entries)
+  std::map<int, std::unique_ptr<Peer>> peers_;
+  std::map<std::pair<int, int>, std::unique_ptr<Link>> links_;  // (peer, slot)
   std::atomic<bool> closed_{false};
 };
 

@@ -53,19 +53,26 @@ bool OpContext::test(const Request& request, const char* what, int peer, int cha
 }
 
 uint64_t OpContext::wait(const Request& request, const char* what, int peer, int channel) const {
+  uint64_t bytes = 0;
+  waitUntil(request, deadline_, what, peer, channel, &bytes);
+  return bytes;
+}
+
+bool OpContext::waitUntil(const Request& request, Clock::time_point until, const char* what,
+                          int peer, int channel, uint64_t* bytes) const {
   for (;;) {
     Clock::time_point now = Clock::now();
-    Millis left = std::chrono::duration_cast<Millis>(deadline_ - now);
+    if (until < deadline_ && now >= until) return false;
+    Millis left = std::chrono::duration_cast<Millis>(std::min(until, deadline_) - now);
     if (request.wait(std::max(Millis(0), std::min(kSlice, left)))) break;
     check(where(what, peer, channel));
   }
-  uint64_t bytes = 0;
   std::string error;
-  request.test(&bytes, &error);
+  request.test(bytes, &error);
   if (!error.empty()) {
     throw Error("reccl: " + label_ + ": " + where(what, peer, channel) + " failed: " + error);
   }
-  return bytes;
+  return true;
 }
 
 }  // namespace reccl

@@ -35,6 +35,10 @@ class OpContext {
   // the deadline, AbortedError when stopped, Error when the request failed.
   // `what` / `peer` / `channel` name what was awaited ("data from", 3, 1).
   uint64_t wait(const Request& request, const char* what, int peer, int channel) const;
+  // As wait(), but gives up (returns false) at `until` if that comes before
+  // the op's deadline; `bytes` receives what the request moved.
+  bool waitUntil(const Request& request, Clock::time_point until, const char* what, int peer,
+                 int channel, uint64_t* bytes) const;
   // Non-blocking: true when done (throws as wait does when it failed).
   bool test(const Request& request, const char* what, int peer, int channel) const;
   // Throws when stopped or past the deadline, naming `waitingFor`.

@@ -17,14 +17,17 @@ ChannelPlan planOf(const PlanProposal& proposal, int channels) {
   return ChannelPlan(std::move(weights), proposal.id);
 }
 
-std::optional<PlanProposal> planToAdopt(uint64_t currentId,
-                                        const std::vector<PlanProposal>& carried, uint64_t seq) {
-  std::optional<PlanProposal> best;
-  for (const PlanProposal& p : carried) {
-    if (p.id <= currentId || p.startOp > seq) continue;
-    if (!best || p.id > best->id) best = p;
+std::optional<PlanProposal> advancePlan(PlanState& state, uint64_t agreedAvoid, uint64_t seq,
+                                        uint64_t offset) {
+  if (agreedAvoid == state.current.avoidMask) {
+    state.pending.reset();
+  } else if (!state.pending || state.pending->avoidMask != agreedAvoid) {
+    state.pending = PlanProposal{state.current.id + 1, seq + offset, agreedAvoid};
   }
-  return best;
+  if (!state.pending || state.pending->startOp > seq) return std::nullopt;
+  state.current = *state.pending;
+  state.pending.reset();
+  return state.current;
 }
 
 std::string describeChannels(uint64_t mask) {

@@ -4,15 +4,9 @@
 // so those channels straggle and the whole collective waits for them. DCR gives
 // no data to every channel whose path runs over a backup NIC on *any* rank and
 // spreads it over the healthy ones. All ranks must switch at the same collective:
-//
-//  - The control plane (control_plane.h) decides: its coordinator sees every
-//    rank's channels on backup and publishes a PlanProposal {id, startOp, avoid}
-//    with startOp = the most advanced rank's ops_done + RECCL_DCR_OFFSET.
-//  - Every collective's descriptor carries the newest proposal its rank has
-//    heard of, and every rank sees every descriptor before data moves, so each
-//    rank computes the same plan for the op from the same inputs (planToAdopt):
-//    a rank that learned of a proposal late is carried along by its peers, and
-//    if no rank knew it in time it starts at the first op where one does.
+// every collective starts with an agreement (agreement.h) that ORs every rank's
+// channels on backup, identical on every rank, and every rank applies the same
+// rule to it (advancePlan), so all switch at the same op with no coordinator.
 #pragma once
 
 #include <cstdint>
@@ -37,11 +31,18 @@ uint64_t allChannelsMask(int channels);
 // equal shares when it would avoid every channel.
 ChannelPlan planOf(const PlanProposal& proposal, int channels);
 
-// The proposal op `seq` must switch to, given the plan in force (`currentId`)
-// and the proposals every rank carried: the newest one that is newer than the
-// current plan and due (startOp <= seq). Deterministic in its inputs.
-std::optional<PlanProposal> planToAdopt(uint64_t currentId,
-                                        const std::vector<PlanProposal>& carried, uint64_t seq);
+// The plans of one group: the one in force and one agreed but not started yet.
+struct PlanState {
+  PlanProposal current;
+  std::optional<PlanProposal> pending;
+};
+
+// DCR's rule at op `seq`, given the channels the ranks agreed run over backup
+// NICs: a different set makes a new plan (id + 1) that starts `offset` ops
+// later; a set equal to the plan in force drops a pending one. Returns the
+// plan to switch to at this op, if any. Deterministic in its inputs.
+std::optional<PlanProposal> advancePlan(PlanState& state, uint64_t agreedAvoid, uint64_t seq,
+                                        uint64_t offset);
 
 // "channels 1, 3" / "no channel".
 std::string describeChannels(uint64_t mask);

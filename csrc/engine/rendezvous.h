@@ -24,8 +24,8 @@ class Rendezvous {
                                                     Millis timeout) = 0;
   // Atomically adds `delta` to the integer at `key` (0 when absent); returns the sum.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
-  // The same store over a connection of its own, for a background thread.
-  virtual std::unique_ptr<Rendezvous> sideChannel() = 0;
+  // Deletes `key` (no error when absent).
+  virtual void erase(const std::string& key) = 0;
 };
 
 }  // namespace reccl

@@ -1,6 +1,7 @@
 #include "pg/process_group_reccl.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -68,37 +69,19 @@ c10::intrusive_ptr<c10d::Backend> createRecclBackend(const c10::intrusive_ptr<c1
 
 ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, Options options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+    : c10d::Backend(rank, size), options_(std::move(options)), store_(store) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "reccl: rank ", rank,
               " is not in a group of ", size);
-  StoreRendezvous rendezvous(store);
-  // Keys unique to this incarnation of the group on this store: a group made
-  // again on the same store (after destroy_process_group) never reads stale
-  // handles. Every rank counts its own incarnations, so they agree.
-  int64_t incarnation = rendezvous.add("reccl/incarnation/" + std::to_string(rank), 1);
-  std::string prefix = "reccl/" + std::to_string(incarnation) + "/";
-  std::shared_ptr<Transport> transport = sharedTransport();
-  const Config& config = transport->config();
-  if (options_.channels < 0) options_.channels = config.channels;
-  if (options_.chunkBytes == 0) options_.chunkBytes = static_cast<size_t>(config.chunkBytes);
-  if (options_.window == 0) options_.window = config.window;
-  CommOptions commOptions;
-  commOptions.channels = options_.channels;
-  commOptions.chunkBytes = options_.chunkBytes;
-  commOptions.window = options_.window;
-  commOptions.control.rebalance = config.dcr;
-  commOptions.control.period = milliseconds(config.dcrPeriodMs);
-  commOptions.control.offset = static_cast<uint64_t>(config.dcrOffset);
-  commOptions.group = options_.group;
-  commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
+  TORCH_CHECK(options_.globalRanks.empty() || options_.globalRanks.size() == static_cast<size_t>(size),
+              "reccl: process group '", options_.group, "' names ", options_.globalRanks.size(),
+              " global ranks for ", size, " members");
+  const int globalRank = options_.globalRanks.empty() ? rank : options_.globalRanks[rank];
   try {
-    comm_ = std::make_shared<Communicator>(std::move(transport), rendezvous, prefix, rank, size,
-                                           commOptions);
+    board_ = FaultBoard::join(store, globalRank, Config::fromProcessEnv().dcrPeriodMs);
   } catch (const Error& e) {
     C10_THROW_ERROR(DistBackendError, std::string("reccl: creating process group '") +
                                           options_.group + "' failed: " + e.what());
   }
-  queue_ = std::make_unique<OpQueue>();
   init();
 }
 
@@ -108,11 +91,75 @@ milliseconds ProcessGroupReccl::timeoutOf(milliseconds requested) const {
   return requested.count() > 0 ? requested : options_.timeout;
 }
 
+void ProcessGroupReccl::setDeviceOpsCounter(std::function<uint64_t()> counter) {
+  std::lock_guard<std::mutex> lock(releaseMutex_);
+  deviceOps_ = counter;
+  if (!board_) return;  // released
+  if (boardToken_) board_->removeDeviceOps(boardToken_);
+  boardToken_ = board_->addDeviceOps(counter);
+  if (comm_) comm_->setDeviceOpsCounter(std::move(counter));
+}
+
+std::vector<BoardRecord> ProcessGroupReccl::degradedMembers() {
+  std::shared_ptr<FaultBoard> board;
+  {
+    std::lock_guard<std::mutex> lock(releaseMutex_);
+    board = board_;
+  }
+  if (!board) return {};  // released
+  std::map<int, int> groupRankOf;
+  for (int r = 0; r < size_; ++r) groupRankOf[options_.globalRanks.empty() ? r : options_.globalRanks[r]] = r;
+  std::vector<BoardRecord> members;
+  for (BoardRecord record : board->degraded()) {
+    auto it = groupRankOf.find(record.rank);
+    if (it == groupRankOf.end()) continue;
+    record.rank = it->second;
+    members.push_back(record);
+  }
+  return members;
+}
+
 std::shared_ptr<Communicator> ProcessGroupReccl::communicator(const char* op) {
   std::lock_guard<std::mutex> lock(releaseMutex_);
-  TORCH_CHECK(!released_ && comm_, "reccl ", op, ": process group '", options_.group,
+  TORCH_CHECK(!released_, "reccl ", op, ": process group '", options_.group,
               "' has been shut down or aborted");
+  if (!comm_) startEngine();
   return comm_;
+}
+
+void ProcessGroupReccl::startEngine() {
+  // The first CPU operation builds the engine; a group that only ever runs
+  // CUDA tensors never does. Costs two store requests (this incarnation, this
+  // rank's handles), no reads of other ranks and no thread.
+  auto rendezvous = std::make_shared<StoreRendezvous>(store_);
+  try {
+    // Keys unique to this incarnation of the group on this store: a group made
+    // again on the same store (after destroy_process_group) never reads stale
+    // handles. Every rank counts its own incarnations, so they agree.
+    const int64_t incarnation = rendezvous->add("reccl/incarnation/" + std::to_string(rank_), 1);
+    const std::string prefix = "reccl/" + std::to_string(incarnation) + "/";
+    std::shared_ptr<Transport> transport = sharedTransport();
+    const Config& config = transport->config();
+    if (options_.channels < 0) options_.channels = config.channels;
+    if (options_.chunkBytes == 0) options_.chunkBytes = static_cast<size_t>(config.chunkBytes);
+    if (options_.window == 0) options_.window = config.window;
+    CommOptions commOptions;
+    commOptions.channels = options_.channels;
+    commOptions.chunkBytes = options_.chunkBytes;
+    commOptions.window = options_.window;
+    commOptions.rebalance = config.dcr;
+    commOptions.dcrOffset = static_cast<uint64_t>(config.dcrOffset);
+    commOptions.smallBytes = static_cast<size_t>(config.smallBytes);
+    commOptions.group = options_.group;
+    commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
+    comm_ = std::make_shared<Communicator>(std::move(transport), std::move(rendezvous), prefix,
+                                           rank_, size_, commOptions);
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("reccl: starting the engine of process group '") +
+                                          options_.group + "' failed: " + e.what());
+  }
+  if (deviceOps_) comm_->setDeviceOpsCounter(deviceOps_);
+  queue_ = std::make_unique<OpQueue>();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, const char* title,
@@ -578,7 +625,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::p2pWork(c10d::OpType type,
                                                           std::shared_ptr<P2pOp> op,
                                                           std::vector<at::Tensor> keepAlive,
                                                           std::function<void()> onSuccess) {
-  std::weak_ptr<Communicator> weak = comm_;
+  std::weak_ptr<Communicator> weak = communicator("p2p");
   auto onFailure = [weak](const std::string& why) {
     // The connections may still hold the buffer (a timed-out or mismatched
     // receive stays posted): close them, which fails the group like any other
@@ -665,12 +712,16 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupReccl::getBackendOptions(
 void ProcessGroupReccl::release(bool orderly) {
   std::shared_ptr<Communicator> comm;
   std::unique_ptr<OpQueue> queue;
+  std::shared_ptr<FaultBoard> board;
   {
     std::lock_guard<std::mutex> lock(releaseMutex_);
     if (released_) return;
     released_ = true;
     comm = std::move(comm_);
     queue = std::move(queue_);
+    if (boardToken_) board_->removeDeviceOps(boardToken_);
+    boardToken_ = 0;
+    board = std::move(board_);  // the last group's release stops the board's thread
   }
   if (orderly && queue) {
     const milliseconds grace = std::min(options_.timeout, milliseconds(30000));
@@ -679,10 +730,10 @@ void ProcessGroupReccl::release(bool orderly) {
   }
   const std::string why = orderly ? "the process group was shut down"
                                   : "the process group was aborted";
-  if (comm) comm->abort(why);  // fails a running op at once and closes every connection
+  if (comm) comm->abort(why, orderly);  // fails a running op at once, closes every connection
   if (queue) queue->stop(why);
   queue.reset();
-  comm.reset();  // joins the channel threads; the transport goes with the last group
+  comm.reset();  // the transport goes with the last group
 }
 
 void ProcessGroupReccl::shutdown() { release(true); }

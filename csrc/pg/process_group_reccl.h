@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "engine/communicator.h"
+#include "pg/fault_board.h"
 #include "pg/op_queue.h"
 #include "pg/reccl_work.h"
 
@@ -33,9 +34,11 @@ class ProcessGroupReccl : public c10d::Backend {
     int channels = -1;          // 0: one per NIC
     size_t chunkBytes = 0;
     int window = 0;
+    std::vector<int> globalRanks;  // the group's ranks in the job (empty: the job itself)
   };
 
-  // Rendezvous through `store` (blocking; bounded by the store's timeout).
+  // Costs nothing until the first CPU operation, which builds the engine
+  // (rendezvous through `store`, bounded by the store's timeout).
   ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     Options options);
   ~ProcessGroupReccl() override;
@@ -43,9 +46,24 @@ class ProcessGroupReccl : public c10d::Backend {
   const std::string getBackendName() const override { return "reccl"; }
   const Options& options() const { return options_; }
   // Engine facts for tests and tools.
-  int channels() const { return comm_ ? comm_->channels() : 0; }
-  uint64_t opsDone() const { return comm_ ? comm_->opsDone() : 0; }
-  std::shared_ptr<Communicator> communicatorForTools() const { return comm_; }
+  int channels() const {
+    auto comm = communicatorForTools();
+    return comm ? comm->channels() : 0;
+  }
+  uint64_t opsDone() const {
+    auto comm = communicatorForTools();
+    return comm ? comm->opsDone() : 0;
+  }
+  // nullptr until the first CPU operation.
+  std::shared_ptr<Communicator> communicatorForTools() const {
+    std::lock_guard<std::mutex> lock(releaseMutex_);
+    return comm_;
+  }
+  // How many collectives the group's GPU backend has issued (for the fault picture).
+  void setDeviceOpsCounter(std::function<uint64_t()> counter);
+  // The group's members whose processes have a NIC down now, by group rank, as
+  // the job-wide fault board has them (store reads; for groups without CPU ops).
+  std::vector<BoardRecord> degradedMembers();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -118,17 +136,23 @@ class ProcessGroupReccl : public c10d::Backend {
                                          std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, Body body);
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
+  // The engine; built on first use. Throws once released.
   std::shared_ptr<Communicator> communicator(const char* op);
+  void startEngine();  // with releaseMutex_ held
   c10::intrusive_ptr<c10d::Work> p2pWork(c10d::OpType type, std::shared_ptr<P2pOp> op,
                                          std::vector<at::Tensor> keepAlive,
                                          std::function<void()> onSuccess);
   void release(bool orderly);
 
   Options options_;
+  const c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<FaultBoard> board_;
+  std::function<uint64_t()> deviceOps_;
+  uint64_t boardToken_ = 0;  // deviceOps_ on the board
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<OpQueue> queue_;
   std::atomic<uint64_t> seq_{0};
-  std::mutex releaseMutex_;
+  mutable std::mutex releaseMutex_;  // guards comm_, queue_, deviceOps_, released_
   bool released_ = false;
 };
 

@@ -2,9 +2,18 @@
 
 #include "core/error.h"
 
+#include <atomic>
+
 namespace reccl {
 
+namespace {
+std::atomic<uint64_t> storeRequests{0};
+}  // namespace
+
+uint64_t StoreRendezvous::requests() { return storeRequests.load(); }
+
 void StoreRendezvous::set(const std::string& key, const std::vector<uint8_t>& value) {
+  storeRequests.fetch_add(1);
   store_->set(key, value);
 }
 
@@ -21,12 +30,14 @@ std::vector<uint8_t> StoreRendezvous::get(const std::string& key, Millis timeout
 
 void StoreRendezvous::setMany(const std::vector<std::string>& keys,
                               const std::vector<std::vector<uint8_t>>& values) {
+  storeRequests.fetch_add(1);
   store_->multiSet(keys, values);
 }
 
 std::vector<std::vector<uint8_t>> StoreRendezvous::getMany(const std::vector<std::string>& keys,
                                                            Millis timeout) {
   if (keys.empty()) return {};
+  storeRequests.fetch_add(2);  // wait, then multiGet
   try {
     store_->wait(keys, timeout);
   } catch (const std::exception& e) {
@@ -41,16 +52,14 @@ std::vector<std::vector<uint8_t>> StoreRendezvous::getMany(const std::vector<std
   return store_->multiGet(keys);
 }
 
-std::unique_ptr<Rendezvous> StoreRendezvous::sideChannel() {
-  c10::intrusive_ptr<c10d::Store> own;
-  try {
-    own = store_->clone();  // TCPStore: a new client connection
-  } catch (const std::exception&) {
-    own = store_;  // stores that cannot clone (in-process ones) are shared
-  }
-  return std::make_unique<StoreRendezvous>(own ? own : store_);
+void StoreRendezvous::erase(const std::string& key) {
+  storeRequests.fetch_add(1);
+  store_->deleteKey(key);
 }
 
-int64_t StoreRendezvous::add(const std::string& key, int64_t delta) { return store_->add(key, delta); }
+int64_t StoreRendezvous::add(const std::string& key, int64_t delta) {
+  storeRequests.fetch_add(1);
+  return store_->add(key, delta);
+}
 
 }  // namespace reccl

@@ -14,7 +14,10 @@ class StoreRendezvous : public Rendezvous {
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key, Millis timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
-  std::unique_ptr<Rendezvous> sideChannel() override;
+  void erase(const std::string& key) override;
+
+  // Store requests every StoreRendezvous of the process has made.
+  static uint64_t requests();
   void setMany(const std::vector<std::string>& keys,
                const std::vector<std::vector<uint8_t>>& values) override;
   std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,

@@ -1,6 +1,7 @@
 // Python bindings of the reccl process group (torch_reccl._C): the creator the
 // Python backend registration calls, and a few engine facts for tests/tools.
 // Called from the module definition in bindings.cc.
+#include <map>
 #include <optional>
 
 #include <pybind11/pybind11.h>
@@ -8,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "pg/process_group_reccl.h"
+#include "pg/store_rendezvous.h"
 
 namespace py = pybind11;
 
@@ -39,13 +41,15 @@ void bindProcessGroup(py::module_& m) {
   m.def(
       "_create_reccl_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutSeconds,
-         const std::string& group, int channels, int64_t chunkBytes, int window) {
+         const std::string& group, int channels, int64_t chunkBytes, int window,
+         std::vector<int> globalRanks) {
         reccl::ProcessGroupReccl::Options options;
         options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
         options.group = group;
         options.channels = channels;
         options.chunkBytes = static_cast<size_t>(chunkBytes);
         options.window = window;
+        options.globalRanks = std::move(globalRanks);
         std::string error;
         c10::intrusive_ptr<c10d::Backend> backend;
         {
@@ -63,7 +67,9 @@ void bindProcessGroup(py::module_& m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group"),
       py::arg("channels") = -1, py::arg("chunk_bytes") = 0, py::arg("window") = 0,
-      "Creates the c10d backend of one reccl process group (rendezvous through `store`).");
+      py::arg("global_ranks") = std::vector<int>{},
+      "Creates the c10d backend of one reccl process group (rendezvous through `store` at its "
+      "first CPU collective).");
   m.def(
       "_reccl_backend_info",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
@@ -80,48 +86,92 @@ void bindProcessGroup(py::module_& m) {
           reccl::PlanProposal plan = comm->currentPlan();
           d["plan"] = plan.id;
           d["channels_without_data"] = channelList(plan.avoidMask, comm->channels());
+          // This rank's own state now; the group agrees on it at its next collective.
+          d["channels_on_backup"] = channelList(comm->localFaults().backupChannels, comm->channels());
         }
         return d;
       },
-      py::arg("backend"), "Engine facts of a reccl backend: channels, chunk size, ops done, plan.");
+      py::arg("backend"),
+      "Engine facts of a reccl backend: channels, chunk size, ops done, plan, and this rank's "
+      "channels on backup now.");
   m.def(
       "_reccl_fault_picture",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
-        std::shared_ptr<reccl::Communicator> comm = asReccl(backend)->communicatorForTools();
-        if (!comm) throw py::value_error("the reccl process group has been shut down");
-        reccl::GroupView view = comm->groupView();
+        reccl::ProcessGroupReccl* pg = asReccl(backend);
+        std::shared_ptr<reccl::Communicator> comm = pg->communicatorForTools();
+        reccl::FaultPicture picture = comm ? comm->faultPicture() : reccl::FaultPicture{};
+        const int channels = comm ? comm->channels() : 0;
+        std::vector<reccl::BoardRecord> board;
+        {
+          py::gil_scoped_release release;
+          board = pg->degradedMembers();
+        }
         py::dict d;
-        d["round"] = view.round;
-        d["max_ops_done"] = view.maxOpsDone;
+        d["agreed_at_op"] = picture.agreedAtOp;
+        d["max_ops_done"] = picture.maxOpsDone;
         py::dict plan;
-        plan["id"] = view.plan.id;
-        plan["start_op"] = view.plan.startOp;
-        plan["channels_without_data"] = channelList(view.plan.avoidMask, comm->channels());
+        plan["id"] = picture.plan.id;
+        plan["start_op"] = picture.plan.startOp;
+        plan["channels_without_data"] = channelList(picture.plan.avoidMask, channels);
         d["plan"] = plan;
         py::list degraded;
-        for (const auto& r : view.degraded) {
+        std::map<int, py::dict> byRank;
+        for (const auto& r : picture.listed) {
           py::dict e;
           e["rank"] = r.rank;
-          e["ops_done"] = r.state.opsDone;
-          e["channels_on_backup"] = channelList(r.state.backupChannels, comm->channels());
-          e["nics_down"] = channelList(r.state.nicsDown, 64);
-          e["device_ops_done"] = r.state.deviceOps;
-          degraded.append(e);
+          e["ops_done"] = r.faults.opsDone;
+          e["channels_on_backup"] = channelList(r.faults.backupChannels, channels);
+          e["nics_down"] = channelList(r.faults.nicsDown, 64);
+          e["device_ops_done"] = r.faults.deviceOps;
+          byRank[r.rank] = e;
         }
+        // The board is fresher for NICs and NCCL ops; the agreement knows channels.
+        for (const auto& r : board) {
+          py::dict e = byRank.count(r.rank) ? byRank[r.rank] : py::dict();
+          if (!byRank.count(r.rank)) {
+            e["rank"] = r.rank;
+            e["ops_done"] = py::none();
+            e["channels_on_backup"] = py::list();
+          }
+          e["nics_down"] = channelList(r.nicsDown, 64);
+          e["device_ops_done"] = r.deviceOps;
+          byRank[r.rank] = e;
+        }
+        for (auto& [rank, e] : byRank) degraded.append(e);
         d["degraded"] = degraded;
+        d["degraded_ranks"] = std::max<size_t>(picture.degradedRanks, byRank.size());
         return d;
       },
-      py::arg("backend"), "The job-wide fault picture the control plane shares.");
+      py::arg("backend"),
+      "The group's fault picture: the agreement of its last CPU collective, and the job's fault "
+      "board for NICs down (store reads, in proportion to faults).");
+  m.def(
+      "_reccl_control_stats",
+      [] {
+        py::dict d;
+        d["store_requests"] = reccl::StoreRendezvous::requests() + reccl::FaultBoard::storeRequests();
+        d["rendezvous_store_requests"] = reccl::StoreRendezvous::requests();
+        d["fault_board_store_requests"] = reccl::FaultBoard::storeRequests();
+        d["agreements"] = reccl::agreementsRun();
+        return d;
+      },
+      "Process-wide control-plane counters: store requests (rendezvous, fault board) and "
+      "per-op agreements run.");
+  m.def(
+      "_reccl_connections",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) -> size_t {
+        std::shared_ptr<reccl::Communicator> comm = asReccl(backend)->communicatorForTools();
+        return comm ? comm->connections() : 0;
+      },
+      py::arg("backend"), "Connections the group's CPU engine has made (0: no engine yet).");
   m.def(
       "_reccl_attach_device_backend",
       [](const c10::intrusive_ptr<c10d::Backend>& backend,
          const c10::intrusive_ptr<c10d::Backend>& device) {
-        std::shared_ptr<reccl::Communicator> comm = asReccl(backend)->communicatorForTools();
-        if (!comm) throw py::value_error("the reccl process group has been shut down");
         // A weak reference: the process group owns both backends, and the
-        // control plane must not keep NCCL's alive past destroy_process_group.
+        // engine must not keep NCCL's alive past destroy_process_group.
         c10::weak_intrusive_ptr<c10d::Backend> weak(device);
-        comm->setDeviceOpsCounter([weak]() -> uint64_t {
+        asReccl(backend)->setDeviceOpsCounter([weak]() -> uint64_t {
           c10::intrusive_ptr<c10d::Backend> strong = weak.lock();
           if (!strong) return 0;
           try {
@@ -132,19 +182,29 @@ void bindProcessGroup(py::module_& m) {
         });
       },
       py::arg("backend"), py::arg("device_backend"),
-      "Lets the control plane count the collectives the group's GPU backend issues.");
+      "Lets the fault picture count the collectives the group's GPU backend issues.");
   m.def(
-      "_dcr_plan_to_adopt",
-      [](uint64_t currentId, const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& carried,
-         uint64_t seq) -> py::object {
-        std::vector<reccl::PlanProposal> proposals;
-        for (const auto& [id, startOp, avoid] : carried) proposals.push_back({id, startOp, avoid});
-        std::optional<reccl::PlanProposal> plan = reccl::planToAdopt(currentId, proposals, seq);
-        if (!plan) return py::none();
-        return py::make_tuple(plan->id, plan->startOp, plan->avoidMask);
+      "_dcr_advance_plan",
+      [](std::tuple<uint64_t, uint64_t, uint64_t> current,
+         std::optional<std::tuple<uint64_t, uint64_t, uint64_t>> pending, uint64_t agreedAvoid,
+         uint64_t seq, uint64_t offset) {
+        auto proposal = [](const std::tuple<uint64_t, uint64_t, uint64_t>& t) {
+          return reccl::PlanProposal{std::get<0>(t), std::get<1>(t), std::get<2>(t)};
+        };
+        auto tuple = [](const reccl::PlanProposal& p) {
+          return py::make_tuple(p.id, p.startOp, p.avoidMask);
+        };
+        reccl::PlanState state;
+        state.current = proposal(current);
+        if (pending) state.pending = proposal(*pending);
+        std::optional<reccl::PlanProposal> next =
+            reccl::advancePlan(state, agreedAvoid, seq, offset);
+        return py::make_tuple(next ? py::object(tuple(*next)) : py::none(), tuple(state.current),
+                              state.pending ? py::object(tuple(*state.pending)) : py::none());
       },
-      py::arg("current_id"), py::arg("carried"), py::arg("seq"),
-      "For tests: the (id, start_op, avoid_mask) op `seq` switches to, or None.");
+      py::arg("current"), py::arg("pending"), py::arg("agreed_avoid"), py::arg("seq"),
+      py::arg("offset"),
+      "For tests: DCR's rule; returns (plan switched to or None, current, pending).");
   m.def(
       "_dcr_plan_weights",
       [](uint64_t avoidMask, int channels, uint64_t count) {
@@ -156,34 +216,57 @@ void bindProcessGroup(py::module_& m) {
       py::arg("avoid_mask"), py::arg("channels"), py::arg("count"),
       "For tests: how a plan avoiding `avoid_mask` splits `count` elements over channels.");
   m.def(
-      "_decode_group_view",
-      [](py::bytes data, int groupSize) {
-        std::string raw = data;
-        reccl::GroupView view =
-            reccl::decodeGroupView(std::vector<uint8_t>(raw.begin(), raw.end()), groupSize);
-        py::list degraded;
-        for (const auto& d : view.degraded) {
-          degraded.append(py::make_tuple(d.rank, d.state.opsDone, d.state.backupChannels,
-                                         d.state.nicsDown, d.state.deviceOps));
+      "_agreement_fold",
+      [](int groupSize, const std::vector<std::tuple<uint64_t, int, uint64_t, int>>& ops,
+         const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& faults,
+         const std::vector<std::pair<int, int>>& steps) {
+        // Every rank's own agreement, merged as `steps` say (state[i] takes in
+        // state[j]); returns state[0]'s wire form.
+        std::vector<reccl::Agreement> states;
+        for (int r = 0; r < groupSize; ++r) {
+          const auto& [seq, kind, count, root] = ops.at(r);
+          reccl::OpDescriptor desc = reccl::OpDescriptor::of(
+              static_cast<reccl::OpKind>(kind), reccl::DataType::kFloat32, count, root);
+          desc.seq = seq;
+          const auto& [opsDone, backup, down] = faults.at(r);
+          states.push_back(reccl::Agreement::of(r, desc, {opsDone, backup, down, 0}, 0));
         }
-        return py::make_tuple(view.round, view.plan.id, view.plan.startOp, view.plan.avoidMask,
-                              view.maxOpsDone, degraded);
-      },
-      py::arg("data"), py::arg("group_size"),
-      "For tests: decodes a control-plane group view; raises ProtocolError on bad input.");
-  m.def(
-      "_encode_group_view",
-      [](uint64_t round, uint64_t planId, uint64_t startOp, uint64_t avoid, uint64_t maxOps,
-         const std::vector<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>>& degraded) {
-        reccl::GroupView view;
-        view.round = round;
-        view.plan = {planId, startOp, avoid};
-        view.maxOpsDone = maxOps;
-        for (const auto& [rank, ops, backup, down, device] : degraded) {
-          view.degraded.push_back({rank, {ops, backup, down, device}});
-        }
-        std::vector<uint8_t> bytes = reccl::encodeGroupView(view);
+        for (const auto& [into, from] : steps) states.at(into).merge(states.at(from));
+        std::vector<uint8_t> bytes(reccl::kAgreementBytes);
+        reccl::encodeAgreement(states.at(0), groupSize, bytes.data());
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       },
-      "For tests: encodes a control-plane group view.");
+      py::arg("group_size"), py::arg("ops"), py::arg("faults"), py::arg("steps"),
+      "For tests: merges per-rank agreements (ops: (seq, kind, count, root); faults: "
+      "(ops_done, backup_channels, nics_down)) in the given order; returns the wire form.");
+  m.def(
+      "_agreement_decode",
+      [](py::bytes data, int groupSize, const std::string& group) {
+        std::string raw = data;
+        reccl::Agreement a = reccl::decodeAgreement(reinterpret_cast<const uint8_t*>(raw.data()),
+                                                    raw.size(), groupSize);
+        py::dict d;
+        d["first_rank"] = a.firstRank;
+        d["odd_rank"] = a.oddRank;
+        try {
+          a.check(group);
+          d["mismatch"] = py::none();
+        } catch (const reccl::MismatchError& e) {
+          d["mismatch"] = std::string(e.what());
+        }
+        d["failed"] = a.failed;
+        d["missing"] = a.missing;
+        d["backup_channels"] = a.backupChannels;
+        d["max_ops_done"] = a.maxOpsDone;
+        d["degraded_ranks"] = a.degradedRanks;
+        py::list listed;
+        for (const auto& r : a.listed) {
+          listed.append(py::make_tuple(r.rank, r.faults.opsDone, r.faults.backupChannels,
+                                       r.faults.nicsDown));
+        }
+        d["listed"] = listed;
+        return d;
+      },
+      py::arg("data"), py::arg("group_size"), py::arg("group") = "g",
+      "For tests: decodes an agreement (ProtocolError on bad input).");
 }
