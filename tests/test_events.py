@@ -201,6 +201,11 @@ def rank_main(rank: int, world_size: int, port: int, commands, replies) -> None:
             flush_events(job_wide=True, timeout=10)
             replies.put(("heal", len(local)))
         elif command == "die":
+            # The test's own queue first: dying while its feeder thread still holds the
+            # shared replies queue's write lock (it may not have run since the last
+            # reply) would wedge the other rank's replies. The store sees no goodbye.
+            replies.close()
+            replies.join_thread()
             os._exit(3)  # no cleanup, no goodbye: as a crashed rank
         elif command == "exit":
             close_both(send, recv)
@@ -294,7 +299,9 @@ def test_job_wide_needs_a_process_group_or_a_store():
 
 
 class StuckStore:
-    """A store whose set() blocks until released, or fails, as a hung or dead rank 0."""
+    """A store whose set() blocks until released, or fails, as a hung or dead rank 0.
+    It has no queue_push, so the channel uses the keys fallback (a slot from add,
+    then set)."""
 
     def __init__(self, fail=False):
         self.release = threading.Event()
@@ -327,7 +334,8 @@ def test_a_hung_store_never_blocks_local_delivery_or_flush_beyond_its_timeout(ca
         assert 0.4 < time.monotonic() - started < 3
         store.release.set()
         assert flush_events(job_wide=True, timeout=10) is True
-        assert store.sets == ["reccl/events/1/1"]
+        assert store.sets == ["reccl/events/log/1"]
+        assert channel.stats()["mode"] == "keys"
         handle.remove()
     finally:
         store.release.set()
@@ -339,8 +347,12 @@ def test_a_hung_store_never_blocks_local_delivery_or_flush_beyond_its_timeout(ca
         for _ in range(2):
             channel.publish(make_event(kind="nic_up", time=time.time(), nic=PRIMARY, reason="", detail=""))
             assert flush_events(job_wide=True, timeout=10) is True   # dropped, not stuck
-        assert channel.stats() == {"failed_batches": 2}
-        assert capfd.readouterr().err.count("cannot publish events to rank 0") == 1  # warned once
+        stats = channel.stats()
+        assert (stats["failed_batches"], stats["dropped_events"], stats["store_down"]) == (2, 2, 1)
+        assert stats["batches_published"] == 0 and stats["store_errors"] >= 1
+        err = capfd.readouterr().err
+        assert err.count("is not answering") == 1, err  # warned once, then quiet
+        assert "this rank's events do not reach rank 0" in err
     finally:
         leave_job()
 
