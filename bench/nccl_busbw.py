@@ -56,9 +56,10 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
     if preload:
         torch_reccl.nics()
 
-    torch.cuda.set_device(rank)
+    device = rank % torch.cuda.device_count()  # one GPU: both ranks share it (own NCCL_HOSTID)
+    torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
-                            device_id=torch.device("cuda", rank))
+                            device_id=torch.device("cuda", device))
     warm = torch.ones(1 << 20, device="cuda")
     dist.all_reduce(warm)  # connections exist before any fault
     if nic_down and rank == 0:
@@ -103,8 +104,8 @@ def main() -> int:
     parser.add_argument("--preload", action="store_true",
                         help="import torch_reccl._C before NCCL loads it as a plugin")
     args = parser.parse_args()
-    if torch.cuda.device_count() < 2:
-        print("needs 2 GPUs")
+    if torch.cuda.device_count() < 1:
+        print("needs a GPU (the two ranks share one when there is only one)")
         return 1
     import torch_reccl
 

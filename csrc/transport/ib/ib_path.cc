@@ -1,6 +1,7 @@
 #include "transport/ib/ib_path.h"
 
 #include <cstring>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/health.h"
