@@ -7,6 +7,8 @@ small (recursive doubling) and large (rings and direct transfers), checks that a
 mismatch names the same two ranks on every rank, and that a rank that never joins
 (a folded-out one, so the verdict must travel through its fold partner) is named
 by every other rank. Inputs are small integers, so every reduction is exact.
+The job runs three times: algorithms chosen by size, every size forced through
+the channels, and every size forced through recursive doubling.
 """
 from __future__ import annotations
 
@@ -106,8 +108,8 @@ def run_group(rank, k, dist, torch):
                 raise AssertionError(f"k={k}: timeout message: {message}") from error
 
 
-def rank_main(rank, port, out_dir):
-    os.environ.update({"RECCL_NICS": NICS})
+def rank_main(rank, port, out_dir, small_bytes):
+    os.environ.update({"RECCL_NICS": NICS, "RECCL_SMALL_BYTES": str(small_bytes)})
     result = {"rank": rank}
     try:
         import torch
@@ -129,14 +131,18 @@ def rank_main(rank, port, out_dir):
     os._exit(0)
 
 
+# The algorithm is chosen by size: the default sends SMALL by recursive doubling
+# and LARGE by the channels; 0 forces the channels (rings, chains, direct) for
+# every size, 4 MiB forces recursive doubling for every size here.
 @pytest.mark.timeout(240)
-def test_groups_of_three_five_and_six_ranks(tmp_path):
+@pytest.mark.parametrize("small_bytes", [65536, 0, 4 << 20], ids=["by-size", "channels", "recursive-doubling"])
+def test_groups_of_three_five_and_six_ranks(tmp_path, small_bytes):
     import torch.distributed as dist
 
     host = dist.TCPStore("127.0.0.1", 0, WORLD + 1, True, timeout=datetime.timedelta(seconds=90),
                          wait_for_workers=False)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, host.port, str(tmp_path)), daemon=True)
+    procs = [ctx.Process(target=rank_main, args=(r, host.port, str(tmp_path), small_bytes), daemon=True)
              for r in range(WORLD)]
     for p in procs:
         p.start()
