@@ -126,6 +126,12 @@ Fd connectFrom(const std::string& localAddress, const std::string& address, uint
     *error = std::string("socket: ") + std::strerror(errno);
     return Fd();
   }
+  // Bound to the NIC's address (so the path leaves by that NIC) but without
+  // reserving a port: the kernel picks it at connect() from the full 4-tuple,
+  // so a rank with thousands of outgoing sockets does not run out of
+  // ephemeral ports. Best effort: older kernels reserve one at bind() as before.
+  const int noPort = 1;
+  ::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, sizeof(noPort));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
     *error = "bind to " + localAddress + ": " + std::strerror(errno);
     return Fd();
