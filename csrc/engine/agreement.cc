@@ -98,10 +98,10 @@ void Agreement::merge(const Agreement& other) {
     candidateRank = highRank;
     candidate = highAgrees ? high.odd : high.first;
   }
-  const int mergedFirstRank = low.firstRank;
-  const OpDescriptor mergedFirst = low.first;
-  firstRank = mergedFirstRank;
-  first = mergedFirst;
+  if (otherLower) {  // the union's lowest rank is the other side's
+    firstRank = other.firstRank;
+    first = other.first;
+  }
   oddRank = candidateRank;
   odd = candidateRank >= 0 ? candidate : OpDescriptor{};
 

@@ -152,9 +152,7 @@ void RecursiveDoubling::send(const OpContext& ctx, int slotIndex, int peer,
   slot.pending = links_->sender(peer, 0, Lane::kCollective)->isend(slot.tx.data(), bytes);
 }
 
-std::shared_ptr<Request> RecursiveDoubling::postReceive(const OpContext& ctx, int slotIndex,
-                                                        int peer, size_t bytes) {
-  (void)ctx;
+std::shared_ptr<Request> RecursiveDoubling::postReceive(int slotIndex, int peer, size_t bytes) {
   Slot& slot = slots_[slotIndex];
   if (slot.rx.size() < bytes) slot.rx.resize(bytes);
   std::shared_ptr<RecvConnection> from = links_->tryReceiver(peer, 0, Lane::kCollective);
@@ -268,7 +266,7 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
 
   if (schedule_.foldedOut()) {
     const int peer = schedule_.foldPartner();
-    std::shared_ptr<Request> request = postReceive(ctx, backSlot, peer, maxBytes);
+    std::shared_ptr<Request> request = postReceive(backSlot, peer, maxBytes);
     send(ctx, 0, peer, agreement, payload, span({rank_, rank_ + 1}));
     Agreement result = exchange(backSlot, peer, request, &failure);
     if (!failure.empty()) fail(ctx, failure, {}, agreement);
@@ -283,7 +281,7 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
   }
   if (schedule_.foldPartner() >= 0) {
     const int peer = schedule_.foldPartner();
-    Agreement theirs = exchange(0, peer, postReceive(ctx, 0, peer, maxBytes), &failure);
+    Agreement theirs = exchange(0, peer, postReceive(0, peer, maxBytes), &failure);
     if (!failure.empty()) fail(ctx, failure, waitingAfter(-1), agreement);
     agreement.merge(theirs);
     // Once a mismatch is known the payloads may differ in size: they are moot.
@@ -296,7 +294,7 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
   for (int step = 0; step < steps; ++step) {
     const int slotIndex = 1 + step;
     const int peer = schedule_.partner(step);
-    std::shared_ptr<Request> request = postReceive(ctx, slotIndex, peer, maxBytes);
+    std::shared_ptr<Request> request = postReceive(slotIndex, peer, maxBytes);
     send(ctx, slotIndex, peer, agreement, payload, span(schedule_.heldBefore(step, false)));
     Agreement theirs = exchange(slotIndex, peer, request, &failure);
     if (!failure.empty()) fail(ctx, failure, waitingAfter(step), agreement);

@@ -101,7 +101,9 @@ class RecursiveDoubling {
   // Sends `agreement` and payload bytes [span) to `peer` from slot `slot`.
   void send(const OpContext& ctx, int slot, int peer, const Agreement& agreement,
             const RdPayload& payload, std::pair<size_t, size_t> span);
-  std::shared_ptr<Request> postReceive(const OpContext& ctx, int slot, int peer, size_t bytes);
+  // Posts a receive from `peer` into `slot` if its connection is accepted
+  // already; nullptr otherwise (the caller accepts it, bounded).
+  std::shared_ptr<Request> postReceive(int slot, int peer, size_t bytes);
   // Waits for a posted receive until the slot's stage deadline; decodes it.
   // A partner's failure verdict, or no answer in time, becomes `failure`.
   Agreement receive(const OpContext& ctx, int slot, int peer, const Request& request,
