@@ -223,7 +223,10 @@ def _is_wait_timeout(error: Exception) -> bool:
 
 
 def _say(text: str) -> None:
-    print(f"[reccl] {text}", file=sys.stderr, flush=True)
+    # One write with its newline: print() writes text and end separately, so two
+    # threads' lines could run together on one line.
+    sys.stderr.write(f"[reccl] {text}\n")
+    sys.stderr.flush()
 
 
 class _Link:
