@@ -278,7 +278,7 @@ def test_transport_threads_are_named():
     send.wait_ready(10)
     recv = listener.accept(10)
     try:
-        for name in ("reccl-accept", "reccl-supervise", "reccl-path-ctl", "reccl-path-data"):
+        for name in ("reccl-accept", "reccl-supervise", "reccl-io"):
             assert threads_named(name) > 0, f"no thread named {name}"
     finally:
         close_both(send, recv)

@@ -365,7 +365,7 @@ def test_sustained_blackhole_settles_on_the_backup(pair_factory, events):
     while time.monotonic() < deadline:
         seen.add((send.active_path, recv.active_path))
         time.sleep(0.01)
-    assert seen == {(1, 1)}, f"active paths seen while blackholed: {seen}"
+    assert seen == {(1, 1)}, f"active paths seen while blackholed: {seen} {[(e.kind,e.reason,e.detail,e.time) for e in events.of(connection=send.id)]}"
     assert not events.of("path_up", connection=send.id)
 
 
@@ -514,34 +514,47 @@ def test_fault_seen_only_by_the_sender_process(spawn_peer, events):
 
 @pytest.mark.timeout(30)
 def test_close_leaves_no_threads_behind():
+    """Paths have no threads of their own: every connection's sockets share the
+    NICs' I/O threads, so three connections cost what one does, and closing
+    everything gives every thread back (I/O threads retire after 1 s idle)."""
     gc.collect()
     # Threads of earlier tests may still be exiting: count from a settled baseline.
+    assert wait_until(lambda: torch_reccl.stats()["io_threads"] == 0, 5)
     assert wait_until(settled_thread_count, 5)
     baseline = thread_count()
     t = Transport(reccl_env())
     listener = t.listen(0)
     with_transport = thread_count()
     assert with_transport > baseline
-    send = t.connect(0, listener.handle)
-    send.wait_ready(10)
-    recv = listener.accept(10)
-    stream(send, recv, plan_sizes(71, 10, 1 << 20), 71)
-    # The backup path comes up beside the primary, not before wait_ready returns.
-    paths_up = with_transport + 2 * 2 * (1 + 4)  # 2 paths x (control + 4 data) x 2 ends
-    assert wait_until(lambda: thread_count() >= paths_up, 3), (thread_count(), paths_up)
+    pairs = []
+    for seed in (71, 72, 73):
+        send = t.connect(0, listener.handle)
+        send.wait_ready(10)
+        recv = listener.accept(10)
+        stream(send, recv, plan_sizes(seed, 10, 1 << 20), seed)
+        # The backup path comes up beside the primary, not before wait_ready returns.
+        assert wait_until(lambda: all(p.split()[-1].startswith("up") for p in send.paths()), 5), send.paths()
+        pairs.append((send, recv))
+        io_threads = torch_reccl.stats()["io_threads"]
+        assert 2 <= io_threads <= 2 * 2, io_threads  # a pool of 1 or 2 per NIC, 2 NICs
+        # Dial threads come and go; nothing else grows with the connections.
+        assert wait_until(lambda: thread_count() <= with_transport + io_threads, 3), (
+            thread_count(), with_transport, io_threads)
     start = time.monotonic()
-    close_both(send, recv)
-    assert time.monotonic() - start < 2.0
-    assert wait_until(lambda: thread_count() <= with_transport, 3), (thread_count(), with_transport)
-    with pytest.raises(RecclError, match="closed"):
-        send.isend(b"x")
-    with pytest.raises(RecclError, match="closed"):
-        recv.irecv(bytearray(1))
-    send.close()  # idempotent
+    for send, recv in pairs:
+        close_both(send, recv)
+    assert time.monotonic() - start < 2.0 * len(pairs)
+    for send, recv in pairs:
+        with pytest.raises(RecclError, match="closed"):
+            send.isend(b"x")
+        with pytest.raises(RecclError, match="closed"):
+            recv.irecv(bytearray(1))
+        send.close()  # idempotent
     listener.close()
-    del send, recv, listener, t
+    del send, recv, listener, t, pairs
     gc.collect()
-    assert wait_until(lambda: thread_count() <= baseline, 3), (thread_count(), baseline)
+    assert wait_until(lambda: thread_count() <= baseline, 5), (thread_count(), baseline)
+    assert torch_reccl.stats()["io_threads"] == 0
 
 
 @pytest.mark.timeout(30)

@@ -19,7 +19,10 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_NO_PATH_TIMEOUT_MS", "10000",
        "how long a connection with no usable path waits for one before its operations fail; 100..600000"},
       {"RECCL_CONNECT_TIMEOUT_MS", "5000", "bound on one dial attempt (ms); 100..120000"},
-      {"RECCL_NSOCKS", "4", "data sockets (and threads) per path; 1..16"},
+      {"RECCL_NSOCKS", "4", "data sockets per path; 1..16"},
+      {"RECCL_IO_THREADS", "0",
+       "TCP transport: I/O threads per NIC, shared by every path of the process on that NIC; "
+       "0..64 (0: 2 on hosts with 8 or more cores, else 1)"},
       {"RECCL_CHUNK_BYTES", "1048576",
        "striping and resync unit in bytes; 4096..67108864"},
       {"RECCL_FAILBACK", "1", "return to the primary path when it heals; 0 or 1"},
@@ -133,6 +136,8 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.connectTimeoutMs = static_cast<int>(parseInt(name, value, 100, 120000));
     } else if (name == "RECCL_NSOCKS") {
       config.socketsPerPath = static_cast<int>(parseInt(name, value, 1, 16));
+    } else if (name == "RECCL_IO_THREADS") {
+      config.ioThreads = static_cast<int>(parseInt(name, value, 0, 64));
     } else if (name == "RECCL_CHUNK_BYTES") {
       config.chunkBytes = parseInt(name, value, 4096, 64 << 20);
     } else if (name == "RECCL_FAILBACK") {

@@ -15,6 +15,7 @@ struct Config {
   int noPathTimeoutMs = 10000;     // RECCL_NO_PATH_TIMEOUT_MS: no path -> ops fail
   int connectTimeoutMs = 5000;     // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
   int socketsPerPath = 4;          // RECCL_NSOCKS: data sockets per path
+  int ioThreads = 0;               // RECCL_IO_THREADS: I/O threads per NIC; 0 = by cores
   int64_t chunkBytes = 1 << 20;    // RECCL_CHUNK_BYTES: unit of striping and resync
   bool failback = true;            // RECCL_FAILBACK
   bool backup = true;              // RECCL_BACKUP: 0 = no backup path (baseline runs)

@@ -30,7 +30,8 @@ struct DataChunk {
 class PathOwner {
  public:
   virtual ~PathOwner() = default;
-  // Called from the path's threads. None of them may block for long.
+  // Called from the path's I/O threads, which may serve other paths too. None
+  // of them may block for long.
   virtual void onControl(uint64_t pathId, const ControlFrame& frame) = 0;
   // Where the payload of `header` goes; nullptr discards it. Throws ProtocolError
   // for a frame that breaks the protocol (the path then fails). `placed`: the
@@ -45,13 +46,15 @@ class PathOwner {
 
 class Path {
  public:
-  virtual ~Path() = default;  // stops and joins every thread (stopAndJoin): a fence
+  virtual ~Path() = default;  // stopAndJoin(): a fence
   // Starts I/O; callbacks go to `owner` until the path is stopped and joined.
   // Throws Error (the path shut down, to be failed by the caller) when the
   // system refuses the path its threads: a connection loses that path, the
   // process does not die.
   virtual void start(PathOwner* owner, uint64_t pathId) = 0;
-  // Writes a whole control frame; bounded. False when the path is failing.
+  // Sends a whole control frame, after every earlier one; never waits for the
+  // peer (callers may hold their connection's lock, and callbacks share I/O
+  // threads). False when the path is failing.
   virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;
   virtual void sendData(const DataChunk& chunk) = 0;  // queued, written by path threads
   virtual void dropQueuedData() = 0;
@@ -67,7 +70,8 @@ class Path {
   }
   // Stops all I/O at once (blocked calls return); threads exit soon after.
   virtual void shutdown() = 0;
-  // shutdown(), then waits until every thread of this path has exited: once it
+  // shutdown(), then waits until no thread runs, or will run, this path's I/O
+  // (its own threads, or the event loops serving its sockets): once it
   // returns, no callback reaches the owner. The owner calls it before letting
   // go of the path, since its reference need not be the last: a path thread may
   // hold one while it sends (even on its own path), and dropping the last one

@@ -9,6 +9,7 @@
 #include "core/health.h"
 #include "core/topology.h"
 #include "python/registered_buffer.h"
+#include "transport/event_loop.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -365,6 +366,8 @@ PYBIND11_MODULE(_C, m) {
     d["events_dropped"] = NicHealth::instance().events().dropped();
     d["nvl_transit_bytes"] = NicHealth::instance().transitBytes();
     d["nvl_transit_peak_bytes"] = NicHealth::instance().transitPeakBytes();
+    // The TCP transport's event loops running now (RECCL_IO_THREADS per NIC in use).
+    d["io_threads"] = EventLoops::instance().runningThreads();
     return d;
   });
   m.def("parse_frame", [](py::bytes data) {

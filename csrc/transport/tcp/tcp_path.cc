@@ -1,83 +1,135 @@
 #include "transport/tcp/tcp_path.h"
 
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <system_error>
 
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
-#include "core/thread_name.h"
 
 namespace reccl {
+
+namespace {
+constexpr uint32_t kReadable = EPOLLIN;
+constexpr uint32_t kWritable = EPOLLOUT;
+// How much one socket moves per wake-up before the loop turns to its other
+// sockets (level-triggered: the rest follows at the next turn).
+constexpr size_t kBytesPerTurn = 4 << 20;
+constexpr int kFramesPerTurn = 64;
+// How often a socket paused by an injected blackhole looks again.
+constexpr Millis kBlackholeRecheck{10};
+
+bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
+
+Clock::time_point atNs(int64_t ns) {
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
+
+// The next multiple of `interval` on the steady clock after `now`: every path
+// with the same heartbeat beats at the same instants, so a loop serving many
+// idle paths wakes once per interval for all of them, not once per path.
+Clock::time_point nextBeatAfter(Clock::time_point now, Millis interval) {
+  const auto step = std::chrono::duration_cast<Clock::duration>(interval);
+  return Clock::time_point((now.time_since_epoch() / step + 1) * step);
+}
+}  // namespace
+
+// The loops hold these, not the path: a registration outlives nothing it points
+// at, since the path unregisters every socket (stopAndJoin) before it goes.
+class TcpPath::SocketIo : public IoHandler {
+ public:
+  SocketIo(TcpPath* path, size_t index) : path_(path), index_(index) {}
+  void onIo(uint32_t events) override { path_->onIo(index_, events); }
+  void onDeadline() override { path_->onDeadline(index_); }
+
+ private:
+  TcpPath* const path_;
+  const size_t index_;
+};
 
 TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic,
                  int healthId, std::string peer, const Config& config)
     : role_(role),
-      control_(std::move(control)),
-      data_(std::move(data)),
       localNic_(localNic),
       remoteNic_(remoteNic),
       healthId_(healthId),
       peer_(std::move(peer)),
+      ioThreads_(EventLoops::poolSize(config.ioThreads)),
       heartbeat_(config.heartbeatMs),
+      beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
       dataStallLimit_(config.heartbeatMs * 4) {
-  // Every frame goes out at once: Nagle plus delayed ACKs would hold a small
-  // CTS or ACK for ~40 ms (seen as 44 ms steps under NCCL).
-  setNoDelay(control_.get());
-  for (const auto& fd : data_) setNoDelay(fd.get());
+  sockets_.resize(1 + data.size());
+  sockets_[kControl].fd = std::move(control);
+  for (size_t i = 0; i < data.size(); ++i) sockets_[1 + i].fd = std::move(data[i]);
+  for (auto& socket : sockets_) {
+    // Every frame goes out at once: Nagle plus delayed ACKs would hold a small
+    // CTS or ACK for ~40 ms (seen as 44 ms steps under NCCL).
+    setNoDelay(socket.fd.get());
+    setNonBlocking(socket.fd.get(), true);
+  }
 }
 
 TcpPath::~TcpPath() { stopAndJoin(); }
-
-void TcpPath::stopAndJoin() {
-  shutdown();
-  std::lock_guard<std::mutex> lock(joinMutex_);
-  for (auto& thread : threads_) {
-    if (thread.joinable()) thread.join();
-  }
-}
 
 void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
   lastHeardNs_.store(nowNs());
+  nextBeat_ = nextBeatAfter(Clock::now(), beatInterval_);
+  const int64_t now = nowNs();
   try {
-    threads_.emplace_back([this] { controlLoop(); });
-    for (size_t i = 0; i < data_.size(); ++i) {
-      if (role_ == Role::kSender) {
-        threads_.emplace_back([this, i] { writerLoop(i); });
-      } else {
-        threads_.emplace_back([this, i] { readerLoop(i); });
-      }
+    for (size_t i = 0; i < sockets_.size(); ++i) {
+      Socket& socket = sockets_[i];
+      socket.lastProgressNs = now;
+      socket.loop = &EventLoops::instance().pick(healthId_, ioThreads_);
+      const bool reads = i == kControl || role_ == Role::kReceiver;
+      // A writer is polled only while it has a chunk to write (sendData arms it).
+      socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
+                                   std::make_shared<SocketIo>(this, i));
     }
-  } catch (const std::system_error& e) {
-    shutdown();  // the threads already running see stop_ and end; the destructor joins them
-    throw Error(std::string("could not start the path's threads to ") + peer_ + ": " + e.what());
+  } catch (const Error& e) {
+    shutdown();  // stopAndJoin (the destructor at the latest) unregisters what was added
+    throw Error("could not start the path to " + peer_ + ": " + e.what());
   }
+  sockets_[kControl].loop->setDeadline(sockets_[kControl].id, nextBeat_);
 }
 
 void TcpPath::shutdown() {
   if (stop_.exchange(true)) return;
-  ::shutdown(control_.get(), SHUT_RDWR);
-  for (const auto& fd : data_) ::shutdown(fd.get(), SHUT_RDWR);
-  std::lock_guard<std::mutex> lock(queueMutex_);
-  queue_.clear();
-  queueCv_.notify_all();
+  for (const auto& socket : sockets_) ::shutdown(socket.fd.get(), SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    queue_.clear();
+  }
+  // A reader in the middle of a frame hands its buffer back (endData) at once,
+  // on its own thread, even while a blackhole keeps its socket unpolled.
+  if (role_ == Role::kReceiver) {
+    for (size_t i = 1; i < sockets_.size(); ++i) {
+      if (sockets_[i].loop != nullptr) sockets_[i].loop->setDeadline(sockets_[i].id, Clock::now());
+    }
+  }
+}
+
+void TcpPath::stopAndJoin() {
+  shutdown();
+  std::lock_guard<std::mutex> lock(joinMutex_);
+  if (joined_) return;
+  for (auto& socket : sockets_) {
+    if (socket.loop != nullptr) socket.loop->remove(socket.id);
+  }
+  // No loop calls into this path any more: release what a reader still holds.
+  if (role_ == Role::kReceiver && owner_ != nullptr) {
+    for (size_t i = 1; i < sockets_.size(); ++i) finishReader(sockets_[i]);
+  }
+  joined_ = true;
 }
 
 bool TcpPath::blackholed() const { return NicHealth::instance().blackholed(healthId_); }
-
-IoWatch TcpPath::watch(Millis stallLimit) {
-  IoWatch result;
-  result.stop = &stop_;
-  result.healthId = healthId_;
-  result.stallLimit = stallLimit;
-  return result;
-}
 
 void TcpPath::fail(Reason reason, const std::string& detail) {
   // A path we stopped on purpose has not failed; report a real failure once.
@@ -85,24 +137,243 @@ void TcpPath::fail(Reason reason, const std::string& detail) {
   owner_->onPathFailed(pathId_, reason, detail);
 }
 
+void TcpPath::failIo(const char* what, Reason reason, const std::string& why) {
+  fail(reason, std::string(what) + " " + peer_ + ": " + why);
+}
+
+uint32_t TcpPath::pollMask(const Socket& socket) const {
+  if (&socket == &sockets_[kControl]) {
+    std::lock_guard<std::mutex> lock(controlMutex_);
+    return kReadable | (controlOutSent_ < controlOut_.size() ? kWritable : 0);
+  }
+  if (role_ == Role::kReceiver) return kReadable;
+  std::lock_guard<std::mutex> lock(queueMutex_);
+  return socket.writerArmed ? kWritable : 0;
+}
+
+bool TcpPath::pauseIfBlackholed(Socket& socket) {
+  if (!blackholed()) return false;
+  if (!socket.paused) {
+    socket.paused = true;
+    socket.loop->setEvents(socket.id, 0);
+  }
+  socket.loop->setDeadline(socket.id, Clock::now() + kBlackholeRecheck, true);
+  return true;
+}
+
+void TcpPath::resume(Socket& socket) {
+  if (!socket.paused) return;
+  socket.paused = false;
+  socket.loop->setEvents(socket.id, pollMask(socket));
+}
+
+void TcpPath::onIo(size_t index, uint32_t events) {
+  Socket& socket = sockets_[index];
+  if (stop_.load()) {
+    if (index != kControl && role_ == Role::kReceiver) finishReader(socket);
+    socket.loop->setEvents(socket.id, 0);  // its EOF would report again and again
+    return;
+  }
+  if (pauseIfBlackholed(socket)) return;
+  if (index == kControl) {
+    if (events & EPOLLOUT) flushControl();
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) readControl();
+  } else if (role_ == Role::kSender) {
+    writeData(socket);
+  } else {
+    readData(socket);
+  }
+}
+
+void TcpPath::onDeadline(size_t index) {
+  Socket& socket = sockets_[index];
+  if (stop_.load()) {
+    if (index != kControl && role_ == Role::kReceiver) finishReader(socket);
+    return;
+  }
+  if (index == kControl) {
+    controlTimer();
+    return;
+  }
+  // A data socket's deadline: a stall check, or a blackhole recheck.
+  const int64_t now = nowNs();
+  const bool midFrame = socket.phase != DataPhase::kIdle;
+  if (midFrame && now - socket.lastProgressNs > dataStallLimit_.count() * 1000000LL) {
+    const bool sender = role_ == Role::kSender;
+    if (!sender) finishReader(socket);
+    socket.loop->setEvents(socket.id, 0);
+    failIo(sender ? "data write to" : "data read from", Reason::kTimeout, "no progress (stalled)");
+    return;
+  }
+  if (pauseIfBlackholed(socket)) {
+    if (midFrame) {
+      socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_, true);
+    }
+    return;
+  }
+  resume(socket);
+  if (midFrame) socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_);
+}
+
+// ---------------------------------------------------------------- control socket
+
+bool TcpPath::writeQueuedControl(int* error) {
+  const int fd = sockets_[kControl].fd.get();
+  while (controlOutSent_ < controlOut_.size()) {
+    ssize_t sent = ::send(fd, controlOut_.data() + controlOutSent_,
+                          controlOut_.size() - controlOutSent_, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (wouldBlock(errno)) return true;
+      *error = errno;
+      return false;
+    }
+    controlOutSent_ += static_cast<size_t>(sent);
+    controlOutProgressNs_ = nowNs();
+  }
+  controlOut_.clear();
+  controlOutSent_ = 0;
+  return true;
+}
+
 bool TcpPath::sendControl(const std::vector<uint8_t>& frame) {
   if (stop_.load() || owner_ == nullptr) return false;
-  IoResult result;
-  {
-    std::lock_guard<std::mutex> lock(controlWriteMutex_);
-    result = sendAll(control_.get(), frame.data(), frame.size(), watch(heartbeat_));
+  Socket& control = sockets_[kControl];
+  std::unique_lock<std::mutex> lock(controlMutex_);
+  const bool idle = controlOutSent_ == controlOut_.size();
+  if (idle) controlOutProgressNs_ = nowNs();
+  controlOut_.insert(controlOut_.end(), frame.begin(), frame.end());
+  int error = 0;
+  // Written here and now when the socket takes it, the common case; what it
+  // does not take goes out when the loop sees the socket writable.
+  if (idle && !blackholed() && !writeQueuedControl(&error)) {
+    lock.unlock();
+    failIo("control write to", Reason::kError, std::strerror(error));
+    return false;
   }
-  if (result.ok()) return true;
-  fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
-       "control write to " + peer_ + ": " + result.describe());
-  return false;
+  if (controlOutSent_ == controlOut_.size()) return true;
+  // Nobody waits for the rest, not even a caller holding its connection's lock:
+  // a loop thread blocked there would starve every other socket of its loop.
+  // The control deadline fails the path if the bytes do not move for a heartbeat.
+  control.loop->setEvents(control.id, kReadable | kWritable);
+  control.loop->setDeadline(control.id, atNs(controlOutProgressNs_) + heartbeat_, true);
+  return true;
 }
+
+void TcpPath::flushControl() {
+  Socket& control = sockets_[kControl];
+  std::unique_lock<std::mutex> lock(controlMutex_);
+  int error = 0;
+  if (!writeQueuedControl(&error)) {
+    lock.unlock();
+    control.loop->setEvents(control.id, 0);
+    failIo("control write to", Reason::kError, std::strerror(error));
+    return;
+  }
+  if (controlOutSent_ == controlOut_.size()) control.loop->setEvents(control.id, EPOLLIN);
+}
+
+void TcpPath::readControl() {
+  Socket& control = sockets_[kControl];
+  const int fd = control.fd.get();
+  for (int frames = 0; frames < kFramesPerTurn;) {
+    uint8_t* into;
+    size_t want;
+    if (!controlInBody_) {
+      into = controlHead_ + controlMoved_;
+      want = sizeof(controlHead_) - controlMoved_;
+    } else {
+      into = controlBody_.data() + controlMoved_;
+      want = controlBody_.size() - controlMoved_;
+    }
+    if (want > 0) {
+      ssize_t got = ::recv(fd, into, want, MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && !wouldBlock(errno))) {
+        control.loop->setEvents(control.id, 0);
+        failIo("control read from", Reason::kError,
+               got == 0 ? "connection closed by peer" : std::strerror(errno));
+        return;
+      }
+      if (got < 0) return;  // the rest when it arrives
+      controlMoved_ += static_cast<size_t>(got);
+      if (static_cast<size_t>(got) < want) continue;
+    }
+    try {
+      if (!controlInBody_) {
+        controlHeader_ = parseFrameHeader(controlHead_, sizeof(controlHead_));
+        controlBody_.resize(controlHeader_.bodyBytes);
+        controlInBody_ = true;
+        controlMoved_ = 0;
+        continue;
+      }
+      controlInBody_ = false;
+      controlMoved_ = 0;
+      ++frames;
+      lastHeardNs_.store(nowNs());
+      ControlFrame frame = decodeControl(controlHeader_, controlBody_.data(), controlBody_.size());
+      if (frame.type == FrameType::kHeartbeat) continue;
+      owner_->onControl(pathId_, frame);
+      if (stop_.load()) return;
+    } catch (const ProtocolError& error) {
+      RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
+      control.loop->setEvents(control.id, 0);
+      fail(Reason::kError, std::string("protocol error: ") + error.what());
+      return;
+    }
+  }
+}
+
+void TcpPath::controlTimer() {
+  Socket& control = sockets_[kControl];
+  const int64_t now = nowNs();
+  const int64_t silentNs = now - lastHeardNs_.load();
+  if (silentNs > heartbeat_.count() * 1000000LL) {
+    fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
+                               std::to_string(silentNs / 1000000) + " ms");
+    return;
+  }
+  int64_t writeStuckSinceNs = 0;
+  int64_t lastWriteNs;
+  {
+    std::lock_guard<std::mutex> lock(controlMutex_);
+    if (controlOutSent_ < controlOut_.size()) writeStuckSinceNs = controlOutProgressNs_;
+    lastWriteNs = controlOutProgressNs_;
+  }
+  if (writeStuckSinceNs != 0 && now - writeStuckSinceNs > heartbeat_.count() * 1000000LL) {
+    failIo("control write to", Reason::kTimeout, "no progress (stalled)");
+    return;
+  }
+  const bool dark = pauseIfBlackholed(control);
+  if (!dark) resume(control);
+  const Clock::time_point clockNow = Clock::now();
+  if (!dark && clockNow >= nextBeat_) {
+    // No beat behind a stuck write (the stall check above speaks for it), nor
+    // right after another frame: any frame proves us alive to the peer.
+    const bool quiet = now - lastWriteNs >= beatInterval_.count() * 1000000LL / 2;
+    if (writeStuckSinceNs == 0 && quiet && !sendControl(encodeHeartbeat())) return;
+    nextBeat_ = nextBeatAfter(clockNow, beatInterval_);
+  }
+  // Next: the beat, or the moment the peer's silence would fail the path.
+  Clock::time_point next = std::min(nextBeat_, atNs(lastHeardNs_.load()) + heartbeat_ + Millis(1));
+  if (writeStuckSinceNs != 0) next = std::min(next, atNs(writeStuckSinceNs) + heartbeat_ + Millis(1));
+  control.loop->setDeadline(control.id, next, dark);
+}
+
+// ---------------------------------------------------------------- data sockets
 
 void TcpPath::sendData(const DataChunk& chunk) {
   std::lock_guard<std::mutex> lock(queueMutex_);
   if (stop_.load()) return;
   queue_.push_back(chunk);
-  queueCv_.notify_one();
+  // Wake one idle writer per chunk, taking turns, so chunks spread over sockets.
+  const size_t writers = sockets_.size() - 1;
+  for (size_t step = 0; step < writers; ++step) {
+    Socket& socket = sockets_[1 + (nextWriter_ + step) % writers];
+    if (socket.writerArmed) continue;
+    socket.writerArmed = true;
+    socket.loop->setEvents(socket.id, EPOLLOUT);
+    nextWriter_ = (nextWriter_ + step + 1) % writers;
+    break;
+  }
 }
 
 void TcpPath::dropQueuedData() {
@@ -110,155 +381,141 @@ void TcpPath::dropQueuedData() {
   queue_.clear();
 }
 
-void TcpPath::controlLoop() {
-  nameThisThread("reccl-path-ctl");
-  const Millis interval(std::max<int64_t>(5, heartbeat_.count() / 4));
-  const std::vector<uint8_t> heartbeat = encodeHeartbeat();
-  Clock::time_point nextBeat = Clock::now();
-  std::vector<uint8_t> body;
-  IoWatch idle = watch(Millis(0));
-  while (!stop_.load()) {
-    Clock::time_point now = Clock::now();
-    if (now >= nextBeat) {
-      if (!blackholed() && !sendControl(heartbeat)) return;
-      nextBeat = now + interval;
-    }
-    int64_t silentNs = nowNs() - lastHeardNs_.load();
-    if (silentNs > heartbeat_.count() * 1000000LL) {
-      fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
-                                 std::to_string(silentNs / 1000000) + " ms");
-      return;
-    }
-    if (blackholed()) {
-      std::this_thread::sleep_for(Millis(10));
-      continue;
-    }
-    // Sleep until the next heartbeat is due or the peer's silence would fail
-    // the path, whichever is first; a frame, or shutdown() closing the socket,
-    // wakes it at once. No fixed polling slice: an idle path wakes ~1/interval.
-    const int64_t beatInMs =
-        std::chrono::duration_cast<Millis>(nextBeat - Clock::now()).count();
-    const int64_t silenceInMs =
-        (heartbeat_.count() * 1000000LL - (nowNs() - lastHeardNs_.load())) / 1000000 + 1;
-    const int timeoutMs =
-        static_cast<int>(std::clamp<int64_t>(std::min(beatInMs, silenceInMs), 1, interval.count()));
-    pollfd pfd{control_.get(), POLLIN, 0};
-    int ready = ::poll(&pfd, 1, timeoutMs);
-    if (ready <= 0) continue;
-    FrameHeader header{};
-    IoResult result = recvAll(control_.get(), &header, sizeof(header), idle, heartbeat_);
-    try {
-      if (!result.ok()) {
-        fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
-             "control read from " + peer_ + ": " + result.describe());
+void TcpPath::writeData(Socket& socket) {
+  const int fd = socket.fd.get();
+  for (size_t budget = kBytesPerTurn; budget > 0;) {
+    if (socket.phase == DataPhase::kIdle) {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      if (queue_.empty()) {
+        socket.writerArmed = false;
+        socket.loop->setEvents(socket.id, 0);
         return;
       }
-      header = parseFrameHeader(reinterpret_cast<const uint8_t*>(&header), sizeof(header));
-      body.resize(header.bodyBytes);
-      if (header.bodyBytes > 0) {
-        result = recvAll(control_.get(), body.data(), body.size(), watch(heartbeat_), heartbeat_);
-        if (!result.ok()) {
-          fail(Reason::kError, "control read from " + peer_ + ": " + result.describe());
-          return;
-        }
-      }
-      lastHeardNs_.store(nowNs());
-      ControlFrame frame = decodeControl(header, body.data(), body.size());
-      if (frame.type == FrameType::kHeartbeat) continue;
-      owner_->onControl(pathId_, frame);
-    } catch (const ProtocolError& error) {
-      RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
-      fail(Reason::kError, std::string("protocol error: ") + error.what());
-      return;
-    }
-  }
-}
-
-void TcpPath::writerLoop(size_t index) {
-  nameThisThread("reccl-path-data");
-  const int fd = data_[index].get();
-  const FrameHeader frameHeader = dataFrameHeader();
-  while (!stop_.load()) {
-    DataChunk chunk{};
-    {
-      std::unique_lock<std::mutex> lock(queueMutex_);
-      // No timeout: sendData() and shutdown() notify, so an idle writer never wakes.
-      queueCv_.wait(lock, [&] { return stop_.load() || !queue_.empty(); });
-      if (stop_.load()) return;
-      chunk = queue_.front();
+      const DataChunk chunk = queue_.front();
       queue_.pop_front();
+      const FrameHeader frameHeader = dataFrameHeader();
+      std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
+      std::memcpy(socket.head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
+      socket.header = chunk.header;
+      socket.payload = chunk.payload;
+      socket.moved = 0;
+      socket.phase = DataPhase::kHead;
+      socket.lastProgressNs = nowNs();
     }
-    uint8_t head[sizeof(FrameHeader) + sizeof(DataHeader)];
-    std::memcpy(head, &frameHeader, sizeof(frameHeader));
-    std::memcpy(head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
-    // MSG_MORE only when a payload follows: a corked header with nothing after it
-    // waits for the peer's next (delayed) ACK or the 200 ms cork timer.
-    const int headFlags = chunk.header.bytes > 0 ? MSG_MORE : 0;
-    IoResult result = sendAll(fd, head, sizeof(head), watch(dataStallLimit_), headFlags);
-    if (result.ok() && chunk.header.bytes > 0) {
-      result = sendAll(fd, chunk.payload, chunk.header.bytes, watch(dataStallLimit_));
+    // Header and payload in one call: no corking, no extra segment.
+    const size_t total = kDataHeadBytes + socket.header.bytes;
+    iovec parts[2];
+    int count = 0;
+    if (socket.moved < kDataHeadBytes) {
+      parts[count++] = {socket.head + socket.moved, kDataHeadBytes - socket.moved};
     }
-    if (!result.ok()) {
-      fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
-           "data write to " + peer_ + ": " + result.describe());
+    if (socket.header.bytes > 0) {
+      const size_t done = socket.moved > kDataHeadBytes ? socket.moved - kDataHeadBytes : 0;
+      parts[count++] = {const_cast<uint8_t*>(socket.payload) + done, socket.header.bytes - done};
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<size_t>(count);
+    ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (wouldBlock(errno)) {
+        socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_, true);
+        return;
+      }
+      const int error = errno;
+      socket.loop->setEvents(socket.id, 0);
+      failIo("data write to", Reason::kError, std::strerror(error));
       return;
+    }
+    socket.moved += static_cast<size_t>(sent);
+    socket.lastProgressNs = nowNs();
+    budget -= std::min(budget, static_cast<size_t>(sent));
+    if (socket.moved == total) {
+      socket.phase = DataPhase::kIdle;
+    } else if (socket.moved >= kDataHeadBytes) {
+      socket.phase = DataPhase::kPayload;
     }
   }
 }
 
-void TcpPath::readerLoop(size_t index) {
-  nameThisThread("reccl-path-data");
-  const int fd = data_[index].get();
-  std::vector<uint8_t> scratch(64 << 10);
-  IoWatch idle = watch(Millis(0));
-  idle.progressNs = &lastHeardNs_;
-  IoWatch busy = watch(dataStallLimit_);
-  busy.progressNs = &lastHeardNs_;
-  while (!stop_.load()) {
-    uint8_t head[sizeof(FrameHeader) + sizeof(DataHeader)];
-    IoResult result = recvAll(fd, head, sizeof(head), idle, dataStallLimit_);
-    if (!result.ok()) {
-      fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
-           "data read from " + peer_ + ": " + result.describe());
-      return;
-    }
-    DataHeader header{};
-    uint8_t* target = nullptr;
-    try {
-      FrameHeader frameHeader = parseFrameHeader(head, sizeof(FrameHeader));
-      if (frameHeader.type != static_cast<uint8_t>(FrameType::kData)) {
-        throw ProtocolError(std::string(frameTypeName(static_cast<FrameType>(frameHeader.type))) +
-                            " frame on a data socket");
-      }
-      std::memcpy(&header, head + sizeof(FrameHeader), sizeof(header));
-      if (header.bytes > kMaxChunkBytes) {
-        throw ProtocolError("DATA chunk of " + std::to_string(header.bytes) +
-                            " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
-      }
-      target = owner_->beginData(pathId_, header, false);
-    } catch (const ProtocolError& error) {
-      RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
-      fail(Reason::kError, std::string("protocol error: ") + error.what());
-      return;
-    }
-    if (target != nullptr) {
-      result = recvAll(fd, target, header.bytes, busy, dataStallLimit_);
-      owner_->endData(pathId_, header, result.ok());
+void TcpPath::readData(Socket& socket) {
+  const int fd = socket.fd.get();
+  uint8_t scratch[16 << 10];
+  for (size_t budget = kBytesPerTurn; budget > 0;) {
+    uint8_t* into;
+    size_t want;
+    if (socket.phase != DataPhase::kPayload) {
+      into = socket.head + socket.moved;
+      want = kDataHeadBytes - socket.moved;
     } else {
-      // Stale or duplicate: read and drop, keeping the stream in frame.
-      uint64_t left = header.bytes;
-      while (left > 0 && result.ok()) {
-        size_t step = static_cast<size_t>(std::min<uint64_t>(left, scratch.size()));
-        result = recvAll(fd, scratch.data(), step, busy, dataStallLimit_);
-        left -= step;
-      }
+      const size_t left = socket.header.bytes - socket.moved;
+      into = socket.target != nullptr ? socket.target + socket.moved : scratch;
+      want = socket.target != nullptr ? left : std::min(left, sizeof(scratch));
     }
-    if (!result.ok()) {
-      fail(result.code == IoCode::kStalled ? Reason::kTimeout : Reason::kError,
-           "data read from " + peer_ + ": " + result.describe());
-      return;
+    if (want > 0) {
+      ssize_t got = ::recv(fd, into, want, MSG_DONTWAIT);
+      if (got == 0 || (got < 0 && !wouldBlock(errno))) {
+        const std::string why = got == 0 ? "connection closed by peer" : std::strerror(errno);
+        finishReader(socket);
+        socket.loop->setEvents(socket.id, 0);
+        failIo("data read from", Reason::kError, why);
+        return;
+      }
+      if (got < 0) {
+        if (socket.phase != DataPhase::kIdle) {
+          socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_, true);
+        }
+        return;
+      }
+      const int64_t now = nowNs();
+      socket.moved += static_cast<size_t>(got);
+      socket.lastProgressNs = now;
+      lastHeardNs_.store(now);  // data arriving proves the peer alive
+      budget -= std::min(budget, static_cast<size_t>(got));
+      if (socket.phase == DataPhase::kIdle) socket.phase = DataPhase::kHead;
+      if (static_cast<size_t>(got) < want) continue;
+    }
+    if (socket.phase != DataPhase::kPayload) {
+      try {
+        FrameHeader frameHeader = parseFrameHeader(socket.head, sizeof(FrameHeader));
+        if (frameHeader.type != static_cast<uint8_t>(FrameType::kData)) {
+          throw ProtocolError(std::string(frameTypeName(static_cast<FrameType>(frameHeader.type))) +
+                              " frame on a data socket");
+        }
+        std::memcpy(&socket.header, socket.head + sizeof(FrameHeader), sizeof(DataHeader));
+        if (socket.header.bytes > kMaxChunkBytes) {
+          throw ProtocolError("DATA chunk of " + std::to_string(socket.header.bytes) +
+                              " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
+        }
+        socket.target = owner_->beginData(pathId_, socket.header, false);
+      } catch (const ProtocolError& error) {
+        RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
+        socket.phase = DataPhase::kIdle;
+        socket.loop->setEvents(socket.id, 0);
+        fail(Reason::kError, std::string("protocol error: ") + error.what());
+        return;
+      }
+      socket.phase = DataPhase::kPayload;
+      socket.moved = 0;
+    }
+    if (socket.moved == socket.header.bytes) {
+      // Stale or duplicate payloads (no target) were read and dropped, keeping the stream in frame.
+      uint8_t* target = socket.target;
+      socket.target = nullptr;
+      socket.phase = DataPhase::kIdle;
+      socket.moved = 0;
+      if (target != nullptr) owner_->endData(pathId_, socket.header, true);
+      if (stop_.load()) return;
     }
   }
+}
+
+void TcpPath::finishReader(Socket& socket) {
+  uint8_t* target = socket.target;
+  socket.target = nullptr;
+  socket.phase = DataPhase::kIdle;
+  socket.moved = 0;
+  if (target != nullptr) owner_->endData(pathId_, socket.header, false);
 }
 
 }  // namespace reccl

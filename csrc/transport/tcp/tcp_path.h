@@ -1,17 +1,19 @@
 // A path over TCP: one control socket (CTS, ACK, ACTIVATE, RESYNC, heartbeats)
-// and several data sockets, each with its own thread, so a large message is
-// striped over all of them. Heartbeat silence or a stalled write fails the path.
+// and several data sockets, so a large message is striped over all of them.
+// The path has no threads of its own: its non-blocking sockets are served by
+// the event loops of its NIC (event_loop.h), each socket by one loop, and its
+// timers (heartbeat, the peer's silence, stalled transfers) sit in the loops'
+// timer wheels. Heartbeat silence or a stalled transfer fails the path.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/config.h"
 #include "core/path.h"
+#include "transport/event_loop.h"
 #include "transport/tcp/socket.h"
 
 namespace reccl {
@@ -34,21 +36,65 @@ class TcpPath : public Path {
   std::string peer() const override { return peer_; }
 
  private:
-  void controlLoop();
-  void writerLoop(size_t index);
-  void readerLoop(size_t index);
+  class SocketIo;
+  static constexpr size_t kControl = 0;  // sockets_[0]; data sockets follow
+  static constexpr size_t kDataHeadBytes = sizeof(FrameHeader) + sizeof(DataHeader);
+
+  // Where a data socket is in its current frame.
+  enum class DataPhase {
+    kIdle,     // between frames: a writer has nothing taken, a reader waits for a header
+    kHead,     // frame header + DataHeader partly moved
+    kPayload,  // payload partly moved (a reader: into `target`, or dropped if null)
+  };
+
+  struct Socket {
+    Fd fd;
+    EventLoop* loop = nullptr;
+    uint64_t id = 0;      // the loop's registration
+    bool paused = false;  // not polled while the NIC is blackholed (the loop's thread only)
+    // Data sockets; only the socket's loop thread touches these (stopAndJoin
+    // after the loop let go of it).
+    DataPhase phase = DataPhase::kIdle;
+    uint8_t head[kDataHeadBytes] = {};
+    size_t moved = 0;        // bytes of head, then of payload, moved so far
+    DataHeader header{};
+    const uint8_t* payload = nullptr;  // writer: the chunk's bytes
+    uint8_t* target = nullptr;         // reader: where the payload goes; null = drop
+    int64_t lastProgressNs = 0;
+    bool writerArmed = false;  // writer: polled for EPOLLOUT (guarded by queueMutex_)
+  };
+
+  // Event handling, each on the socket's loop thread.
+  void onIo(size_t index, uint32_t events);
+  void onDeadline(size_t index);
+  void readControl();
+  void flushControl();
+  void controlTimer();
+  void writeData(Socket& socket);
+  void readData(Socket& socket);
+  // Releases a reader's half-read frame (endData(false)) once the path stops.
+  void finishReader(Socket& socket);
+  // While the NIC is blackholed a socket is not polled; its deadline rechecks.
+  bool pauseIfBlackholed(Socket& socket);
+  void resume(Socket& socket);
+  uint32_t pollMask(const Socket& socket) const;
+
   void fail(Reason reason, const std::string& detail);
-  IoWatch watch(Millis stallLimit);
+  void failIo(const char* what, Reason reason, const std::string& why);
   bool blackholed() const;
+  // Writes what the kernel takes of the queued control bytes; false on error
+  // (`error` set). Caller holds controlMutex_.
+  bool writeQueuedControl(int* error);
 
   const Role role_;
-  Fd control_;
-  std::vector<Fd> data_;
+  std::vector<Socket> sockets_;
   const int localNic_;
   const int remoteNic_;
   const int healthId_;
   const std::string peer_;
+  const int ioThreads_;
   const Millis heartbeat_;
+  const Millis beatInterval_;
   // A data socket may stall under congestion while the control socket still
   // proves the peer alive; only a much longer stall fails the path on its own
   // (a dead NIC silences the control socket too, within one heartbeat).
@@ -59,12 +105,27 @@ class TcpPath : public Path {
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> lastHeardNs_{0};
-  std::mutex controlWriteMutex_;
-  std::mutex queueMutex_;
-  std::condition_variable queueCv_;
+
+  // Control frames being read (the control socket's loop thread only).
+  uint8_t controlHead_[sizeof(FrameHeader)] = {};
+  FrameHeader controlHeader_{};
+  std::vector<uint8_t> controlBody_;
+  size_t controlMoved_ = 0;  // bytes of header, then of body
+  bool controlInBody_ = false;
+  Clock::time_point nextBeat_;
+
+  // Control frames being written, from any thread; what the socket does not
+  // take at once waits here for the loop.
+  mutable std::mutex controlMutex_;
+  std::vector<uint8_t> controlOut_;
+  size_t controlOutSent_ = 0;
+  int64_t controlOutProgressNs_ = 0;
+
+  mutable std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
-  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one joins, the other waits
-  std::vector<std::thread> threads_;
+  size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
+  std::mutex joinMutex_;   // concurrent stopAndJoin calls: one unregisters, the other waits
+  bool joined_ = false;
 };
 
 }  // namespace reccl

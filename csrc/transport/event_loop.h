@@ -1,0 +1,113 @@
+// A small fixed pool of I/O threads per NIC, each an epoll loop with a timer
+// wheel. Transports register their sockets and deadlines here instead of
+// starting threads, so a process's I/O threads depend on its NICs and the
+// RECCL_IO_THREADS setting, never on how many connections it holds.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/timer_wheel.h"
+
+namespace reccl {
+
+// What a loop calls for one registered socket: always on that loop's thread,
+// so a handler's callbacks never overlap. Callbacks must not block for long:
+// every other socket of the loop waits meanwhile.
+class IoHandler {
+ public:
+  virtual ~IoHandler() = default;
+  virtual void onIo(uint32_t events) = 0;  // epoll events of its socket
+  virtual void onDeadline() = 0;           // the deadline last set has passed
+};
+
+class EventLoop {
+ public:
+  EventLoop();
+  ~EventLoop() = delete;  // loops live as long as the process (see EventLoops)
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  // Registers `fd` (non-blocking, owned by the caller, open until remove())
+  // for `events` (EPOLLIN/EPOLLOUT, level-triggered). Starts the loop's thread
+  // if it is not running; throws Error when the system refuses it. Returns the
+  // registration's id (never 0).
+  uint64_t add(int fd, uint32_t events, std::shared_ptr<IoHandler> handler);
+  // Any thread. Unknown or removed ids are ignored. 0 takes the socket out of
+  // the epoll set altogether: epoll reports a hung-up socket even with no
+  // events asked, and level-triggered that would spin until remove().
+  void setEvents(uint64_t id, uint32_t events);
+  // Any thread: replaces the deadline; `earlierOnly` keeps an earlier one.
+  void setDeadline(uint64_t id, Clock::time_point when, bool earlierOnly = false);
+  // Unregisters. Once it returns no callback of `id` runs or will run, except
+  // the one that called it when called from inside that callback.
+  void remove(uint64_t id);
+
+  bool onThisLoop() const;
+  static bool onAnyLoop();
+  bool running() const;
+
+ private:
+  struct Registration {
+    int fd;
+    std::shared_ptr<IoHandler> handler;
+    bool polled;  // in the epoll set
+  };
+  bool pollLocked(uint64_t id, Registration& registration, uint32_t events);
+  void run() noexcept;
+  // Calls `call` on the handler of `id` unless it was removed meanwhile.
+  template <typename Call>
+  void dispatch(uint64_t id, Call call);
+  void wake();
+  // Called in a forked child: the parent's loop threads and sockets are not
+  // its own, and the epoll instance it inherited is still the parent's.
+  void resetAfterFork();
+  friend class EventLoops;
+
+  int epollFd_ = -1;
+  int wakeFd_ = -1;  // eventfd: an earlier deadline than the loop sleeps until
+  mutable std::mutex mutex_;
+  std::condition_variable dispatched_;
+  std::unordered_map<uint64_t, Registration> registrations_;
+  TimerWheel timers_;
+  uint64_t nextId_ = 1;
+  uint64_t dispatching_ = 0;       // the id whose callback runs now, 0 = none
+  int64_t sleepUntilNs_ = 0;       // when the loop wakes by itself; 0 = not sleeping
+  bool running_ = false;
+};
+
+// The process's loops, a pool per NIC (by NicHealth id). Never destroyed: loop
+// threads may outlive static destruction at exit.
+class EventLoops {
+ public:
+  static EventLoops& instance();
+  // How long a loop with no registration keeps its thread: a path that is
+  // replaced (failover, failback) finds it still running.
+  static constexpr Millis kIdleRetirement{1000};
+
+  // The threads per NIC for `requested` (RECCL_IO_THREADS; 0 = by cores).
+  static int poolSize(int requested);
+  // The next loop, round robin, of NIC `nicId`'s pool; a pool grows to the
+  // largest `poolSize` asked for it.
+  EventLoop& pick(int nicId, int poolSize);
+  // Loop threads running now, over every pool.
+  size_t runningThreads() const;
+
+ private:
+  EventLoops();
+  mutable std::mutex mutex_;
+  struct Pool {
+    std::vector<EventLoop*> loops;
+    size_t next = 0;
+  };
+  std::map<int, Pool> pools_;
+};
+
+}  // namespace reccl
