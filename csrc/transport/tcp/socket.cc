@@ -11,14 +11,11 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/health.h"
-
 namespace reccl {
 
 namespace {
-constexpr int kPollSliceMs = 50;  // how often a blocked transfer rechecks stop/blackhole
-// A wait with no stall limit is an idle socket waiting for its next frame:
-// shutdown() wakes it, so it rechecks an injected blackhole only this often.
+constexpr int kPollSliceMs = 50;  // how often a blocked transfer rechecks stop and its limit
+// A wait with no stall limit has only `stop` to recheck (shutdown() wakes it anyway).
 constexpr int kIdlePollSliceMs = 250;
 
 bool parseAddress(const std::string& address, uint16_t port, sockaddr_in* out) {
@@ -33,17 +30,12 @@ IoResult waitReady(int fd, short events, const IoWatch& watch, Millis limit,
                    Clock::time_point* lastProgress) {
   for (;;) {
     if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
-    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
     if (limit.count() > 0 && Clock::now() - *lastProgress > limit) return {IoCode::kStalled, 0};
     const int slice = limit.count() > 0 ? kPollSliceMs : kIdlePollSliceMs;
-    if (!blackholed) {
-      pollfd pfd{fd, events, 0};
-      int ready = ::poll(&pfd, 1, slice);
-      if (ready > 0) return {IoCode::kOk, 0};
-      if (ready < 0 && errno != EINTR) return {IoCode::kError, errno};
-    } else {
-      ::poll(nullptr, 0, slice);
-    }
+    pollfd pfd{fd, events, 0};
+    int ready = ::poll(&pfd, 1, slice);
+    if (ready > 0) return {IoCode::kOk, 0};
+    if (ready < 0 && errno != EINTR) return {IoCode::kError, errno};
   }
 }
 }  // namespace
@@ -69,13 +61,10 @@ IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, i
   Clock::time_point lastProgress = Clock::now();
   while (bytes > 0) {
     if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
-    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
     // Try first and poll only when the socket is full: the common case is one syscall.
-    ssize_t sent = blackholed ? -1 : ::send(fd, cursor, bytes, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
+    ssize_t sent = ::send(fd, cursor, bytes, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
     if (sent < 0) {
-      if (!blackholed && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return {IoCode::kError, errno};
-      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return {IoCode::kError, errno};
       IoResult ready = waitReady(fd, POLLOUT, watch, watch.stallLimit, &lastProgress);
       if (!ready.ok()) return ready;
       continue;
@@ -83,7 +72,6 @@ IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, i
     cursor += sent;
     bytes -= static_cast<size_t>(sent);
     lastProgress = Clock::now();
-    if (watch.progressNs != nullptr) watch.progressNs->store(nowNs());
   }
   return {};
 }
@@ -94,13 +82,10 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
   Millis limit = watch.stallLimit;
   while (bytes > 0) {
     if (watch.stop != nullptr && watch.stop->load()) return {IoCode::kStopped, 0};
-    bool blackholed = watch.healthId >= 0 && NicHealth::instance().blackholed(watch.healthId);
-    ssize_t got = blackholed ? -1 : ::recv(fd, cursor, bytes, MSG_DONTWAIT);
+    ssize_t got = ::recv(fd, cursor, bytes, MSG_DONTWAIT);
     if (got == 0) return {IoCode::kEof, 0};
     if (got < 0) {
-      if (!blackholed && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        return {IoCode::kError, errno};
-      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return {IoCode::kError, errno};
       IoResult ready = waitReady(fd, POLLIN, watch, limit, &lastProgress);
       if (!ready.ok()) return ready;
       continue;
@@ -109,7 +94,6 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
     bytes -= static_cast<size_t>(got);
     lastProgress = Clock::now();
     limit = midFrameLimit;
-    if (watch.progressNs != nullptr) watch.progressNs->store(nowNs());
   }
   return {};
 }

@@ -50,12 +50,11 @@ struct IoResult {
   std::string describe() const;
 };
 
-// What a blocking transfer watches besides the socket.
+// What a blocking transfer (a handshake; paths use the event loops) watches
+// besides the socket.
 struct IoWatch {
   const std::atomic<bool>* stop = nullptr;
-  int healthId = -1;            // while this NIC is blackholed no byte moves
   Millis stallLimit{0};         // 0 = wait for the first byte indefinitely (idle is fine)
-  std::atomic<int64_t>* progressNs = nullptr;  // updated whenever bytes move
 };
 
 IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, int flags = 0);
