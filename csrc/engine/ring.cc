@@ -65,6 +65,18 @@ std::optional<RingNeighbours> ringNeighbours(ChannelJob& job, const SegmentFn& s
 
 }  // namespace
 
+std::vector<Range> ringSegments(const Range& range, int parts) {
+  std::vector<Range> segs = splitEvenly(range.count, parts);
+  for (auto& s : segs) s.offset += range.offset;
+  return segs;
+}
+
+size_t largestRingSegment(const std::vector<Range>& ranges, int parts) {
+  size_t largest = 0;
+  for (const auto& r : ranges) largest = std::max(largest, (r.count + parts - 1) / parts);
+  return largest;
+}
+
 void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int finalSegment,
                        ReduceOp op, RegionSends& regions, SendList& sends) {
   const std::optional<RingNeighbours> ring = ringNeighbours(job, seg);
