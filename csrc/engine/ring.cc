@@ -4,8 +4,6 @@
 #include <deque>
 #include <optional>
 
-#include "core/error.h"
-
 namespace reccl {
 
 namespace {
@@ -26,14 +24,6 @@ std::vector<Item> ringItems(const ChannelJob& job, const SegmentFn& seg, int fir
     for (size_t k = 0; k < job.chunksOf(g.count); ++k) items.push_back({s, j, k, chunkOf(job, g, k)});
   }
   return items;
-}
-
-void checkArrived(const ChannelJob& job, uint64_t got, size_t expected, int peer) {
-  if (got != expected) {
-    throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(peer) +
-                        " sent " + std::to_string(got) + " bytes on channel " +
-                        std::to_string(job.channel) + ", expected " + std::to_string(expected));
-  }
 }
 
 bool anyData(const ChannelJob& job, const SegmentFn& seg) {
