@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/request.h"
 #include "engine/channel_plan.h"
 #include "engine/data_type.h"
@@ -78,6 +80,17 @@ class RegionSends {
 inline Range chunkOf(const ChannelJob& job, const Range& range, size_t chunk) {
   size_t first = chunk * job.chunkElems;
   return Range{range.offset + first, std::min(job.chunkElems, range.count - first)};
+}
+
+// Throws ProtocolError unless a receive from `peer` brought the `expected`
+// bytes (both ends cut the data the same way, so any other size is a bug or a
+// peer out of step).
+inline void checkArrived(const ChannelJob& job, uint64_t got, size_t expected, int peer) {
+  if (got != expected) {
+    throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(peer) +
+                        " sent " + std::to_string(got) + " bytes on channel " +
+                        std::to_string(job.channel) + ", expected " + std::to_string(expected));
+  }
 }
 
 }  // namespace reccl

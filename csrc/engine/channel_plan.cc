@@ -1,5 +1,7 @@
 #include "engine/channel_plan.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace reccl {
@@ -26,6 +28,12 @@ std::vector<Range> ChannelPlan::split(size_t count) const {
     start = end;
   }
   return out;
+}
+
+size_t largestRange(const std::vector<Range>& ranges) {
+  size_t largest = 0;
+  for (const auto& r : ranges) largest = std::max(largest, r.count);
+  return largest;
 }
 
 std::vector<Range> splitEvenly(size_t count, int parts) {

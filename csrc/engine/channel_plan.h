@@ -36,6 +36,9 @@ class ChannelPlan {
   uint64_t id_ = 0;
 };
 
+// The longest of `ranges` (a plan's split: it sizes the chunks).
+size_t largestRange(const std::vector<Range>& ranges);
+
 // [0, count) cut into `parts` near-equal contiguous ranges (the first ones one
 // element longer); the ring segments of a channel.
 std::vector<Range> splitEvenly(size_t count, int parts);

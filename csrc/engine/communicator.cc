@@ -5,27 +5,8 @@
 
 #include "core/health.h"
 #include "core/log.h"
-#include "engine/direct.h"
-#include "engine/ring.h"
 
 namespace reccl {
-
-namespace {
-
-// Messages one connection may carry for one op: well below the transport's
-// bound on outstanding requests, so the rings never block on it.
-constexpr size_t kMessagesPerConnection = 512;
-constexpr size_t kMaxChunksPerTransfer = 128;
-
-uint8_t* bytesOf(void* p) { return static_cast<uint8_t*>(p); }
-const uint8_t* bytesOf(const void* p) { return static_cast<const uint8_t*>(p); }
-
-void copyIfDistinct(void* dst, const void* src, size_t bytes) {
-  if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
-}
-
-
-}  // namespace
 
 Communicator::Communicator(std::shared_ptr<Transport> transport,
                            std::shared_ptr<Rendezvous> rendezvous, const std::string& prefix,
@@ -79,8 +60,6 @@ void Communicator::abort(const std::string& why, bool orderly) {
 }
 
 uint8_t* Communicator::opScratch(size_t bytes) {
-  // Kept between ops: a fresh allocation this large is mmapped by malloc and
-  // page-faulted in again by every op (a 5x cliff from 32 MiB up).
   if (opScratch_.size() < bytes) opScratch_.resize(bytes);
   return opScratch_.data();
 }
@@ -155,16 +134,8 @@ std::string Communicator::label(const OpDescriptor& desc) const {
          std::to_string(size_) + ")";
 }
 
-size_t Communicator::chunkElems(DataType dtype, size_t largestSegment,
-                                int segmentsPerConnection) const {
-  const size_t base = std::max<size_t>(1, options_.chunkBytes / elementSize(dtype));
-  const size_t maxChunks =
-      std::max<size_t>(1, kMessagesPerConnection / std::max(1, segmentsPerConnection));
-  return std::max(base, (largestSegment + maxChunks - 1) / maxChunks);
-}
-
 void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
-                       const Body& body, uint64_t countsDigest) {
+                       const DataPhase& dataPhase, uint64_t countsDigest) {
   std::lock_guard<std::mutex> lock(opMutex_);
   std::string broken = error();
   if (!broken.empty()) {
@@ -184,7 +155,7 @@ void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& paylo
       if (agreement.countsDigest != 0) diagnoseAlltoall(ctx, desc);
       adoptAgreement(agreement, desc.seq);
     }
-    body(ctx);
+    dataPhase(ctx);
     opsDone_.fetch_add(1);
   } catch (const MismatchError&) {
     throw;  // every rank saw it after a complete agreement: the streams are intact
@@ -275,297 +246,6 @@ void Communicator::forChannels(const OpContext& ctx, DataType dtype, size_t unit
     });
   }
   pool_->runAll(jobs, [&ctx] { ctx.stop(); });
-}
-
-// ------------------------------------------------------------------ collectives
-
-namespace {
-
-void checkRoot(int root, int size) {
-  if (root < 0 || root >= size) {
-    throw ConfigError("root rank " + std::to_string(root) + " is not in this group of " +
-                      std::to_string(size) + " ranks");
-  }
-}
-
-// The ring segments of one channel's range: `parts` near-equal pieces.
-std::vector<Range> ringSegments(const Range& range, int parts) {
-  std::vector<Range> segs = splitEvenly(range.count, parts);
-  for (auto& s : segs) s.offset += range.offset;
-  return segs;
-}
-
-size_t largestRingSegment(const std::vector<Range>& ranges, int parts) {
-  size_t largest = 0;
-  for (const auto& r : ranges) largest = std::max(largest, (r.count + parts - 1) / parts);
-  return largest;
-}
-
-size_t largestRange(const std::vector<Range>& ranges) {
-  size_t largest = 0;
-  for (const auto& r : ranges) largest = std::max(largest, r.count);
-  return largest;
-}
-
-}  // namespace
-
-void Communicator::allreduce(const void* in, void* out, size_t count, DataType dtype,
-                             ReduceOp op, Millis timeout) {
-  checkReduceOp(op, dtype);
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  copyIfDistinct(out, in, bytes);
-  run(desc, timeout, rd ? reducePayload(bytesOf(out), count, dtype, op) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ == 1) return;
-        if (rd) {
-          if (op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
-          return;
-        }
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRingSegment(ranges, size_), 2 * (size_ - 1));
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const std::vector<Range> segs = ringSegments(ranges[job.channel], size_);
-          SegmentFn seg = [&](int j) { return segs[j]; };
-          RegionSends regions(size_);
-          ringReduceScatter(job, bytesOf(out), seg, rank_, op, regions, sends);
-          ringAllgather(job, bytesOf(out), seg, rank_, &regions, sends);
-        });
-      });
-}
-
-void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root,
-                             Millis timeout) {
-  checkRoot(root, size_);
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kBroadcast, dtype, count, root);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  run(desc, timeout, rd ? broadcastPayload(bytesOf(buffer), bytes, root) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ == 1 || rd) return;
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          chainBroadcast(job, bytesOf(buffer), ranges[job.channel], root, sends);
-        });
-      });
-}
-
-void Communicator::reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                          int root, Millis timeout) {
-  checkRoot(root, size_);
-  checkReduceOp(op, dtype);
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kReduce, dtype, count, root, op);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  // The root reduces in place into `out`; the others in a work buffer (their
-  // `out` stays untouched).
-  uint8_t* work;
-  if (rank_ == root) {
-    copyIfDistinct(out, in, bytes);
-    work = bytesOf(out);
-  } else {
-    work = opScratch(bytes);
-    if (bytes) std::memcpy(work, in, bytes);
-  }
-  run(desc, timeout, rd ? reducePayload(work, count, dtype, op) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ == 1) return;
-        if (rd) {
-          if (rank_ == root && op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
-          return;
-        }
-        // Ring reduce-scatter (rank r ends with segment r reduced), then every
-        // rank sends its segment to the root.
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRingSegment(ranges, size_), 2 * (size_ - 1));
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const std::vector<Range> segs = ringSegments(ranges[job.channel], size_);
-          SegmentFn seg = [&](int j) { return segs[j]; };
-          RegionSends regions(size_);
-          ringReduceScatter(job, work, seg, rank_, op, regions, sends);
-          std::vector<Transfer> sendTo, recvFrom;
-          if (rank_ != root) {
-            sendTo.push_back({root, work, segs[rank_], rank_, job.chunkElems});
-          } else {
-            for (int p = 0; p < size_; ++p) {
-              if (p != root) recvFrom.push_back({p, work, segs[p], p, job.chunkElems});
-            }
-          }
-          directExchange(job, sendTo, recvFrom, sends, &regions);
-        });
-      });
-}
-
-void Communicator::allgather(const void* in, void* out, size_t count, DataType dtype,
-                             Millis timeout) {
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes * size_);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  copyIfDistinct(bytesOf(out) + rank_ * bytes, in, bytes);
-  run(desc, timeout, rd ? gatherPayload(bytesOf(out), bytes, size_) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ == 1 || rd) return;
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRange(ranges), size_ - 1);
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const Range range = ranges[job.channel];
-          SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
-          ringAllgather(job, bytesOf(out), seg, rank_, nullptr, sends);
-        });
-      });
-}
-
-void Communicator::reduceScatter(const void* in, void* out, size_t count, DataType dtype,
-                                 ReduceOp op, Millis timeout) {
-  checkReduceOp(op, dtype);
-  const size_t bytes = count * elementSize(dtype);  // per rank
-  const bool rd = small(bytes * size_);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dtype, count, -1, op);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  uint8_t* work = opScratch(bytes * size_);
-  if (bytes) std::memcpy(work, in, bytes * size_);
-  run(desc, timeout, rd ? reducePayload(work, count * size_, dtype, op) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ > 1 && !rd) {
-          const std::vector<Range> ranges = plan_.split(count);
-          const size_t unit = chunkElems(dtype, largestRange(ranges), size_ - 1);
-          forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-            const Range range = ranges[job.channel];
-            SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
-            RegionSends regions(size_);
-            ringReduceScatter(job, work, seg, rank_, op, regions, sends);
-          });
-        }
-        if (bytes) std::memcpy(out, work + rank_ * bytes, bytes);
-        if (rd && op == ReduceOp::kAvg) divideBy(out, count, dtype, size_);
-      });
-}
-
-void Communicator::gather(const void* in, void* out, size_t count, DataType dtype, int root,
-                          Millis timeout) {
-  checkRoot(root, size_);
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes * size_);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  // Small: every rank gathers every block (log2 N steps); only the root keeps them.
-  uint8_t* blocks = rank_ == root ? bytesOf(out) : (rd ? opScratch(bytes * size_) : nullptr);
-  if (blocks) copyIfDistinct(blocks + rank_ * bytes, in, bytes);
-  run(desc, timeout, rd ? gatherPayload(blocks, bytes, size_) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (size_ == 1 || rd) return;
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const Range range = ranges[job.channel];
-          std::vector<Transfer> sendTo, recvFrom;
-          if (rank_ != root) {
-            sendTo.push_back({root, const_cast<uint8_t*>(bytesOf(in)), range});
-          } else {
-            for (int p = 0; p < size_; ++p) {
-              if (p != root) recvFrom.push_back({p, bytesOf(out), {p * count + range.offset, range.count}});
-            }
-          }
-          directExchange(job, sendTo, recvFrom, sends);
-        });
-      });
-}
-
-void Communicator::scatter(const void* in, void* out, size_t count, DataType dtype, int root,
-                           Millis timeout) {
-  checkRoot(root, size_);
-  const size_t bytes = count * elementSize(dtype);
-  const bool rd = small(bytes * size_);
-  OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
-  desc.algorithm = static_cast<uint8_t>(rd ? Algorithm::kRecursiveDoubling : Algorithm::kChannels);
-  // Small: the root's blocks reach every rank (log2 N steps); each keeps its own.
-  uint8_t* blocks = rd ? opScratch(bytes * size_) : nullptr;
-  if (rd && rank_ == root && bytes) std::memcpy(blocks, in, bytes * size_);
-  run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size_, root) : RdPayload{},
-      [&](const OpContext& ctx) {
-        if (rd) {
-          if (bytes) std::memcpy(out, blocks + rank_ * bytes, bytes);
-          return;
-        }
-        if (rank_ == root) copyIfDistinct(out, bytesOf(in) + root * bytes, bytes);
-        if (size_ == 1) return;
-        const std::vector<Range> ranges = plan_.split(count);
-        const size_t unit = chunkElems(dtype, largestRange(ranges), 1);
-        forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-          const Range range = ranges[job.channel];
-          std::vector<Transfer> sendTo, recvFrom;
-          if (rank_ == root) {
-            for (int p = 0; p < size_; ++p) {
-              if (p != root) {
-                sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)), {p * count + range.offset, range.count}});
-              }
-            }
-          } else {
-            recvFrom.push_back({root, bytesOf(out), range});
-          }
-          directExchange(job, sendTo, recvFrom, sends);
-        });
-      });
-}
-
-void Communicator::alltoall(const void* in, const std::vector<uint64_t>& sendCounts,
-                            const std::vector<uint64_t>& sendOffsets, void* out,
-                            const std::vector<uint64_t>& recvCounts,
-                            const std::vector<uint64_t>& recvOffsets, DataType dtype,
-                            Millis timeout) {
-  const size_t n = static_cast<size_t>(size_);
-  if (sendCounts.size() != n || sendOffsets.size() != n || recvCounts.size() != n ||
-      recvOffsets.size() != n) {
-    throw ConfigError("all_to_all needs one send and receive count and offset per rank (" +
-                      std::to_string(size_) + ")");
-  }
-  const size_t elem = elementSize(dtype);
-  auto pairUnit = [&](uint64_t count) {
-    size_t base = std::max<size_t>(1, options_.chunkBytes / elem);
-    return std::max<size_t>(base, (count + kMaxChunksPerTransfer - 1) / kMaxChunksPerTransfer);
-  };
-  OpDescriptor desc;
-  desc.kind = OpKind::kAlltoall;
-  desc.dtype = dtype;
-  desc.algorithm = static_cast<uint8_t>(Algorithm::kChannels);
-  desc.sendCounts = sendCounts;
-  desc.recvCounts = recvCounts;
-  for (uint64_t c : sendCounts) desc.count += c;
-  // Counts are checked by a digest in the agreement; each pair's own counts
-  // are compared only when the digest says some pair disagrees.
-  const uint64_t digest = alltoallCountsDigest(rank_, size_, sendCounts, recvCounts);
-  run(desc, timeout, RdPayload{},
-      [&](const OpContext& ctx) {
-        copyIfDistinct(bytesOf(out) + recvOffsets[rank_] * elem,
-                       bytesOf(in) + sendOffsets[rank_] * elem, sendCounts[rank_] * elem);
-        if (size_ == 1) return;
-        forChannels(ctx, dtype, 1, [&](ChannelJob& job, SendList& sends) {
-          std::vector<Transfer> sendTo, recvFrom;
-          for (int p = 0; p < size_; ++p) {
-            if (p == rank_) continue;
-            Range s = plan_.split(sendCounts[p])[job.channel];
-            s.offset += sendOffsets[p];
-            sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)), s, -1, pairUnit(sendCounts[p])});
-            Range r = plan_.split(recvCounts[p])[job.channel];
-            r.offset += recvOffsets[p];
-            recvFrom.push_back({p, bytesOf(out), r, -1, pairUnit(recvCounts[p])});
-          }
-          directExchange(job, sendTo, recvFrom, sends);
-        });
-      },
-      digest);
-}
-
-void Communicator::barrier(Millis timeout) {
-  OpDescriptor desc;
-  desc.kind = OpKind::kBarrier;
-  run(desc, timeout, RdPayload{}, [](const OpContext&) {});
 }
 
 }  // namespace reccl

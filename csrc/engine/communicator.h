@@ -1,20 +1,21 @@
-// A group of ranks and the collectives over it, on CPU memory. Blocking calls;
-// one collective at a time (the process-group layer runs them in order).
-// Point-to-point traffic goes through p2p().
+// A group of ranks on CPU memory and the lifecycle of the operations over it:
+// the per-op agreement, running an op with its error policy, DCR's plan state
+// and the point-to-point plumbing (p2p()). Blocking calls; one collective at a
+// time (the process-group layer runs them in order). The collectives
+// themselves are free functions over a Communicator, one file each
+// (all_reduce.h, broadcast.h, ..., barrier.h, as in Gloo), each choosing its
+// algorithm (collective.h) and running it through run() and forChannels().
 //
 // Every collective runs in two phases:
 //  1. Agreement (agreement.h) by recursive doubling (recursive_doubling.h):
 //     log2 N exchanges per rank carry every rank's op descriptor and fault
 //     state, so a mismatch fails on every rank, with the same message, before
-//     any data moves, and DCR's plan switches at the same op everywhere. When
-//     the op's largest message is at most RECCL_SMALL_BYTES, its data rides
-//     in the same messages and this phase *is* the algorithm (latency
-//     O(log N)): all_reduce, reduce and reduce_scatter reduce, all_gather and
-//     gather gather, broadcast and scatter spread the root's data.
-//  2. Data phase for larger messages: the data is divided over the channels by
-//     the channel plan and each channel runs a chunked, pipelined ring
-//     (allreduce, allgather, reduce-scatter, reduce), a chain (broadcast) or
-//     direct transfers (gather, scatter, all-to-all) on its own thread.
+//     any data moves, and DCR's plan switches at the same op everywhere. A
+//     small op's data rides in the same messages (the collective's payload)
+//     and this phase *is* its algorithm (latency O(log N)).
+//  2. Data phase (the collective's body) for larger messages: the data is
+//     divided over the channels by the channel plan and each channel runs a
+//     ring, chain or direct transfers (ring.h, direct.h) on its own thread.
 //
 // Any failure other than a mismatch (timeout, a connection with no path left,
 // abort) leaves the streams out of step: the communicator closes every
@@ -35,16 +36,12 @@
 #include "engine/descriptor.h"
 #include "engine/links.h"
 #include "engine/p2p.h"
-#include "engine/reduce_op.h"
 #include "engine/recursive_doubling.h"
 #include "engine/rebalance.h"
 #include "engine/rendezvous.h"
 #include "engine/worker_pool.h"
 
 namespace reccl {
-
-// How a collective's data moves (carried in its descriptor: ranks must agree).
-enum class Algorithm : uint8_t { kNone = 0, kRecursiveDoubling = 1, kChannels = 2 };
 
 struct CommOptions {
   int channels = 0;                  // 0: one per NIC
@@ -93,28 +90,23 @@ class Communicator {
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 
-  // `in` and `out` may be the same buffer where both are given.
-  void allreduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                 Millis timeout);
-  void broadcast(void* buffer, size_t count, DataType dtype, int root, Millis timeout);
-  // `out` (count elements) is written on the root only.
-  void reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
-              Millis timeout);
-  // `out` holds size*count elements, rank r's at r*count.
-  void allgather(const void* in, void* out, size_t count, DataType dtype, Millis timeout);
-  // `in` holds size*count elements; rank r gets the reduction of block r.
-  void reduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                     Millis timeout);
-  // `out` (size*count elements) on the root only.
-  void gather(const void* in, void* out, size_t count, DataType dtype, int root, Millis timeout);
-  // `in` (size*count elements) on the root only.
-  void scatter(const void* in, void* out, size_t count, DataType dtype, int root, Millis timeout);
-  // Counts and offsets in elements, one per rank.
-  void alltoall(const void* in, const std::vector<uint64_t>& sendCounts,
-                const std::vector<uint64_t>& sendOffsets, void* out,
-                const std::vector<uint64_t>& recvCounts, const std::vector<uint64_t>& recvOffsets,
-                DataType dtype, Millis timeout);
-  void barrier(Millis timeout);
+  // For the collectives (engine/<collective>.cc). A collective runs phase 1
+  // with `payload` riding along (empty for the channels) and then
+  // `dataPhase`, under the error policy above. `countsDigest`: all_to_all's.
+  using DataPhase = std::function<void(const OpContext&)>;
+  void run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
+           const DataPhase& dataPhase, uint64_t countsDigest = 0);
+  // Within a data phase: the plan that divides this op's data over the
+  // channels (the op thread is the only writer, between ops).
+  const ChannelPlan& channelPlan() const { return plan_; }
+  // Within a data phase: runs fn(job, sends) for every channel with data in
+  // parallel (chunks of `unit` elements), then waits for each channel's sends.
+  void forChannels(const OpContext& ctx, DataType dtype, size_t unit,
+                   const std::function<void(ChannelJob&, SendList&)>& fn);
+  // A work buffer of at least `bytes` for the op in progress (grow-only, kept
+  // between ops: a fresh allocation this large is mmapped by malloc and
+  // page-faulted in again by every op, a 5x cliff from 32 MiB up).
+  uint8_t* opScratch(size_t bytes);
 
   P2p& p2p() { return *p2p_; }
 
@@ -130,25 +122,11 @@ class Communicator {
   std::string error() const;
 
  private:
-  using Body = std::function<void(const OpContext&)>;
-  // Phase 1 (with `payload` riding along, possibly empty) then `body` (the
-  // data phase), with the error policy above. `countsDigest`: all_to_all's.
-  void run(OpDescriptor desc, Millis timeout, const RdPayload& payload, const Body& body,
-           uint64_t countsDigest = 0);
   // all_to_all whose count digest did not add up: finds the first pair that
   // disagrees (every rank the same) and throws MismatchError.
   [[noreturn]] void diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& desc);
-  // Whether the op's largest recursive-doubling message, `bytes`, is small enough.
-  bool small(size_t bytes) const { return size_ > 1 && bytes <= options_.smallBytes; }
-  // Runs fn(job, sends) for every channel in parallel (chunks of `unit`
-  // elements), then waits for each channel's sends.
-  void forChannels(const OpContext& ctx, DataType dtype, size_t unit,
-                   const std::function<void(ChannelJob&, SendList&)>& fn);
-  size_t chunkElems(DataType dtype, size_t largestSegment, int segmentsPerConnection) const;
   std::string label(const OpDescriptor& desc) const;
   RankFaults sampleFaults() const;
-  // A work buffer of at least `bytes` for the op in progress (grow-only).
-  uint8_t* opScratch(size_t bytes);
   // Records the agreement of op `seq` and switches plans where DCR says so.
   void adoptAgreement(const Agreement& agreement, uint64_t seq);
 
@@ -168,7 +146,7 @@ class Communicator {
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel
-  std::vector<uint8_t> opScratch_;              // reduce, reduce_scatter, scatter
+  std::vector<uint8_t> opScratch_;              // see opScratch()
   std::mutex opMutex_;
   uint64_t seq_ = 0;
   std::atomic<uint64_t> opsDone_{0};

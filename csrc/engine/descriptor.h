@@ -45,7 +45,7 @@ struct OpDescriptor {
   uint64_t planId = 0;            // channel plan in force (DCR switches it at an agreed op)
   uint64_t chunkBytes = 0;        // the communicator's pipelining unit (must agree)
   uint32_t channels = 0;          // the communicator's channels (must agree)
-  uint8_t algorithm = 0;          // how the data moves (communicator.h); must agree
+  uint8_t algorithm = 0;          // how the data moves (collective.h); must agree
   // alltoall only (never on the wire): elements this rank sends to / receives from each rank.
   std::vector<uint64_t> sendCounts;
   std::vector<uint64_t> recvCounts;

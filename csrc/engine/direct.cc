@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "core/error.h"
-
 namespace reccl {
 
 void directExchange(ChannelJob& job, const std::vector<Transfer>& sendTo,
@@ -43,12 +41,7 @@ void directExchange(ChannelJob& job, const std::vector<Transfer>& sendTo,
     }
   }
   for (auto& p : posted) {
-    uint64_t got = job.ctx.wait(*p.request, "data from", p.peer, job.channel);
-    if (got != p.bytes) {
-      throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(p.peer) +
-                          " sent " + std::to_string(got) + " bytes on channel " +
-                          std::to_string(job.channel) + ", expected " + std::to_string(p.bytes));
-    }
+    checkArrived(job, job.ctx.wait(*p.request, "data from", p.peer, job.channel), p.bytes, p.peer);
   }
 }
 

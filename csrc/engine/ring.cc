@@ -4,8 +4,6 @@
 #include <deque>
 #include <optional>
 
-#include "core/error.h"
-
 namespace reccl {
 
 namespace {
@@ -26,14 +24,6 @@ std::vector<Item> ringItems(const ChannelJob& job, const SegmentFn& seg, int fir
     for (size_t k = 0; k < job.chunksOf(g.count); ++k) items.push_back({s, j, k, chunkOf(job, g, k)});
   }
   return items;
-}
-
-void checkArrived(const ChannelJob& job, uint64_t got, size_t expected, int peer) {
-  if (got != expected) {
-    throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(peer) +
-                        " sent " + std::to_string(got) + " bytes on channel " +
-                        std::to_string(job.channel) + ", expected " + std::to_string(expected));
-  }
 }
 
 bool anyData(const ChannelJob& job, const SegmentFn& seg) {
@@ -64,6 +54,18 @@ std::optional<RingNeighbours> ringNeighbours(ChannelJob& job, const SegmentFn& s
 }
 
 }  // namespace
+
+std::vector<Range> ringSegments(const Range& range, int parts) {
+  std::vector<Range> segs = splitEvenly(range.count, parts);
+  for (auto& s : segs) s.offset += range.offset;
+  return segs;
+}
+
+size_t largestRingSegment(const std::vector<Range>& ranges, int parts) {
+  size_t largest = 0;
+  for (const auto& r : ranges) largest = std::max(largest, (r.count + parts - 1) / parts);
+  return largest;
+}
 
 void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int finalSegment,
                        ReduceOp op, RegionSends& regions, SendList& sends) {

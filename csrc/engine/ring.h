@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "engine/channel_job.h"
 #include "engine/reduce_op.h"
@@ -13,6 +14,12 @@
 namespace reccl {
 
 using SegmentFn = std::function<Range(int segment)>;
+
+// The ring segments of one channel's `range`: `parts` near-equal pieces (the
+// same on every rank), for rings that cut each channel's range per rank.
+std::vector<Range> ringSegments(const Range& range, int parts);
+// The largest such segment over every channel's range (it sizes the chunks).
+size_t largestRingSegment(const std::vector<Range>& ranges, int parts);
 
 // After N-1 steps segment `finalSegment` of `work` holds the reduction over all
 // ranks (AVG already divided); other segments hold partial sums. Each rank must

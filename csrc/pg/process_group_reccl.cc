@@ -5,6 +5,15 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "engine/all_gather.h"
+#include "engine/all_reduce.h"
+#include "engine/all_to_all.h"
+#include "engine/barrier.h"
+#include "engine/broadcast.h"
+#include "engine/gather.h"
+#include "engine/reduce.h"
+#include "engine/reduce_scatter.h"
+#include "engine/scatter.h"
 #include "pg/shared_transport.h"
 #include "pg/store_rendezvous.h"
 #include "pg/tensor_args.h"
@@ -209,7 +218,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::broadcast(std::vector<at::Tens
   return enqueue(c10d::OpType::BROADCAST, "reccl:broadcast", {t}, timeoutOf(opts.timeout),
                  [t, dt, root](Communicator& c, milliseconds timeout) {
                    at::Tensor buf = contiguousOf(t);
-                   c.broadcast(buf.data_ptr(), buf.numel(), dt, root, timeout);
+                   reccl::broadcast(c, buf.data_ptr(), buf.numel(), dt, root, timeout);
                    copyBack(t, buf);
                  });
 }
@@ -227,7 +236,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce(std::vector<at::Tens
   return enqueue(c10d::OpType::ALLREDUCE, "reccl:all_reduce", {t}, timeoutOf(opts.timeout),
                  [t, dt, op](Communicator& c, milliseconds timeout) {
                    at::Tensor buf = contiguousOf(t);
-                   c.allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, timeout);
+                   reccl::allreduce(c, buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op,
+                                    timeout);
                    copyBack(t, buf);
                  });
 }
@@ -253,7 +263,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce_coalesced(
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "reccl:all_reduce_coalesced", ts,
                  timeoutOf(opts.timeout), [ts, dt, op](Communicator& c, milliseconds timeout) {
                    at::Tensor flat = flatten(ts);
-                   c.allreduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), dt, op, timeout);
+                   reccl::allreduce(c, flat.data_ptr(), flat.data_ptr(), flat.numel(), dt, op,
+                                    timeout);
                    unflattenInto(flat, ts);
                  });
 }
@@ -275,7 +286,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce(std::vector<at::Tensor>
   return enqueue(c10d::OpType::REDUCE, "reccl:reduce", {t}, timeoutOf(opts.timeout),
                  [t, dt, op, root, isRoot](Communicator& c, milliseconds timeout) {
                    at::Tensor in = contiguousOf(t);
-                   c.reduce(in.data_ptr(), in.data_ptr(), in.numel(), dt, op, root, timeout);
+                   reccl::reduce(c, in.data_ptr(), in.data_ptr(), in.numel(), dt, op, root,
+                                 timeout);
                    if (isRoot) copyBack(t, in);
                  });
 }
@@ -294,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather(
                  [in, outs, dt, size](Communicator& c, milliseconds timeout) {
                    at::Tensor src = contiguousOf(in);
                    at::Tensor flat = at::empty({size * src.numel()}, src.options());
-                   c.allgather(src.data_ptr(), flat.data_ptr(), src.numel(), dt, timeout);
+                   reccl::allgather(c, src.data_ptr(), flat.data_ptr(), src.numel(), dt, timeout);
                    unflattenInto(flat, outs);
                  });
 }
@@ -313,7 +325,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_allgather_base(
                  timeoutOf(opts.timeout), [in, out, dt](Communicator& c, milliseconds timeout) {
                    at::Tensor src = contiguousOf(in);
                    at::Tensor dst = outputBuffer(out);
-                   c.allgather(src.data_ptr(), dst.data_ptr(), src.numel(), dt, timeout);
+                   reccl::allgather(c, src.data_ptr(), dst.data_ptr(), src.numel(), dt, timeout);
                    copyBack(out, dst);
                  });
 }
@@ -348,7 +360,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_coalesced(
                    for (size_t i = 0; i < ins.size(); ++i) {
                      at::Tensor src = contiguousOf(ins[i]);
                      at::Tensor flat = at::empty({size * src.numel()}, src.options());
-                     c.allgather(src.data_ptr(), flat.data_ptr(), src.numel(), dts[i], timeout);
+                     reccl::allgather(c, src.data_ptr(), flat.data_ptr(), src.numel(), dts[i],
+                                      timeout);
                      for (int r = 0; r < size; ++r) {
                        lists[r][i].copy_(flat.narrow(0, r * src.numel(), src.numel()).view(lists[r][i].sizes()));
                      }
@@ -378,7 +391,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_into_tensor_coalesce
                    for (size_t i = 0; i < ins.size(); ++i) {
                      at::Tensor src = contiguousOf(ins[i]);
                      at::Tensor dst = outputBuffer(outs[i]);
-                     c.allgather(src.data_ptr(), dst.data_ptr(), src.numel(), dts[i], timeout);
+                     reccl::allgather(c, src.data_ptr(), dst.data_ptr(), src.numel(), dts[i],
+                                      timeout);
                      copyBack(outs[i], dst);
                    }
                  });
@@ -407,8 +421,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(std::vector<std::vector
                    at::Tensor src = contiguousOf(in);
                    at::Tensor flat;
                    if (!outs.empty()) flat = at::empty({size * src.numel()}, src.options());
-                   c.gather(src.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(), src.numel(),
-                            dt, root, timeout);
+                   reccl::gather(c, src.data_ptr(), outs.empty() ? nullptr : flat.data_ptr(),
+                                 src.numel(), dt, root, timeout);
                    if (!outs.empty()) unflattenInto(flat, outs);
                  });
 }
@@ -435,8 +449,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::scatter(std::vector<at::Tensor
                    at::Tensor flat;
                    if (!ins.empty()) flat = flatten(ins);
                    at::Tensor dst = outputBuffer(out);
-                   c.scatter(ins.empty() ? nullptr : flat.data_ptr(), dst.data_ptr(), dst.numel(),
-                             dt, root, timeout);
+                   reccl::scatter(c, ins.empty() ? nullptr : flat.data_ptr(), dst.data_ptr(),
+                                  dst.numel(), dt, root, timeout);
                    copyBack(out, dst);
                  });
 }
@@ -460,7 +474,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter(
                  timeoutOf(opts.timeout), [ins, out, dt, op](Communicator& c, milliseconds timeout) {
                    at::Tensor flat = flatten(ins);
                    at::Tensor dst = outputBuffer(out);
-                   c.reduceScatter(flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, timeout);
+                   reccl::reduceScatter(c, flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, op,
+                                        timeout);
                    copyBack(out, dst);
                  });
 }
@@ -485,7 +500,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_reduce_scatter_base(
                  timeoutOf(opts.timeout), [in, out, dt, op](Communicator& c, milliseconds timeout) {
                    at::Tensor src = contiguousOf(in);
                    at::Tensor dst = outputBuffer(out);
-                   c.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, timeout);
+                   reccl::reduceScatter(c, src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op,
+                                        timeout);
                    copyBack(out, dst);
                  });
 }
@@ -519,7 +535,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter_tensor_coalesce
                    for (size_t i = 0; i < ins.size(); ++i) {
                      at::Tensor src = contiguousOf(ins[i]);
                      at::Tensor dst = outputBuffer(outs[i]);
-                     c.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dts[i], op, timeout);
+                     reccl::reduceScatter(c, src.data_ptr(), dst.data_ptr(), dst.numel(), dts[i],
+                                          op, timeout);
                      copyBack(outs[i], dst);
                    }
                  });
@@ -579,8 +596,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
                    at::Tensor src = contiguousOf(in);
                    at::Tensor dst = outputBuffer(out);
                    if (dst.data_ptr() == src.data_ptr() && dst.numel() > 0) dst = at::empty_like(dst);
-                   c.alltoall(src.data_ptr(), sendCounts, offsetsOf(sendCounts), dst.data_ptr(),
-                              recvCounts, offsetsOf(recvCounts), dt, timeout);
+                   reccl::alltoall(c, src.data_ptr(), sendCounts, offsetsOf(sendCounts),
+                                   dst.data_ptr(), recvCounts, offsetsOf(recvCounts), dt, timeout);
                    copyBack(out, dst);
                  });
 }
@@ -608,15 +625,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall(std::vector<at::Tenso
                    at::Tensor src = flatten(ins);
                    uint64_t total = std::accumulate(recvCounts.begin(), recvCounts.end(), uint64_t{0});
                    at::Tensor dst = at::empty({static_cast<int64_t>(total)}, src.options());
-                   c.alltoall(src.data_ptr(), sendCounts, offsetsOf(sendCounts), dst.data_ptr(),
-                              recvCounts, offsetsOf(recvCounts), dt, timeout);
+                   reccl::alltoall(c, src.data_ptr(), sendCounts, offsetsOf(sendCounts),
+                                   dst.data_ptr(), recvCounts, offsetsOf(recvCounts), dt, timeout);
                    unflattenInto(dst, outs);
                  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::barrier(const c10d::BarrierOptions& opts) {
   return enqueue(c10d::OpType::BARRIER, "reccl:barrier", {}, timeoutOf(opts.timeout),
-                 [](Communicator& c, milliseconds timeout) { c.barrier(timeout); });
+                 [](Communicator& c, milliseconds timeout) { reccl::barrier(c, timeout); });
 }
 
 // ------------------------------------------------------------------ point to point

@@ -1,0 +1,31 @@
+#include "engine/all_gather.h"
+
+#include "engine/collective.h"
+#include "engine/recursive_doubling.h"
+#include "engine/ring.h"
+
+namespace reccl {
+
+void allgather(Communicator& comm, const void* in, void* out, size_t count, DataType dtype,
+               Millis timeout) {
+  const int rank = comm.rank(), size = comm.size();
+  const size_t bytes = count * elementSize(dtype);
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
+  const bool rd = algorithm == Algorithm::kRecursiveDoubling;
+  OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
+  desc.algorithm = static_cast<uint8_t>(algorithm);
+  copyIfDistinct(bytesOf(out) + rank * bytes, in, bytes);
+  comm.run(desc, timeout, rd ? gatherPayload(bytesOf(out), bytes, size) : RdPayload{},
+           [&](const OpContext& ctx) {
+             if (size == 1 || rd) return;
+             const std::vector<Range> ranges = comm.channelPlan().split(count);
+             const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size - 1);
+             comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+               const Range range = ranges[job.channel];
+               SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
+               ringAllgather(job, bytesOf(out), seg, rank, nullptr, sends);
+             });
+           });
+}
+
+}  // namespace reccl

@@ -1,0 +1,42 @@
+#include "engine/collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace reccl {
+
+namespace {
+
+// Messages one connection may carry for one op (see chunkElems).
+constexpr size_t kMessagesPerConnection = 512;
+
+}  // namespace
+
+Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes) {
+  const bool small = comm.size() > 1 && largestMessageBytes <= comm.options().smallBytes;
+  return small ? Algorithm::kRecursiveDoubling : Algorithm::kChannels;
+}
+
+void checkRoot(int root, int size) {
+  if (root < 0 || root >= size) {
+    throw ConfigError("root rank " + std::to_string(root) + " is not in this group of " +
+                      std::to_string(size) + " ranks");
+  }
+}
+
+size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegment,
+                  int segmentsPerConnection) {
+  const size_t base = std::max<size_t>(1, comm.options().chunkBytes / elementSize(dtype));
+  const size_t maxChunks =
+      std::max<size_t>(1, kMessagesPerConnection / std::max(1, segmentsPerConnection));
+  return std::max(base, (largestSegment + maxChunks - 1) / maxChunks);
+}
+
+void copyIfDistinct(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
+}
+
+}  // namespace reccl

@@ -1,0 +1,43 @@
+// What the collectives (all_reduce.h, broadcast.h, ...) share: the choice of
+// algorithm, the root check, the channel algorithms' pipelining unit and byte
+// helpers. Each collective is a free function over a Communicator, as in Gloo:
+// the communicator runs the op (agreement, errors, DCR plans), the collective
+// decides how its data moves.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/communicator.h"
+#include "engine/data_type.h"
+
+namespace reccl {
+
+// How a collective's data moves. Carried in its descriptor: every rank must
+// have chosen the same (RECCL_SMALL_BYTES the same everywhere).
+enum class Algorithm : uint8_t { kNone = 0, kRecursiveDoubling = 1, kChannels = 2 };
+
+// Recursive doubling when the op's largest recursive-doubling message is at
+// most RECCL_SMALL_BYTES: its data then rides with the agreement, latency
+// O(log N). The channels otherwise (bandwidth), and for a group of one, which
+// runs no agreement.
+Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes);
+
+// Throws ConfigError unless `root` is a rank of a group of `size`.
+void checkRoot(int root, int size);
+
+// The pipelining unit, in elements, of a channel algorithm whose largest
+// segment is `largestSegment` elements and which sends `segmentsPerConnection`
+// segments over one connection: chunk_bytes, or more so that one connection
+// carries at most a few hundred messages per op (well below the transport's
+// bound on outstanding requests, so the rings never block on it).
+size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegment,
+                  int segmentsPerConnection);
+
+inline uint8_t* bytesOf(void* p) { return static_cast<uint8_t*>(p); }
+inline const uint8_t* bytesOf(const void* p) { return static_cast<const uint8_t*>(p); }
+
+// Copies unless the collective runs in place (`dst` is `src`).
+void copyIfDistinct(void* dst, const void* src, size_t bytes);
+
+}  // namespace reccl

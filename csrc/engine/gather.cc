@@ -1,0 +1,43 @@
+#include "engine/gather.h"
+
+#include "engine/collective.h"
+#include "engine/direct.h"
+#include "engine/recursive_doubling.h"
+
+namespace reccl {
+
+void gather(Communicator& comm, const void* in, void* out, size_t count, DataType dtype, int root,
+            Millis timeout) {
+  const int rank = comm.rank(), size = comm.size();
+  checkRoot(root, size);
+  const size_t bytes = count * elementSize(dtype);
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
+  const bool rd = algorithm == Algorithm::kRecursiveDoubling;
+  OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(algorithm);
+  // Small: the other ranks gather every block into a work buffer.
+  uint8_t* blocks = rank == root ? bytesOf(out) : (rd ? comm.opScratch(bytes * size) : nullptr);
+  if (blocks) copyIfDistinct(blocks + rank * bytes, in, bytes);
+  comm.run(desc, timeout, rd ? gatherPayload(blocks, bytes, size) : RdPayload{},
+           [&](const OpContext& ctx) {
+             if (size == 1 || rd) return;
+             const std::vector<Range> ranges = comm.channelPlan().split(count);
+             const size_t unit = chunkElems(comm, dtype, largestRange(ranges), 1);
+             comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+               const Range range = ranges[job.channel];
+               std::vector<Transfer> sendTo, recvFrom;
+               if (rank != root) {
+                 sendTo.push_back({root, const_cast<uint8_t*>(bytesOf(in)), range});
+               } else {
+                 for (int p = 0; p < size; ++p) {
+                   if (p != root) {
+                     recvFrom.push_back({p, bytesOf(out), {p * count + range.offset, range.count}});
+                   }
+                 }
+               }
+               directExchange(job, sendTo, recvFrom, sends);
+             });
+           });
+}
+
+}  // namespace reccl

@@ -1,0 +1,51 @@
+#include "engine/scatter.h"
+
+#include <cstring>
+
+#include "engine/collective.h"
+#include "engine/direct.h"
+#include "engine/recursive_doubling.h"
+
+namespace reccl {
+
+void scatter(Communicator& comm, const void* in, void* out, size_t count, DataType dtype, int root,
+             Millis timeout) {
+  const int rank = comm.rank(), size = comm.size();
+  checkRoot(root, size);
+  const size_t bytes = count * elementSize(dtype);
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
+  const bool rd = algorithm == Algorithm::kRecursiveDoubling;
+  OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(algorithm);
+  // Small: every rank receives all blocks into a work buffer.
+  uint8_t* blocks = rd ? comm.opScratch(bytes * size) : nullptr;
+  if (rd && rank == root && bytes) std::memcpy(blocks, in, bytes * size);
+  comm.run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size, root) : RdPayload{},
+           [&](const OpContext& ctx) {
+             if (rd) {
+               if (bytes) std::memcpy(out, blocks + rank * bytes, bytes);
+               return;
+             }
+             if (rank == root) copyIfDistinct(out, bytesOf(in) + root * bytes, bytes);
+             if (size == 1) return;
+             const std::vector<Range> ranges = comm.channelPlan().split(count);
+             const size_t unit = chunkElems(comm, dtype, largestRange(ranges), 1);
+             comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+               const Range range = ranges[job.channel];
+               std::vector<Transfer> sendTo, recvFrom;
+               if (rank == root) {
+                 for (int p = 0; p < size; ++p) {
+                   if (p != root) {
+                     sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)),
+                                       {p * count + range.offset, range.count}});
+                   }
+                 }
+               } else {
+                 recvFrom.push_back({root, bytesOf(out), range});
+               }
+               directExchange(job, sendTo, recvFrom, sends);
+             });
+           });
+}
+
+}  // namespace reccl
