@@ -382,6 +382,132 @@ def pair_factory():
         listener.close()
 
 
+# --------------------------------------------------------------------------- two hosts
+
+# Fixed names: NIC health is process-global and holds a bounded number of NICs,
+# so every test reuses these. IB: emulated RDMA devices (each IbTransport resets
+# their link state from the emulation's ports when it starts). TCP: loopback
+# addresses, two per host, so a fault on one host's NIC is seen by that host only.
+A0, A1, B0, B1 = "ib-a-0", "ib-a-1", "ib-b-0", "ib-b-1"
+TCP_HOSTS = {"a": "127.0.0.1,127.0.0.2", "b": "127.0.0.3,127.0.0.4"}
+IB_CHUNK = 64 << 10
+
+
+def ib_env(devices, **overrides) -> Dict[str, str]:
+    """reccl_env for an IbTransport over emulated `devices` (no RECCL_NICS)."""
+    env = reccl_env(
+        RECCL_IB_HCA=",".join(devices),
+        RECCL_CHUNK_BYTES=IB_CHUNK,
+        # 4.096 us * 2^12 = 16.8 ms per try, 8 tries: retry-exceeded after ~134 ms.
+        RECCL_IB_TIMEOUT=12,
+        RECCL_IB_RETRY_CNT=7)
+    del env["RECCL_NICS"]
+    for key, value in overrides.items():
+        env[key if key.startswith("RECCL_") else "RECCL_" + key] = str(value)
+    return env
+
+
+class Fabric:
+    """Two hosts, a and b, each a transport with two NICs (rail 0 and rail 1).
+
+    kind "ib": two IbTransports over one ``_C.IbEmulation`` with devices A0, A1
+    (host a) and B0, B1 (host b). kind "tcp": two TCP Transports, host a on
+    127.0.0.1/127.0.0.2, host b on 127.0.0.3/127.0.0.4. ``pair()`` connects a -> b;
+    ``link()``/``blackhole()`` fault one NIC of one host in the way the transport
+    supports: an emulated port event / silent drop for IB, ``inject_fault`` for
+    TCP (the only fault a TCP transport can be given inside one process).
+    """
+
+    def __init__(self, kind="ib", **overrides):
+        self.kind = kind
+        self.pairs = []
+        self.listeners = []
+        if kind == "ib":
+            self.emu = native().IbEmulation([A0, A1, B0, B1])
+            self.nics_a, self.nics_b = [A0, A1], [B0, B1]
+            self.a = native().IbTransport(self.emu, ib_env(self.nics_a, **overrides))
+            self.b = native().IbTransport(self.emu, ib_env(self.nics_b, **overrides))
+            self.link_down_reason = "link down"  # a port event (IBV_EVENT_PORT_ERR)
+        elif kind == "tcp":
+            self.emu = None
+            self.nics_a = ["lo:" + a for a in TCP_HOSTS["a"].split(",")]
+            self.nics_b = ["lo:" + a for a in TCP_HOSTS["b"].split(",")]
+            self.a = native().Transport(reccl_env(RECCL_NICS=TCP_HOSTS["a"], **overrides))
+            self.b = native().Transport(reccl_env(RECCL_NICS=TCP_HOSTS["b"], **overrides))
+            self.link_down_reason = "injected"
+        else:
+            raise ValueError(f"unknown transport kind {kind!r}")
+        self._faulted = set()
+
+    def pair(self, nic=0, reverse=False):
+        """A connection a -> b with its primary on rail `nic` (b -> a with `reverse`)."""
+        sender, receiver = (self.b, self.a) if reverse else (self.a, self.b)
+        listener = receiver.listen(nic)
+        self.listeners.append(listener)
+        send = sender.connect(nic, listener.handle)
+        send.wait_ready(10)
+        recv = listener.accept(10)
+        self.pairs.append((send, recv))
+        return send, recv
+
+    def link(self, nic, up):
+        """NIC `nic` (a name) loses (up=False) or regains its link."""
+        self._faulted.add(nic)
+        if self.kind == "ib":
+            (self.emu.port_up if up else self.emu.port_down)(nic)
+        else:
+            native().inject_fault(nic, "up" if up else "down")
+
+    def blackhole(self, nic, on=True):
+        """Traffic through `nic` silently vanishes (on) or flows again."""
+        self._faulted.add(nic)
+        if self.kind == "ib":
+            self.emu.drop(nic, on)
+        else:
+            native().inject_fault(nic, "blackhole" if on else "up")
+
+    def heal(self):
+        for nic in sorted(self._faulted):
+            if self.kind == "ib":
+                self.emu.port_up(nic)
+                self.emu.drop(nic, False)
+            native().inject_fault(nic, "up")
+
+    def close(self):
+        """Heals, closes every connection and listener it made, and drops its
+        transports, so that nothing here keeps their threads alive."""
+        if self.a is None:
+            return
+        self.heal()
+        for send, recv in self.pairs:
+            close_both(send, recv)
+        for listener in self.listeners:
+            listener.close()
+        self.pairs, self.listeners = [], []
+        self.a = self.b = self.emu = None
+
+
+def fabrics(kind):
+    """Body of a fixture: yields make(**overrides) -> Fabric; closes them after."""
+    made: List[Fabric] = []
+
+    def make(**overrides) -> Fabric:
+        f = Fabric(kind, **overrides)
+        made.append(f)
+        return f
+
+    make.kind = kind
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
+def fabric():
+    """make(**overrides) -> an IB-emulation Fabric (test_ib_transport.py)."""
+    yield from fabrics("ib")
+
+
 def close_both(send, recv) -> None:
     """Closes both ends at once: each close waits (bounded) for the peer's CLOSE."""
     closer = threading.Thread(target=send.close, daemon=True)
