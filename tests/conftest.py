@@ -6,20 +6,15 @@ every NIC the process knows after the test). Events are collected with the
 ``events`` fixture, which filters by connection id, so stale events from earlier
 tests never satisfy a later test's expectations.
 
-Tests that need the two ends of a connection in different processes use
-``spawn_peer``: a "spawn" child runs :func:`peer_main` (one end of one
-connection, streaming a deterministic plan, optionally injecting a fault in its
-own process) and talks to the test over two queues. The child loads only the
-native extension (not all of torch) to start fast.
+``Fabric`` is two hosts with two NICs each over either transport (TCP on
+loopback addresses, or the IB verbs emulation); the NICs of the two hosts have
+different names, so a fault on one host's NIC is seen by that host only, in one
+process. test_transport_contract.py runs over both kinds, test_ib_transport.py
+over IB (the ``fabric`` fixture).
 """
 from __future__ import annotations
 
 import collections
-import ctypes
-import importlib
-import importlib.util
-import multiprocessing
-import os
 import sys
 import threading
 import time
@@ -45,21 +40,11 @@ def reccl_env(**overrides) -> Dict[str, str]:
     return env
 
 
-def native(fast: bool = False):
-    """torch_reccl._C. fast (spawned children): load only the libraries _C links
-    against instead of importing all of torch, which takes seconds."""
+def native():
+    """torch_reccl._C."""
     module = sys.modules.get("torch_reccl._C")
     if module is not None:
         return module
-    if fast and "torch" not in sys.modules:
-        try:
-            spec = importlib.util.find_spec("torch")
-            libdir = os.path.join(os.path.dirname(spec.origin), "lib")
-            for lib in ("libc10.so", "libtorch_cpu.so"):
-                ctypes.CDLL(os.path.join(libdir, lib), mode=ctypes.RTLD_GLOBAL)
-            return importlib.import_module("torch_reccl._C")
-        except (ImportError, OSError, AttributeError, TypeError):
-            pass
     from torch_reccl._native import native as load
 
     return load()
@@ -189,113 +174,6 @@ def wait_until(predicate, timeout, interval=0.02):
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
-
-
-# --------------------------------------------------------------------------- child
-
-
-def peer_main(role: str, env: Dict[str, str], plan: dict, fault: Optional[dict],
-              inq, outq) -> None:
-    """One end of a connection in its own process.
-
-    role "recv": listens on NIC 0, sends ("handle", bytes), accepts, receives the plan.
-    role "send": waits for ("handle", bytes), connects from NIC 0, sends the plan.
-    fault: {"at": k, "nic": name, "kind": "down"|"blackhole"} is injected in this
-    process when k messages are complete here. Reports ("done", result) and
-    waits for ("finish",), then heals, closes and reports ("closed", threads).
-    """
-    result = {"ok": False, "error": None}
-    conn = listener = transport = None
-    c = native(fast=True)
-    try:
-        transport = c.Transport(env)
-        if role == "recv":
-            listener = transport.listen(0)
-            outq.put(("handle", listener.handle))
-            conn = listener.accept(20)
-        else:
-            kind, handle = inq.get(timeout=60)
-            assert kind == "handle"
-            conn = transport.connect(0, handle)
-            conn.wait_ready(20)
-        result["connection"] = conn.id
-        injected = {}
-
-        def on_done(index):
-            if fault is not None and index + 1 == fault["at"] and not injected:
-                injected["t"] = time.time()
-                c.inject_fault(fault["nic"], fault["kind"])
-
-        start = time.time()
-        run = run_receiver if role == "recv" else run_sender
-        result["bytes"] = run(conn, plan["sizes"], plan["seed"], plan.get("window", 8),
-                              plan.get("timeout", 30.0), on_done=on_done)
-        result["elapsed"] = time.time() - start
-        result["fault_time"] = injected.get("t")
-        time.sleep(plan.get("settle", 0.0))
-        result["active_path"] = conn.active_path
-        result["paths"] = conn.paths()
-        result["nic_stats"] = c.nic_stats()
-        result["events"] = c.drain_events(4096)
-        result["ok"] = True
-    except BaseException as error:  # reported to the test, which fails with it
-        result["error"] = f"{type(error).__name__}: {error}"
-    outq.put(("done", result))
-    try:
-        inq.get(timeout=60)
-    except Exception:
-        pass
-    for name in c.nic_stats():
-        c.inject_fault(name, "up")
-    if conn is not None:
-        conn.close()
-    if listener is not None:
-        listener.close()
-    outq.put(("closed", len(os.listdir("/proc/self/task"))))
-
-
-class Peer:
-    """A spawned peer_main child and its queues."""
-
-    def __init__(self, role, env, plan, fault=None):
-        ctx = multiprocessing.get_context("spawn")
-        self.inq = ctx.Queue()
-        self.outq = ctx.Queue()
-        self.process = ctx.Process(target=peer_main, args=(role, env, plan, fault, self.inq, self.outq),
-                                   daemon=True)
-        self.process.start()
-
-    def get(self, kind, timeout):
-        got, value = self.outq.get(timeout=timeout)
-        assert got == kind, f"peer sent {got!r}, expected {kind!r}: {value!r}"
-        return value
-
-    def put(self, *item):
-        self.inq.put(item)
-
-    def stop(self, timeout=10.0):
-        try:
-            self.put("finish")
-        except Exception:
-            pass
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-
-
-@pytest.fixture
-def spawn_peer():
-    peers: List[Peer] = []
-
-    def make(role, env, plan, fault=None) -> Peer:
-        peer = Peer(role, env, plan, fault)
-        peers.append(peer)
-        return peer
-
-    yield make
-    for peer in peers:
-        peer.stop()
 
 
 # --------------------------------------------------------------------------- fixtures
