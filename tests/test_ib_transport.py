@@ -23,7 +23,6 @@ import ctypes
 import os
 import socket
 import struct
-import time
 
 import pytest
 
