@@ -6,20 +6,15 @@ every NIC the process knows after the test). Events are collected with the
 ``events`` fixture, which filters by connection id, so stale events from earlier
 tests never satisfy a later test's expectations.
 
-Tests that need the two ends of a connection in different processes use
-``spawn_peer``: a "spawn" child runs :func:`peer_main` (one end of one
-connection, streaming a deterministic plan, optionally injecting a fault in its
-own process) and talks to the test over two queues. The child loads only the
-native extension (not all of torch) to start fast.
+``Fabric`` is two hosts with two NICs each over either transport (TCP on
+loopback addresses, or the IB verbs emulation); the NICs of the two hosts have
+different names, so a fault on one host's NIC is seen by that host only, in one
+process. test_transport_contract.py runs over both kinds, test_ib_transport.py
+over IB (the ``fabric`` fixture).
 """
 from __future__ import annotations
 
 import collections
-import ctypes
-import importlib
-import importlib.util
-import multiprocessing
-import os
 import sys
 import threading
 import time
@@ -45,21 +40,11 @@ def reccl_env(**overrides) -> Dict[str, str]:
     return env
 
 
-def native(fast: bool = False):
-    """torch_reccl._C. fast (spawned children): load only the libraries _C links
-    against instead of importing all of torch, which takes seconds."""
+def native():
+    """torch_reccl._C."""
     module = sys.modules.get("torch_reccl._C")
     if module is not None:
         return module
-    if fast and "torch" not in sys.modules:
-        try:
-            spec = importlib.util.find_spec("torch")
-            libdir = os.path.join(os.path.dirname(spec.origin), "lib")
-            for lib in ("libc10.so", "libtorch_cpu.so"):
-                ctypes.CDLL(os.path.join(libdir, lib), mode=ctypes.RTLD_GLOBAL)
-            return importlib.import_module("torch_reccl._C")
-        except (ImportError, OSError, AttributeError, TypeError):
-            pass
     from torch_reccl._native import native as load
 
     return load()
@@ -191,113 +176,6 @@ def wait_until(predicate, timeout, interval=0.02):
         time.sleep(interval)
 
 
-# --------------------------------------------------------------------------- child
-
-
-def peer_main(role: str, env: Dict[str, str], plan: dict, fault: Optional[dict],
-              inq, outq) -> None:
-    """One end of a connection in its own process.
-
-    role "recv": listens on NIC 0, sends ("handle", bytes), accepts, receives the plan.
-    role "send": waits for ("handle", bytes), connects from NIC 0, sends the plan.
-    fault: {"at": k, "nic": name, "kind": "down"|"blackhole"} is injected in this
-    process when k messages are complete here. Reports ("done", result) and
-    waits for ("finish",), then heals, closes and reports ("closed", threads).
-    """
-    result = {"ok": False, "error": None}
-    conn = listener = transport = None
-    c = native(fast=True)
-    try:
-        transport = c.Transport(env)
-        if role == "recv":
-            listener = transport.listen(0)
-            outq.put(("handle", listener.handle))
-            conn = listener.accept(20)
-        else:
-            kind, handle = inq.get(timeout=60)
-            assert kind == "handle"
-            conn = transport.connect(0, handle)
-            conn.wait_ready(20)
-        result["connection"] = conn.id
-        injected = {}
-
-        def on_done(index):
-            if fault is not None and index + 1 == fault["at"] and not injected:
-                injected["t"] = time.time()
-                c.inject_fault(fault["nic"], fault["kind"])
-
-        start = time.time()
-        run = run_receiver if role == "recv" else run_sender
-        result["bytes"] = run(conn, plan["sizes"], plan["seed"], plan.get("window", 8),
-                              plan.get("timeout", 30.0), on_done=on_done)
-        result["elapsed"] = time.time() - start
-        result["fault_time"] = injected.get("t")
-        time.sleep(plan.get("settle", 0.0))
-        result["active_path"] = conn.active_path
-        result["paths"] = conn.paths()
-        result["nic_stats"] = c.nic_stats()
-        result["events"] = c.drain_events(4096)
-        result["ok"] = True
-    except BaseException as error:  # reported to the test, which fails with it
-        result["error"] = f"{type(error).__name__}: {error}"
-    outq.put(("done", result))
-    try:
-        inq.get(timeout=60)
-    except Exception:
-        pass
-    for name in c.nic_stats():
-        c.inject_fault(name, "up")
-    if conn is not None:
-        conn.close()
-    if listener is not None:
-        listener.close()
-    outq.put(("closed", len(os.listdir("/proc/self/task"))))
-
-
-class Peer:
-    """A spawned peer_main child and its queues."""
-
-    def __init__(self, role, env, plan, fault=None):
-        ctx = multiprocessing.get_context("spawn")
-        self.inq = ctx.Queue()
-        self.outq = ctx.Queue()
-        self.process = ctx.Process(target=peer_main, args=(role, env, plan, fault, self.inq, self.outq),
-                                   daemon=True)
-        self.process.start()
-
-    def get(self, kind, timeout):
-        got, value = self.outq.get(timeout=timeout)
-        assert got == kind, f"peer sent {got!r}, expected {kind!r}: {value!r}"
-        return value
-
-    def put(self, *item):
-        self.inq.put(item)
-
-    def stop(self, timeout=10.0):
-        try:
-            self.put("finish")
-        except Exception:
-            pass
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-
-
-@pytest.fixture
-def spawn_peer():
-    peers: List[Peer] = []
-
-    def make(role, env, plan, fault=None) -> Peer:
-        peer = Peer(role, env, plan, fault)
-        peers.append(peer)
-        return peer
-
-    yield make
-    for peer in peers:
-        peer.stop()
-
-
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -380,6 +258,132 @@ def pair_factory():
     for send, recv, listener in made:
         close_both(send, recv)
         listener.close()
+
+
+# --------------------------------------------------------------------------- two hosts
+
+# Fixed names: NIC health is process-global and holds a bounded number of NICs,
+# so every test reuses these. IB: emulated RDMA devices (each IbTransport resets
+# their link state from the emulation's ports when it starts). TCP: loopback
+# addresses, two per host, so a fault on one host's NIC is seen by that host only.
+A0, A1, B0, B1 = "ib-a-0", "ib-a-1", "ib-b-0", "ib-b-1"
+TCP_HOSTS = {"a": "127.0.0.1,127.0.0.2", "b": "127.0.0.3,127.0.0.4"}
+IB_CHUNK = 64 << 10
+
+
+def ib_env(devices, **overrides) -> Dict[str, str]:
+    """reccl_env for an IbTransport over emulated `devices` (no RECCL_NICS)."""
+    env = reccl_env(
+        RECCL_IB_HCA=",".join(devices),
+        RECCL_CHUNK_BYTES=IB_CHUNK,
+        # 4.096 us * 2^12 = 16.8 ms per try, 8 tries: retry-exceeded after ~134 ms.
+        RECCL_IB_TIMEOUT=12,
+        RECCL_IB_RETRY_CNT=7)
+    del env["RECCL_NICS"]
+    for key, value in overrides.items():
+        env[key if key.startswith("RECCL_") else "RECCL_" + key] = str(value)
+    return env
+
+
+class Fabric:
+    """Two hosts, a and b, each a transport with two NICs (rail 0 and rail 1).
+
+    kind "ib": two IbTransports over one ``_C.IbEmulation`` with devices A0, A1
+    (host a) and B0, B1 (host b). kind "tcp": two TCP Transports, host a on
+    127.0.0.1/127.0.0.2, host b on 127.0.0.3/127.0.0.4. ``pair()`` connects a -> b;
+    ``link()``/``blackhole()`` fault one NIC of one host in the way the transport
+    supports: an emulated port event / silent drop for IB, ``inject_fault`` for
+    TCP (the only fault a TCP transport can be given inside one process).
+    """
+
+    def __init__(self, kind="ib", **overrides):
+        self.kind = kind
+        self.pairs = []
+        self.listeners = []
+        if kind == "ib":
+            self.emu = native().IbEmulation([A0, A1, B0, B1])
+            self.nics_a, self.nics_b = [A0, A1], [B0, B1]
+            self.a = native().IbTransport(self.emu, ib_env(self.nics_a, **overrides))
+            self.b = native().IbTransport(self.emu, ib_env(self.nics_b, **overrides))
+            self.link_down_reason = "link down"  # a port event (IBV_EVENT_PORT_ERR)
+        elif kind == "tcp":
+            self.emu = None
+            self.nics_a = ["lo:" + a for a in TCP_HOSTS["a"].split(",")]
+            self.nics_b = ["lo:" + a for a in TCP_HOSTS["b"].split(",")]
+            self.a = native().Transport(reccl_env(RECCL_NICS=TCP_HOSTS["a"], **overrides))
+            self.b = native().Transport(reccl_env(RECCL_NICS=TCP_HOSTS["b"], **overrides))
+            self.link_down_reason = "injected"
+        else:
+            raise ValueError(f"unknown transport kind {kind!r}")
+        self._faulted = set()
+
+    def pair(self, nic=0, reverse=False):
+        """A connection a -> b with its primary on rail `nic` (b -> a with `reverse`)."""
+        sender, receiver = (self.b, self.a) if reverse else (self.a, self.b)
+        listener = receiver.listen(nic)
+        self.listeners.append(listener)
+        send = sender.connect(nic, listener.handle)
+        send.wait_ready(10)
+        recv = listener.accept(10)
+        self.pairs.append((send, recv))
+        return send, recv
+
+    def link(self, nic, up):
+        """NIC `nic` (a name) loses (up=False) or regains its link."""
+        self._faulted.add(nic)
+        if self.kind == "ib":
+            (self.emu.port_up if up else self.emu.port_down)(nic)
+        else:
+            native().inject_fault(nic, "up" if up else "down")
+
+    def blackhole(self, nic, on=True):
+        """Traffic through `nic` silently vanishes (on) or flows again."""
+        self._faulted.add(nic)
+        if self.kind == "ib":
+            self.emu.drop(nic, on)
+        else:
+            native().inject_fault(nic, "blackhole" if on else "up")
+
+    def heal(self):
+        for nic in sorted(self._faulted):
+            if self.kind == "ib":
+                self.emu.port_up(nic)
+                self.emu.drop(nic, False)
+            native().inject_fault(nic, "up")
+
+    def close(self):
+        """Heals, closes every connection and listener it made, and drops its
+        transports, so that nothing here keeps their threads alive."""
+        if self.a is None:
+            return
+        self.heal()
+        for send, recv in self.pairs:
+            close_both(send, recv)
+        for listener in self.listeners:
+            listener.close()
+        self.pairs, self.listeners = [], []
+        self.a = self.b = self.emu = None
+
+
+def fabrics(kind):
+    """Body of a fixture: yields make(**overrides) -> Fabric; closes them after."""
+    made: List[Fabric] = []
+
+    def make(**overrides) -> Fabric:
+        f = Fabric(kind, **overrides)
+        made.append(f)
+        return f
+
+    make.kind = kind
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
+def fabric():
+    """make(**overrides) -> an IB-emulation Fabric (test_ib_transport.py)."""
+    yield from fabrics("ib")
 
 
 def close_both(send, recv) -> None:
