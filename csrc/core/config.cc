@@ -21,7 +21,7 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_CONNECT_TIMEOUT_MS", "5000", "bound on one dial attempt (ms); 100..120000"},
       {"RECCL_NSOCKS", "4", "data sockets per path; 1..16"},
       {"RECCL_IO_THREADS", "0",
-       "TCP transport: I/O threads per NIC, shared by every path of the process on that NIC; "
+       "TCP transport: I/O threads per NIC in use, in one pool serving every path of the process; "
        "0..64 (0: 2 on hosts with 8 or more cores, else 1)"},
       {"RECCL_CHUNK_BYTES", "1048576",
        "striping and resync unit in bytes; 4096..67108864"},

@@ -224,30 +224,24 @@ EventLoops::EventLoops() {
       [] {
         EventLoops& self = instance();
         self.mutex_.lock();
-        for (auto& [nic, pool] : self.pools_) {
-          for (EventLoop* loop : pool.loops) loop->mutex_.lock();
-        }
+        for (EventLoop* loop : self.loops_) loop->mutex_.lock();
       },
       [] {
         EventLoops& self = instance();
-        for (auto& [nic, pool] : self.pools_) {
-          for (EventLoop* loop : pool.loops) loop->mutex_.unlock();
-        }
+        for (EventLoop* loop : self.loops_) loop->mutex_.unlock();
         self.mutex_.unlock();
       },
       [] {
         EventLoops& self = instance();
-        for (auto& [nic, pool] : self.pools_) {
-          for (EventLoop* loop : pool.loops) {
-            loop->mutex_.unlock();
-            loop->resetAfterFork();
-          }
+        for (EventLoop* loop : self.loops_) {
+          loop->mutex_.unlock();
+          loop->resetAfterFork();
         }
         self.mutex_.unlock();
       });
 }
 
-int EventLoops::poolSize(int requested) {
+int EventLoops::perNic(int requested) {
   if (requested > 0) return requested;
   // Two threads per NIC keep a NIC's sockets busy on a multi-core host; one
   // where cores are few and every rank of the host competes for them.
@@ -255,23 +249,18 @@ int EventLoops::poolSize(int requested) {
   return cores >= 8 ? 2 : 1;
 }
 
-EventLoop& EventLoops::pick(int nicId, int poolSize) {
+EventLoop& EventLoops::pick(int nicId, int threadsPerNic) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Pool& pool = pools_[nicId];
-  while (pool.loops.size() < static_cast<size_t>(std::max(1, poolSize))) {
-    pool.loops.push_back(new EventLoop());
-  }
-  EventLoop* loop = pool.loops[pool.next % pool.loops.size()];
-  ++pool.next;
-  return *loop;
+  nics_.insert(nicId);
+  const size_t wanted = static_cast<size_t>(std::max(1, threadsPerNic)) * nics_.size();
+  while (loops_.size() < wanted) loops_.push_back(new EventLoop());
+  return *loops_[next_++ % loops_.size()];
 }
 
 size_t EventLoops::runningThreads() const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t count = 0;
-  for (const auto& [nic, pool] : pools_) {
-    for (EventLoop* loop : pool.loops) count += loop->running() ? 1 : 0;
-  }
+  for (EventLoop* loop : loops_) count += loop->running() ? 1 : 0;
   return count;
 }
 

@@ -1,13 +1,13 @@
-// A small fixed pool of I/O threads per NIC, each an epoll loop with a timer
-// wheel. Transports register their sockets and deadlines here instead of
-// starting threads, so a process's I/O threads depend on its NICs and the
-// RECCL_IO_THREADS setting, never on how many connections it holds.
+// A small fixed pool of I/O threads, RECCL_IO_THREADS per NIC, each an epoll
+// loop with a timer wheel. Transports register their sockets and deadlines
+// here instead of starting threads, so a process's I/O threads depend on its
+// NICs and that setting, never on how many connections it holds.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -83,8 +83,11 @@ class EventLoop {
   bool running_ = false;
 };
 
-// The process's loops, a pool per NIC (by NicHealth id). Never destroyed: loop
-// threads may outlive static destruction at exit.
+// The process's loops: one pool of `threads per NIC × NICs in use` loops shared
+// by every NIC, so when a NIC dies and its traffic moves to the backup NIC, the
+// backup's sockets (spread over the whole pool when their paths were made) keep
+// every thread busy instead of half of them. Never destroyed: loop threads may
+// outlive static destruction at exit.
 class EventLoops {
  public:
   static EventLoops& instance();
@@ -92,22 +95,20 @@ class EventLoops {
   // replaced (failover, failback) finds it still running.
   static constexpr Millis kIdleRetirement{1000};
 
-  // The threads per NIC for `requested` (RECCL_IO_THREADS; 0 = by cores).
-  static int poolSize(int requested);
-  // The next loop, round robin, of NIC `nicId`'s pool; a pool grows to the
-  // largest `poolSize` asked for it.
-  EventLoop& pick(int nicId, int poolSize);
-  // Loop threads running now, over every pool.
+  // Threads per NIC for `requested` (RECCL_IO_THREADS; 0 = by cores).
+  static int perNic(int requested);
+  // The next loop, round robin over the pool, for a socket on NIC `nicId` (a
+  // NicHealth id); the pool grows to `threadsPerNic` × the NICs seen so far.
+  EventLoop& pick(int nicId, int threadsPerNic);
+  // Loop threads running now.
   size_t runningThreads() const;
 
  private:
   EventLoops();
   mutable std::mutex mutex_;
-  struct Pool {
-    std::vector<EventLoop*> loops;
-    size_t next = 0;
-  };
-  std::map<int, Pool> pools_;
+  std::vector<EventLoop*> loops_;
+  std::set<int> nics_;
+  size_t next_ = 0;
 };
 
 }  // namespace reccl

@@ -31,11 +31,13 @@ LinkMonitor::LinkMonitor(std::map<int, int> watched) : watched_(std::move(watche
     socket_.reset();
     return;
   }
+  wake_ = makeWakeFd();
   thread_ = std::thread([this] { run(); });
 }
 
 LinkMonitor::~LinkMonitor() {
   stop_.store(true);
+  if (wake_.valid()) signalWake(wake_.get());
   if (thread_.joinable()) thread_.join();
 }
 
@@ -58,8 +60,8 @@ void LinkMonitor::run() {
   nameThisThread("reccl-linkmon");
   std::vector<uint8_t> buffer(64 << 10);
   while (!stop_.load()) {
-    pollfd pfd{socket_.get(), POLLIN, 0};
-    if (::poll(&pfd, 1, 50) <= 0) continue;
+    pollfd fds[2] = {{socket_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) <= 0 || !(fds[0].revents & POLLIN)) continue;
     for (;;) {
       ssize_t got = ::recv(socket_.get(), buffer.data(), buffer.size(), MSG_DONTWAIT);
       if (got <= 0) break;

@@ -25,6 +25,7 @@ class LinkMonitor {
 
   const std::map<int, int> watched_;
   Fd socket_;
+  Fd wake_;  // signalled by the destructor: the poll waits without a timeout
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

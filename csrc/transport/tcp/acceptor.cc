@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -28,11 +29,13 @@ Acceptor::Acceptor(std::string address, std::string nicName, Millis handshakeTim
   std::string error;
   listener_ = listenOn(address_, &port_, &error);
   if (!listener_.valid()) throw Error("cannot listen on NIC " + nicName_ + ": " + error);
+  wake_ = makeWakeFd();
   thread_ = std::thread([this] { run(); });
 }
 
 Acceptor::~Acceptor() {
   stop_.store(true);
+  signalWake(wake_.get());
   thread_.join();
 }
 
@@ -105,9 +108,17 @@ void Acceptor::run() {
   std::vector<Pending> pending;
   while (!stop_.load()) {
     std::vector<pollfd> fds;
+    fds.push_back({wake_.get(), POLLIN, 0});
     fds.push_back({listener_.get(), POLLIN, 0});
     for (const auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
-    int ready = ::poll(fds.data(), fds.size(), 50);
+    // Asleep until a peer connects or sends, or a handshake's deadline passes.
+    int64_t timeoutMs = -1;
+    for (const auto& p : pending) {
+      const int64_t left = std::max<int64_t>(
+          0, std::chrono::duration_cast<Millis>(p.deadline - Clock::now()).count() + 1);
+      timeoutMs = timeoutMs < 0 ? left : std::min(timeoutMs, left);
+    }
+    int ready = ::poll(fds.data(), fds.size(), static_cast<int>(timeoutMs));
     if (ready < 0 && errno != EINTR) {
       RECCL_LOG(kWarn, std::string("acceptor poll: ") + std::strerror(errno));
       continue;
@@ -117,7 +128,7 @@ void Acceptor::run() {
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending& p = pending[i];
       bool finished = false;
-      if (fds[i + 1].revents != 0) finished = advance(p);
+      if (fds[i + 2].revents != 0) finished = advance(p);
       if (!finished && now > p.deadline) {
         refuse(p, "no handshake within " + std::to_string(handshakeTimeout_.count()) + " ms");
         finished = true;
@@ -125,7 +136,7 @@ void Acceptor::run() {
       if (!finished) next.push_back(std::move(p));
     }
     pending = std::move(next);
-    if (fds[0].revents & POLLIN) {
+    if (fds[1].revents & POLLIN) {
       for (;;) {
         int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;

@@ -53,6 +53,7 @@ class Acceptor {
   Authenticate authenticate_;
   Admit admit_;
   Fd listener_;
+  Fd wake_;  // signalled by the destructor: the poll waits without a timeout when idle
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -5,11 +5,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace reccl {
 
@@ -186,6 +189,18 @@ std::string peerAddress(int fd) {
   char text[INET_ADDRSTRLEN] = {};
   inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
   return std::string(text) + ":" + std::to_string(ntohs(addr.sin_port));
+}
+
+Fd makeWakeFd() {
+  Fd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd.valid()) throw Error(std::string("eventfd: ") + std::strerror(errno));
+  return fd;
+}
+
+void signalWake(int fd) {
+  const uint64_t one = 1;
+  ssize_t written = ::write(fd, &one, sizeof(one));
+  (void)written;  // EAGAIN: already signalled
 }
 
 }  // namespace reccl

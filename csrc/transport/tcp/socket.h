@@ -69,6 +69,10 @@ Fd connectFrom(const std::string& localAddress, const std::string& address, uint
 // A listening socket on `address` (port 0 = any); fills the chosen port.
 Fd listenOn(const std::string& address, uint16_t* port, std::string* error);
 void setNoDelay(int fd);
+// An eventfd another thread signals to end a poll() that has no timeout, so a
+// thread waiting for rare events (connections, link changes) never wakes idle.
+Fd makeWakeFd();
+void signalWake(int fd);
 void setNonBlocking(int fd, bool on);
 std::string peerAddress(int fd);
 

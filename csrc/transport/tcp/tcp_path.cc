@@ -59,7 +59,7 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
       remoteNic_(remoteNic),
       healthId_(healthId),
       peer_(std::move(peer)),
-      ioThreads_(EventLoops::poolSize(config.ioThreads)),
+      ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
       heartbeat_(config.heartbeatMs),
       beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
       dataStallLimit_(config.heartbeatMs * 4) {
@@ -86,7 +86,7 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
     for (size_t i = 0; i < sockets_.size(); ++i) {
       Socket& socket = sockets_[i];
       socket.lastProgressNs = now;
-      socket.loop = &EventLoops::instance().pick(healthId_, ioThreads_);
+      socket.loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
       const bool reads = i == kControl || role_ == Role::kReceiver;
       // A writer is polled only while it has a chunk to write (sendData arms it).
       socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,

@@ -92,7 +92,7 @@ class TcpPath : public Path {
   const int remoteNic_;
   const int healthId_;
   const std::string peer_;
-  const int ioThreads_;
+  const int ioThreadsPerNic_;
   const Millis heartbeat_;
   const Millis beatInterval_;
   // A data socket may stall under congestion while the control socket still
