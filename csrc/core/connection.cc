@@ -224,6 +224,18 @@ void Connection::retireAllPathsLocked(const std::string& why) {
   failPendingLocked(why);
 }
 
+bool Connection::quiet() {
+  Lock lock(mutex_);
+  if (!retired_.empty() || stalled_) return false;
+  if (closed_ || peerClosed_ || !error_.empty()) return true;
+  if (active_ < 0) return false;
+  for (const auto& slot : slots_) {
+    if (slot.state == SlotState::kDialing || slot.state == SlotState::kFailed) return false;
+    if (slot.nics.upFront && slot.state != SlotState::kUp) return false;
+  }
+  return roleQuietLocked();
+}
+
 void Connection::checkActiveSlotLocked() {
   if (active_ < 0 || slots_.at(active_).state == SlotState::kUp) return;
   RECCL_LOG(kWarn, "connection " + std::to_string(id_) + ": active path " + slotName(active_) +

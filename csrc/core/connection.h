@@ -65,6 +65,8 @@ class Connection : public PathOwner, public Serviced {
   // Per path: "primary eth0->198.18.0.2 up" etc.
   std::vector<std::string> describePaths() const;
   int activePath() const;
+  // Every up-front path up and active, nothing to reap, resend or time out.
+  bool quiet() final;
   // The local NIC the active path leaves from; -1 while no path is active.
   int activeLocalNic() const;
 
@@ -119,6 +121,8 @@ class Connection : public PathOwner, public Serviced {
   virtual void failPendingLocked(const std::string& why) = 0;
   // Role-specific reaction to losing the active path.
   virtual void onActiveLostLocked(int index, Reason reason) = 0;
+  // Role-specific work the supervisor still has to do (quiet() otherwise holds).
+  virtual bool roleQuietLocked() const { return true; }
   // A control frame only this end understands; throws ProtocolError for others.
   virtual void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) = 0;
 

@@ -34,6 +34,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
+  bool roleQuietLocked() const override { return notifyQueue_.empty(); }
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:

@@ -307,6 +307,15 @@ void SendConnection::dialLocked() {
   }
 }
 
+bool SendConnection::roleQuietLocked() const {
+  if (awaitingResync_ || switchPending_ || !cancels_.empty()) return false;
+  // A better path up than the active one: a failback is due.
+  for (int i = 0; i < active_; ++i) {
+    if (slots_[i].state == SlotState::kUp) return !env_.config.failback;
+  }
+  return true;
+}
+
 std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* frame,
                                                           std::shared_ptr<Path>* drainFirst) {
   int best = -1;

@@ -44,6 +44,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
+  bool roleQuietLocked() const override;
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:

@@ -7,7 +7,8 @@
 
 namespace reccl {
 
-Supervisor::Supervisor(Millis tick) : tick_(tick), thread_([this] { run(); }) {}
+Supervisor::Supervisor(Millis tick, Millis quietTick)
+    : tick_(tick), quietTick_(quietTick), thread_([this] { run(); }) {}
 
 Supervisor::~Supervisor() {
   {
@@ -55,17 +56,22 @@ void Supervisor::forEach(const std::function<void(Serviced&)>& fn) {
 
 void Supervisor::run() {
   nameThisThread("reccl-supervise");
+  bool quiet = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, tick_, [&] { return poked_ || stopping_; });
+      // Healthy connections have no deadlines: an idle process does not tick.
+      cv_.wait_for(lock, quiet ? quietTick_ : tick_, [&] { return poked_ || stopping_; });
       if (stopping_) return;
       poked_ = false;
     }
+    quiet = true;
     for (auto& item : live()) {
       try {
         item->service();
+        quiet = item->quiet() && quiet;
       } catch (const std::exception& error) {
+        quiet = false;
         RECCL_LOG(kWarn, std::string("supervisor: ") + error.what());
       }
     }

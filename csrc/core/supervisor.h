@@ -18,12 +18,17 @@ class Serviced {
  public:
   virtual ~Serviced() = default;
   virtual void service() = 0;
+  // True when no deadline is pending: service() has nothing to do until
+  // something pokes the supervisor (a path fails, a dial ends, a NIC changes).
+  virtual bool quiet() { return false; }
 };
 
 class Supervisor {
  public:
   // `tick` bounds how long a deadline can be overlooked when nobody pokes.
-  explicit Supervisor(Millis tick = Millis(20));
+  // While every item is quiet the supervisor sleeps `quietTick` between
+  // rounds instead, a safety net for a change that forgot to poke.
+  explicit Supervisor(Millis tick = Millis(20), Millis quietTick = Millis(1000));
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -38,6 +43,7 @@ class Supervisor {
   std::vector<std::shared_ptr<Serviced>> live();
 
   const Millis tick_;
+  const Millis quietTick_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::weak_ptr<Serviced>> items_;
