@@ -22,9 +22,7 @@ How each fault is made, per transport:
 - flap: ``inject_fault(nic, "flap")`` for TCP; for IB a thread cycles the port
   with the same period (the drill's process-level health flap is not a port
   event, so it would not exercise the IB event path).
-Not uniform, and why: nothing else. One gap the suite found is recorded as a
-strict xfail (both transports, in csrc/core): when the receiving end closes, the
-sender's pending and later sends never fail.
+Not uniform, and why: nothing else.
 
 Transport-specific checks (handles, secrets, RDMA registration and placement,
 GID choice, corrupted deliveries, bootstrap) stay in test_transport.py and
@@ -514,18 +512,20 @@ def test_close_of_the_receiving_end_fails_its_pending_requests(bed):
     assert time.monotonic() - start < 3.0
 
 
-@pytest.mark.xfail(strict=True, raises=RecclTimeoutError,
-                   reason="known gap in core, both transports: when the receiving end "
-                          "closes, the sender's paths go down but its pending and later "
-                          "sends never fail (no error, no RECCL_NO_PATH_TIMEOUT_MS either; "
-                          "seen hanging 16 s), while the mirror case (sender closes) fails "
-                          "the receiver's requests with 'closed'")
 def test_close_of_the_receiving_end_fails_the_senders_requests(bed):
+    """The mirror of the case above: the receiver's CLOSE fails the send pending
+    at it and any send posted after it, promptly, with an error that says the
+    receiver closed (not a timeout, not RECCL_NO_PATH_TIMEOUT_MS)."""
     send, recv = bed().pair()
     stream(send, recv, plan_sizes(77, 3, 1024), 77)
     early = send.isend(b"early")  # no receive posted for it: waits for a CTS
+    start = time.monotonic()
     recv.close()
     late = send.isend(b"late")
     for request in (early, late):
-        with pytest.raises(RecclError, match="closed"):
+        with pytest.raises(RecclError, match="the receiver closed the connection"):
             request.wait(2)
+    assert time.monotonic() - start < 2.0
+    with pytest.raises(RecclError, match="the receiver closed the connection"):
+        send.isend(b"later").wait(2)
+    send.close()

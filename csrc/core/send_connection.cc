@@ -8,6 +8,10 @@
 
 namespace reccl {
 
+namespace {
+const char* const kReceiverClosed = "the receiver closed the connection";
+}  // namespace
+
 SendConnection::SendConnection(ConnectionEnv env, uint64_t id,
                                std::vector<PathCandidate> candidates,
                                std::unique_ptr<Dialer> dialer, uint64_t chunkBytes)
@@ -29,6 +33,13 @@ std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t byt
   }
   uint64_t seq = nextSeq_++;
   auto request = std::make_shared<Request>(seq, const_cast<uint8_t*>(data), bytes);
+  if (peerClosed_) {
+    // The receiver sent its CLOSE after it stopped taking receives: no receive
+    // can match this send any more. It fails at once, as a request, like a send
+    // pending at the CLOSE does once the paths are gone.
+    request->fail(kReceiverClosed);
+    return request;
+  }
   PendingSend& send = sends_[seq];
   send.request = request;
   send.registration = registration;
@@ -368,8 +379,20 @@ void SendConnection::service() {
   {
     Lock lock(mutex_);
     reapLocked();
-    // After the peer's CLOSE nothing is re-dialed: its listener is gone.
-    if (closed_ || peerClosed_ || !error_.empty()) {
+    if (closed_ || !error_.empty()) {
+      lock.unlock();
+      destroyRetired();
+      return;
+    }
+    if (peerClosed_) {
+      // After the receiver's CLOSE nothing is re-dialed (its listener is gone)
+      // and nothing activated. A send still pending can only get an ACK that
+      // was already in flight: once the paths are gone it fails, and if a
+      // path lingers, after RECCL_NO_PATH_TIMEOUT_MS at the latest.
+      checkActiveSlotLocked();
+      if (active_ < 0) failPendingLocked(kReceiverClosed);
+      checkStalledLocked(active_ >= 0 && !sends_.empty(),
+                         "the receiver closed the connection but its paths stayed up");
       lock.unlock();
       destroyRetired();
       return;
