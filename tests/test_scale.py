@@ -54,7 +54,8 @@ SETTLE_S = 1.0
 PHASE_TIMEOUT_S = 90.0               # any one phase
 TOTAL_TIMEOUT_S = {"gloo": 60.0, "reccl": 150.0}   # a whole job (today's reccl needs the most)
 JOB_OPTS = dict(idle_s=IDLE_S, settle_s=SETTLE_S, phase_timeout=PHASE_TIMEOUT_S, op_timeout=60.0,
-                warmup=2, small_iters=5, large_iters=1, large_bytes=4 << 20)  # few ops: exactness, not speed
+                warmup=2, small_iters=5, busbw_iters=1,
+                busbw=(("all_reduce", 4 << 20),))  # few ops: exactness, not speed
 THREAD_BUDGET = 16                   # engine + control threads per rank, whatever N and G ...
 THREADS_PER_NIC = 2                  # ... plus this many per NIC
 GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
@@ -172,3 +173,4 @@ def test_reccl_threads_per_rank_bounded(reccl_job, gloo_job, record_property):
         f"{worst} non-transport threads in a reccl rank (bound {THREAD_BUDGET} + {THREADS_PER_NIC} x {nics} NICs "
         f"+ B={baseline} = {bound}; {total} threads in all); by name in rank "
         f"{reccl_job['thread_names_worst_rank']['rank']}: {json.dumps(reccl_job['thread_names_worst_rank']['names'])}")
+
