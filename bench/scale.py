@@ -1077,6 +1077,7 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
     if size < 2 or size % 2:
         raise ValueError(f"ranks must be even and >= 2 (tensor-parallel pairs), not {size}")
     log_dir = log_dir or tempfile.mkdtemp(prefix="reccl-scale-")
+    os.makedirs(log_dir, exist_ok=True)
     env = env if env is not None else rank_env(backend)
     nics = [n for n in env.get("RECCL_NICS", "").split(",") if n]
     plan = [entry for op, nbytes in busbw for entry in busbw_plan([op], [nbytes], busbw_iters, warmup)]
