@@ -25,20 +25,42 @@ them per phase. The phases are driven by the launcher over each rank's stdin
                  fds (/proc/<pid>/fd)
     collectives  world group: 4-byte all_reduce latency (per rank: median of
                  --small-iters timed ops after --warmup; reported: the max over ranks
-                 of the per-rank medians), then --large-bytes all_reduce busbw
-                 (per rank: mean of --large-iters timed ops; reported: nccl-tests'
-                 2(N-1)/N x bytes / the max over ranks of the mean time). Every
-                 result of every op is checked bit for bit (integer-valued floats).
+                 of the per-rank medians)
+    busbw        one phase per (op, size) of --busbw-ops x --busbw-sizes-mib (default:
+                 all_reduce of 16 MiB), on the world group: per rank, the mean of
+                 the timed ops (each timed alone); t = the max over ranks of those
+                 means; busbw as nccl-tests: algbw = bytes / t, busbw = algbw x
+                 2(N-1)/N (all_reduce) or (N-1)/N (all_gather, reduce_scatter).
+                 "bytes" is the size given, as in nccl-tests the largest buffer of
+                 the op (rounded down to a multiple of 4N for the last two):
+                   all_reduce      the buffer each rank reduces (input = output)
+                   all_gather      the gathered output; each rank sends bytes/N
+                   reduce_scatter  each rank's input; each rank gets bytes/N
+                 so a rank holds about 1.25 x bytes whatever N (the buffers plus a
+                 uint8 copy of the input pattern). Op counts per size: at 16 MiB
+                 max(1, --warmup/2) untimed and --busbw-iters timed; other sizes
+                 scale both by 16 MiB/size (timed: min(2, iters) .. 4 x iters;
+                 untimed: 1 .. warmup/2), the same for reccl and Gloo.
+
+Every result of every op is checked bit for bit (inputs are integer-valued floats:
+(element index % 251) + rank, so every sum is exact in float32; all_gather and
+reduce_scatter outputs are set to -1 before each op, so an unwritten output fails).
+The shapes, bus factors and collective calls are those of torch_reccl/bench_rank.py
+(``reccl bench``), loaded by path.
 
 Every phase is bounded by --phase-timeout; a job that does not finish in its bound
 is reported as "did not finish (<phase>)" and its ranks are killed.
 
     python bench/scale.py                      # N = 4 8 16 ... up to 8 x cores
     python bench/scale.py --ranks 4 8 --idle-s 10 --json scale.json
+    python bench/scale.py --ranks 2 4 8 --busbw-sizes-mib 1 4 16 64 256 \\
+        --busbw-ops all_reduce all_gather reduce_scatter
 
-Output: a Markdown table per machine on stdout (reccl, gloo, reccl/gloo), and the
-full record (per-phase store counts with samples of the requests seen, per-rank
-numbers, thread names) with --json. docs/scale.md explains every column.
+Output: a Markdown table per machine on stdout (reccl, gloo, reccl/gloo; one
+"<size> <op> busbw (GB/s)" row per measured (op, size)), and the full record
+(per-phase store counts with samples of the requests seen, per-rank numbers,
+thread names; per (op, size): bytes, op counts, t, every rank's mean, algbw and
+busbw) with --json. docs/scale.md explains every column.
 
 Store requests are counted two ways by the proxy: "reads" (client->server recv()
 calls that returned data; TCPStore's client writes each request with one send(), so
@@ -69,14 +91,71 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NICS = "127.0.0.1,127.0.0.2"
 DEFAULT_RANKS = (4, 8, 16, 32, 64, 128)
 BACKENDS = ("reccl", "gloo")
-PHASES = ("start", "init", "create", "first_use", "settle", "idle", "collectives")
+PHASES = ("start", "init", "create", "first_use", "settle", "idle", "collectives", "busbw")  # busbw: one per (op, size)
 TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
+
+
+def _load_bench_rank():
+    """torch_reccl/bench_rank.py by path: its shapes, bus factors and collective calls are the
+    ones ``reccl bench`` uses. Importing it as torch_reccl.bench_rank would import the
+    torch_reccl package (and load the extension) in the launcher and in every Gloo rank."""
+    import importlib.util
+
+    name = "reccl_bench_rank_standalone"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", "bench_rank.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_bench_rank = _load_bench_rank()
+OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
+shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
+bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N
+run_collective = _bench_rank.run_collective
+
+# --------------------------------------------------------------------------- busbw plan
+
+BUSBW_REFERENCE_BYTES = 16 << 20  # --busbw-iters and --warmup/2 are the counts at this size
+
+
+def busbw_counts(size_bytes: int, iters: int, warmup: int) -> Tuple[int, int]:
+    """(untimed, timed) ops of one busbw measurement of ``size_bytes``.
+
+    At 16 MiB: max(1, warmup // 2) untimed and ``iters`` timed, as before sizes were
+    configurable. Other sizes scale both by 16 MiB / size, so every size moves about
+    the same bytes: timed ops between min(2, iters) and 4 x iters, untimed between 1
+    and max(1, warmup // 2). The counts depend on the size only, never on N or the
+    backend, so reccl and Gloo run the same ops.
+    """
+    scale = BUSBW_REFERENCE_BYTES / max(1, size_bytes)
+    warm = max(1, warmup // 2)
+    return (max(1, min(warm, round(warm * scale))),
+            max(min(2, iters), min(4 * iters, round(iters * scale))))
+
+
+def busbw_plan(ops, sizes_bytes, iters: int, warmup: int) -> List[dict]:
+    """Every (op, size) to measure, ops outer, sizes inner, with its op counts."""
+    plan = []
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"busbw op {op!r}: expected one of {OPS}")
+        for size in sizes_bytes:
+            warm, timed = busbw_counts(int(size), iters, warmup)
+            plan.append({"op": op, "size_bytes": int(size), "warmup": warm, "iters": timed})
+    return plan
+
+
+def human_bytes(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else (f"{n / 1024:g} KiB" if n >= 1024 else f"{n} B")
 
 # --------------------------------------------------------------------------- TCPStore wire format
 
@@ -492,6 +571,86 @@ def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+PATTERN = 251       # inputs: (global element index % 251) + rank; every sum is an exact float32 integer
+CHECK_CHUNK = 1 << 20  # elements compared per step: the check's temporaries stay 8 MiB whatever the size
+
+
+def _pattern(count: int):
+    """uint8 tensor of (i % 251) for i < count: the inputs' shape, a quarter of a float32 buffer."""
+    import torch
+
+    return torch.arange(PATTERN, dtype=torch.uint8).repeat(-(-count // PATTERN))[:count]
+
+
+def _first_wrong(segments) -> Optional[Tuple[int, float, float]]:
+    """(output index, got, expected) of the first element that is not base x scale + offset in
+    any (output slice, output start, base slice, scale, offset) segment; None if all are right."""
+    import torch
+
+    for out, start, base, scale, offset in segments:
+        for a in range(0, out.numel(), CHECK_CHUNK):
+            b = min(a + CHECK_CHUNK, out.numel())
+            want = base[a:b].float().mul_(scale).add_(offset)
+            if not torch.equal(out[a:b], want):
+                bad = int((out[a:b] != want).nonzero()[0].item())
+                return start + a + bad, out[a + bad].item(), want[bad].item()
+    return None
+
+
+def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size: int, errors: List[str],
+                  progress=None) -> dict:
+    """``warm`` untimed then ``iters`` timed ``op``s on the world group, each checked bit for bit.
+
+    Shapes as nccl-tests (shape_for): ``nominal`` bytes is the largest buffer, the
+    all_reduce buffer, the all_gather output, the reduce_scatter input; all_gather's
+    input and reduce_scatter's output are 1/N of it. So a rank holds about 1.25 x
+    the size (the buffer(s) plus a uint8 copy of the pattern), whatever N.
+    Before every op the input is refilled and an all_gather/reduce_scatter output
+    set to -1 (never a right value), so a result the op did not write is caught.
+    Every op is timed alone (perf_counter around the call); returns the mean of
+    the timed ones, the shapes and every time.
+    """
+    import torch
+
+    count, nbytes, n_in, n_out = shape_for(op, nominal, size, "float32")
+    chunk = count // size
+    base = _pattern(count)
+    total = float(size * (size - 1) // 2)   # sum over ranks of the "+ rank" offsets
+    if op == "all_reduce":
+        inp = out = torch.empty(count)
+        mine = base
+        segments = [(out, 0, base, float(size), total)]
+    elif op == "all_gather":
+        inp, out = torch.empty(chunk), torch.empty(count)
+        mine = base[rank * chunk:(rank + 1) * chunk]
+        segments = [(out[k * chunk:(k + 1) * chunk], k * chunk, base[k * chunk:(k + 1) * chunk], 1.0, float(k))
+                    for k in range(size)]
+    else:
+        inp, out = torch.empty(count), torch.empty(chunk)
+        mine = base
+        segments = [(out, 0, base[rank * chunk:(rank + 1) * chunk], float(size), total)]
+    found = 0
+    times = []
+    for i in range(warm + iters):
+        inp.copy_(mine).add_(rank)
+        if out is not inp:
+            out.fill_(-1.0)
+        t0 = time.perf_counter()
+        run_collective(op, out, inp)
+        dt = time.perf_counter() - t0
+        wrong = _first_wrong(segments)
+        if wrong is not None and found < 5 and len(errors) < 20:
+            found += 1
+            errors.append(f"{op} of {nbytes} bytes, op {i}: output element {wrong[0]} is {wrong[1]}, "
+                          f"expected {wrong[2]}")
+        if i >= warm:
+            times.append(dt)
+        if progress:
+            progress(f"{op} {nbytes} B op {i} done")
+    return {"op": op, "size_bytes": nominal, "bytes": nbytes, "in_count": n_in, "out_count": n_out,
+            "mean_s": sum(times) / len(times), "times": times}
+
+
 def rank_main(argv: List[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
@@ -503,8 +662,7 @@ def rank_main(argv: List[str]) -> int:
     p.add_argument("--timeout", type=float, required=True)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--small-iters", type=int, required=True)
-    p.add_argument("--large-iters", type=int, required=True)
-    p.add_argument("--large-bytes", type=int, required=True)
+    p.add_argument("--busbw", required=True, help="the busbw plan: JSON [[op, size bytes, untimed, timed], ...]")
     args = p.parse_args(argv)
     rank, size = args.rank, args.size
     out = os.fdopen(args.msg_fd, "w", buffering=1)
@@ -516,9 +674,9 @@ def rank_main(argv: List[str]) -> int:
 
     phase = "start"
 
-    def command(expected: str) -> None:
+    def command(expected: str, name: Optional[str] = None) -> None:
         nonlocal phase
-        phase = expected
+        phase = name or expected
         line = commands.readline()  # blocks in read(): an idle rank's main thread sleeps here
         if not line:  # the launcher is gone or gave up on this job
             os._exit(3)
@@ -568,6 +726,7 @@ def rank_main(argv: List[str]) -> int:
                 errors.append(f"first use of {name}: got {t.tolist()}, expected {expected.tolist()}")
         emit("first_use", s=time.perf_counter() - t0, per_group=per_group, errors=errors,
              threads=_thread_count())
+        reported = len(errors)
 
         command("collectives")
         small = torch.zeros(1)
@@ -584,26 +743,15 @@ def rank_main(argv: List[str]) -> int:
                 times.append(dt)
         small_median = statistics.median(times)
         emit("progress", step="4-byte all_reduces done")
-        n = max(1, args.large_bytes // 4)
-        base = (torch.arange(n, dtype=torch.int32) % 251).float()  # sums stay exact in float32
-        src = base + rank
-        expected = base * size + float(size * (size - 1) // 2)
-        buf = torch.empty_like(src)
-        large_times = []
-        for i in range(max(1, args.warmup // 2) + args.large_iters):
-            buf.copy_(src)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            dt = time.perf_counter() - t0
-            if not torch.equal(buf, expected) and len(errors) < 20:
-                bad = (buf != expected).nonzero()[0].item()
-                errors.append(f"{n * 4}-byte all_reduce {i}: element {bad} is {buf[bad].item()}, "
-                              f"expected {expected[bad].item()}")
-            if i >= max(1, args.warmup // 2):
-                large_times.append(dt)
-            emit("progress", step=f"large all_reduce {i} done")
-        emit("collectives", small_median_s=small_median, small_times=times, large_bytes=n * 4,
-             large_mean_s=sum(large_times) / len(large_times), errors=errors)
+        emit("collectives", small_median_s=small_median, small_times=times, errors=errors[reported:])
+        reported = len(errors)
+
+        for i, (op, nominal, warm, iters) in enumerate(json.loads(args.busbw)):
+            command(f"busbw{i}", f"busbw {op} {nominal} B")
+            measured = measure_busbw(op, nominal, warm, iters, rank, size, errors,
+                                     lambda step: emit("progress", step=step))
+            emit(f"busbw{i}", **measured, errors=errors[reported:])
+            reported = len(errors)
     except Exception as error:  # noqa: BLE001 - told to the launcher, then the traceback goes to the log
         emit("error", error=f"rank {rank} in phase {phase}: {type(error).__name__}: {error}"[:3000])
         raise
@@ -710,7 +858,8 @@ class _Ranks:
             argv = ["--rank", str(r), "--size", str(size), "--backend", backend, "--store-port", str(store_port),
                     "--msg-fd", str(msg_w), "--cmd-fd", str(cmd_r), "--timeout", str(opts["op_timeout"]),
                     "--warmup", str(opts["warmup"]), "--small-iters", str(opts["small_iters"]),
-                    "--large-iters", str(opts["large_iters"]), "--large-bytes", str(opts["large_bytes"])]
+                    "--busbw", json.dumps([[b["op"], b["size_bytes"], b["warmup"], b["iters"]]
+                                           for b in opts["busbw"]])]
             specs.append({"argv": argv, "cmd_fd": cmd_r, "msg_fd": msg_w, "log": self.logs[r]})
             self.cmd[r] = cmd_w
             self.fds[msg_r] = r
@@ -908,10 +1057,15 @@ def _median(values):
 
 def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 1.0,
             phase_timeout: float = 180.0, start_timeout: Optional[float] = None, op_timeout: float = 120.0,
-            warmup: int = 10, small_iters: int = 50, large_iters: int = 5, large_bytes: int = 16 << 20,
-            env: Optional[dict] = None, log_dir: Optional[str] = None, skip_collectives: bool = False,
+            warmup: int = 10, small_iters: int = 50, busbw_iters: int = 5,
+            busbw: Sequence[Tuple[str, int]] = (("all_reduce", 16 << 20),), env: Optional[dict] = None,
+            log_dir: Optional[str] = None, skip_collectives: bool = False,
             total_timeout: Optional[float] = None, start_method: str = "fork", progress=None) -> dict:
     """One job: N ranks of one backend through every phase; a dict of everything measured.
+
+    ``busbw`` lists the (op, size in bytes) whose busbw is measured after the 4-byte
+    latency, each in a phase of its own ("busbw <op> <size>", bounded by
+    ``phase_timeout``), with the op counts of busbw_counts(size, busbw_iters, warmup).
 
     ``status`` is "ok" or "did not finish (<phase>)" (``detail`` says why; what was
     measured before that phase is kept). ``progress`` (a callable taking a string)
@@ -923,15 +1077,16 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
     if size < 2 or size % 2:
         raise ValueError(f"ranks must be even and >= 2 (tensor-parallel pairs), not {size}")
     log_dir = log_dir or tempfile.mkdtemp(prefix="reccl-scale-")
+    os.makedirs(log_dir, exist_ok=True)
     env = env if env is not None else rank_env(backend)
     nics = [n for n in env.get("RECCL_NICS", "").split(",") if n]
-    opts = {"op_timeout": op_timeout, "warmup": warmup, "small_iters": small_iters,
-            "large_iters": large_iters, "large_bytes": large_bytes}
+    plan = [entry for op, nbytes in busbw for entry in busbw_plan([op], [nbytes], busbw_iters, warmup)]
+    opts = {"op_timeout": op_timeout, "warmup": warmup, "small_iters": small_iters, "busbw": plan}
     groups = group_layout(size)
     result: dict = {
         "backend": backend, "ranks": size, "status": "ok", "log_dir": log_dir, "nics": len(nics),
         "groups_total": 1 + len(groups), "groups_per_rank": 1 + sum(0 in g for _, g in groups),
-        "idle_s": idle_s, "settle_s": settle_s, "start_method": start_method,
+        "idle_s": idle_s, "settle_s": settle_s, "start_method": start_method, "busbw_plan": plan,
     }
     result["load_before"] = machine_load()
     if backend == "reccl":
@@ -1056,12 +1211,21 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
             replies = ranks.wait("collectives", phase, bound(phase_timeout))
             result["latency_4b_s"] = max(m["small_median_s"] for m in replies.values())
             result["latency_4b_median_of_ranks_s"] = _median([m["small_median_s"] for m in replies.values()])
-            large = replies[0]["large_bytes"]
-            slowest = max(m["large_mean_s"] for m in replies.values())
-            result["large_bytes"] = large
-            result["large_time_s"] = slowest
-            result["busbw_GBps"] = 2.0 * (size - 1) / size * large / slowest / 1e9
             result["errors"] += [f"rank {r}: {e}" for r, m in sorted(replies.items()) for e in m["errors"]]
+            result["busbw"] = []
+            for i, entry in enumerate(plan):
+                enter(f"busbw {entry['op']} {human_bytes(entry['size_bytes'])}")
+                ranks.send(f"busbw{i}")
+                replies = ranks.wait(f"busbw{i}", phase, bound(phase_timeout))
+                per_rank = [replies[r]["mean_s"] for r in range(size)]
+                slowest = max(per_rank)
+                nbytes = replies[0]["bytes"]
+                algbw = nbytes / slowest / 1e9
+                result["busbw"].append({
+                    **entry, "bytes": nbytes, "in_count": replies[0]["in_count"],
+                    "out_count": replies[0]["out_count"], "time_s": slowest, "mean_s_per_rank": per_rank,
+                    "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(entry["op"], size)})
+                result["errors"] += [f"rank {r}: {e}" for r, m in sorted(replies.items()) for e in m["errors"]]
         enter("done")
         ranks.send("exit")
     except DidNotFinish as error:
@@ -1135,9 +1299,16 @@ ROWS = [  # (label, getter, format, ratio?)
     ("store connections open", lambda r: r.get("store_connections_open"), "d", True),
     ("4-byte all_reduce latency (ms)",
      lambda r: r["latency_4b_s"] * 1e3 if "latency_4b_s" in r else None, ".3f", True),
-    ("{large} all_reduce busbw (GB/s)", lambda r: r.get("busbw_GBps"), ".3f", True),
+    ("busbw", None, ".3f", True),  # expanded: one row per measured (op, size), "<size> <op> busbw (GB/s)"
     ("wrong results", lambda r: len(r.get("errors", [])) if "errors" in r else None, "d", False),
 ]
+
+
+def _busbw_getter(op: str, nbytes: int):
+    def get(run: dict):
+        return next((b["busbw_GBps"] for b in run.get("busbw", []) if (b["op"], b["size_bytes"]) == (op, nbytes)),
+                    None)
+    return get
 
 
 def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
@@ -1162,14 +1333,21 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
     by_n: Dict[int, Dict[str, dict]] = collections.defaultdict(dict)
     for run in runs:
         by_n[run["ranks"]][run["backend"]] = run
-    large = next((r["large_bytes"] for r in runs if r.get("large_bytes")), None)
-    large = "large" if large is None else (f"{large / (1 << 20):g} MiB" if large >= 1 << 20 else f"{large} B")
+    measured = list(dict.fromkeys((b["op"], b["size_bytes"]) for r in runs
+                                  for b in r.get("busbw_plan", r.get("busbw", []))))
+    rows = []
+    for label, get, spec, ratio in ROWS:
+        if label != "busbw":
+            rows.append((label, get, spec, ratio))
+            continue
+        for op, nbytes in measured:
+            rows.append((f"{human_bytes(nbytes)} {op} busbw (GB/s)", _busbw_getter(op, nbytes), spec, ratio))
     for n in sorted(by_n):
         pair = by_n[n]
         status = {b: pair[b]["status"] for b in pair}
         if any(s != "ok" for s in status.values()):
             lines.append(f"| {n} | status | {status.get('reccl', '—')} | {status.get('gloo', '—')} | |")
-        for label, get, spec, ratio in ROWS:
+        for label, get, spec, ratio in rows:
             cells, values = [], []
             for b in BACKENDS:
                 run = pair.get(b)
@@ -1185,7 +1363,7 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
             if ratio and all(isinstance(v, (int, float)) for v in values):
                 a, b = values
                 r = f"{a / b:.2f}" if b else ("∞" if a else "=")
-            lines.append(f"| {n} | {label.format(large=large)} | {cells[0]} | {cells[1]} | {r} |")
+            lines.append(f"| {n} | {label} | {cells[0]} | {cells[1]} | {r} |")
     return "\n".join(lines)
 
 
@@ -1207,8 +1385,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--op-timeout", type=float, default=120.0, help="the process groups' timeout (s)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--small-iters", type=int, default=50, help="timed 4-byte all_reduces")
-    parser.add_argument("--large-iters", type=int, default=5, help="timed large all_reduces")
-    parser.add_argument("--large-bytes", type=int, default=16 << 20)
+    parser.add_argument("--busbw-sizes-mib", type=float, nargs="+", default=[16.0], metavar="MIB",
+                        help="busbw sizes, MiB (2^20 bytes), as nccl-tests: the largest buffer, the "
+                             "all_gather output, the reduce_scatter input (default: 16)")
+    parser.add_argument("--busbw-ops", nargs="+", choices=OPS, default=["all_reduce"],
+                        help="collectives whose busbw is measured at every size (default: all_reduce)")
+    parser.add_argument("--busbw-iters", "--large-iters", dest="busbw_iters", type=int, default=5,
+                        help="timed ops at 16 MiB; other sizes scale by 16 MiB / size, within "
+                             "min(2, this) .. 4 x this (busbw_counts)")
     parser.add_argument("--start", choices=("fork", "spawn"), default="fork",
                         help="fork: one zygote imports torch and forks the ranks (fast start); "
                              "spawn: one fresh interpreter per rank")
@@ -1221,6 +1405,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     sizes = args.ranks or [n for n in DEFAULT_RANKS if n <= 8 * cores]
+    if any(mib <= 0 for mib in args.busbw_sizes_mib):
+        parser.error("--busbw-sizes-mib: sizes must be > 0")
+    busbw = [(op, int(round(mib * (1 << 20)))) for op in args.busbw_ops for mib in args.busbw_sizes_mib]
     notes = []
     runnable = []
     for n in sizes:
@@ -1246,8 +1433,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for backend in args.backends:
             run = run_job(backend, n, idle_s=args.idle_s, settle_s=args.settle_s,
                           phase_timeout=args.phase_timeout, op_timeout=args.op_timeout, warmup=args.warmup,
-                          small_iters=args.small_iters, large_iters=args.large_iters,
-                          large_bytes=args.large_bytes, env=rank_env(backend, extra), log_dir=log_dir,
+                          small_iters=args.small_iters, busbw_iters=args.busbw_iters, busbw=busbw,
+                          env=rank_env(backend, extra), log_dir=log_dir,
                           start_method=args.start, progress=progress)
             runs.append(run)
             if progress:

@@ -33,6 +33,13 @@ What is asserted:
   The total per rank, transport threads included, is printed and recorded
   (``record_property``) for the trend, not asserted here (issue 15's bound).
 
+The busbw tests (-k busbw; issue 15) need none of the 16-rank jobs: the rank's
+bit-for-bit check of all_reduce/all_gather/reduce_scatter against a stand-in
+collective (right, unwritten and one-element-wrong outputs), the op counts per
+size, and one real 4-rank job per backend with 1 MiB of each op (each job bounded
+at 60 s), whose table must have a positive busbw row per op for both backends
+and zero wrong results.
+
 SCALE_TEST_RANKS (default 16, even) changes the job size, e.g. to see the
 assertions on a size a given engine finishes (not a RECCL_* name: the engine
 rejects unknown RECCL_* variables). RECCL_* engine settings in the environment
@@ -54,7 +61,8 @@ SETTLE_S = 1.0
 PHASE_TIMEOUT_S = 90.0               # any one phase
 TOTAL_TIMEOUT_S = {"gloo": 60.0, "reccl": 150.0}   # a whole job (today's reccl needs the most)
 JOB_OPTS = dict(idle_s=IDLE_S, settle_s=SETTLE_S, phase_timeout=PHASE_TIMEOUT_S, op_timeout=60.0,
-                warmup=2, small_iters=5, large_iters=1, large_bytes=4 << 20)  # few ops: exactness, not speed
+                warmup=2, small_iters=5, busbw_iters=1,
+                busbw=(("all_reduce", 4 << 20),))  # few ops: exactness, not speed
 THREAD_BUDGET = 16                   # engine + control threads per rank, whatever N and G ...
 THREADS_PER_NIC = 2                  # ... plus this many per NIC
 GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
@@ -172,3 +180,104 @@ def test_reccl_threads_per_rank_bounded(reccl_job, gloo_job, record_property):
         f"{worst} non-transport threads in a reccl rank (bound {THREAD_BUDGET} + {THREADS_PER_NIC} x {nics} NICs "
         f"+ B={baseline} = {bound}; {total} threads in all); by name in rank "
         f"{reccl_job['thread_names_worst_rank']['rank']}: {json.dumps(reccl_job['thread_names_worst_rank']['names'])}")
+
+
+# --------------------------------------------------------------------------- busbw over sizes and ops (issue 15)
+
+BUSBW_RANKS = 4
+BUSBW_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+BUSBW_JOB_S = 60.0  # one 4-rank job, bounded as a whole
+
+
+def _fake_collective(scale, rank: int, size: int, corrupt=None):
+    """A stand-in for run_collective that computes what ``size`` ranks would get, from this
+    rank's input alone (the pattern is known); ``corrupt(out)`` then spoils the output."""
+    import torch
+
+    total = float(size * (size - 1) // 2)
+
+    def run(op, out, inp):
+        if op == "all_reduce":
+            inp.sub_(rank).mul_(size).add_(total)
+        elif op == "all_gather":
+            chunk = inp.numel()
+            base = scale._pattern(out.numel()).float()
+            out.copy_(base + torch.arange(out.numel()).div(chunk, rounding_mode="floor").float())
+        else:
+            chunk = out.numel()
+            out.copy_((inp[rank * chunk:(rank + 1) * chunk] - rank) * size + total)
+        if corrupt is not None:
+            corrupt(op, out if op != "all_reduce" else inp)
+    return run
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", BUSBW_OPS)
+def test_busbw_check_catches_wrong_results(op, monkeypatch):
+    """The rank's bit-for-bit check, without processes: a right result passes, an output the
+    op did not write and one wrong element (the last) are caught, with its index."""
+    scale = load_scale()
+    rank, size, nominal = 1, BUSBW_RANKS, 3 << 20  # 3 MiB: several check chunks, and 4 segments
+    monkeypatch.setattr(scale, "run_collective", _fake_collective(scale, rank, size))
+    errors = []
+    got = scale.measure_busbw(op, nominal, 1, 2, rank, size, errors)
+    assert errors == [] and len(got["times"]) == 2 and got["bytes"] == nominal
+    assert (got["in_count"], got["out_count"]) == {
+        "all_reduce": (nominal // 4, nominal // 4), "all_gather": (nominal // 4 // size, nominal // 4),
+        "reduce_scatter": (nominal // 4, nominal // 4 // size)}[op]
+
+    monkeypatch.setattr(scale, "run_collective", lambda op, out, inp: None)  # writes nothing
+    errors = []
+    scale.measure_busbw(op, nominal, 1, 2, rank, size, errors)
+    assert len(errors) == 3, errors
+
+    def last_wrong(op, out):
+        out[-1] += 1
+    monkeypatch.setattr(scale, "run_collective", _fake_collective(scale, rank, size, last_wrong))
+    errors = []
+    got = scale.measure_busbw(op, nominal, 0, 1, rank, size, errors)
+    assert len(errors) == 1 and f"output element {got['out_count'] - 1} " in errors[0], errors
+
+
+def test_busbw_counts_shrink_with_size():
+    """16 MiB keeps the old counts (warmup/2 untimed, --busbw-iters timed); larger sizes run fewer ops,
+    smaller ones more, within bounds; the plan is ops outer, sizes inner."""
+    scale = load_scale()
+    assert scale.busbw_counts(16 << 20, 5, 10) == (5, 5)
+    assert scale.busbw_counts(256 << 20, 5, 10) == (1, 2)
+    assert scale.busbw_counts(1 << 20, 5, 10) == (5, 20)
+    assert scale.busbw_counts(256 << 20, 1, 2) == (1, 1)
+    plan = scale.busbw_plan(["all_gather", "all_reduce"], [1 << 20, 64 << 20], 5, 10)
+    assert [(p["op"], p["size_bytes"]) for p in plan] == [
+        ("all_gather", 1 << 20), ("all_gather", 64 << 20), ("all_reduce", 1 << 20), ("all_reduce", 64 << 20)]
+    assert scale.bus_factor("all_reduce", 4) == 1.5 and scale.bus_factor("all_gather", 4) == 0.75
+
+
+@pytest.mark.timeout(150)
+def test_busbw_sizes_and_ops_table(tmp_path):
+    """A real 4-rank job per backend with --busbw-sizes-mib 1 --busbw-ops all_reduce all_gather
+    reduce_scatter: every (op, size) has a row with positive busbw for reccl and gloo, the same
+    ops counts for both, and zero wrong results."""
+    scale = load_scale()
+    busbw = [(op, 1 << 20) for op in BUSBW_OPS]
+    runs = []
+    for backend in ("reccl", "gloo"):
+        result = scale.run_job(backend, BUSBW_RANKS, idle_s=0.5, settle_s=0.2, phase_timeout=45.0, op_timeout=40.0,
+                               warmup=2, small_iters=3, busbw_iters=1, busbw=busbw, env=scale.rank_env(backend),
+                               log_dir=str(tmp_path / backend), total_timeout=BUSBW_JOB_S)
+        print(f"{backend} x {BUSBW_RANKS}: {result['status']} in {result['total_s']:.1f} s, phases "
+              + ", ".join(f"{k} {v:.1f}s" for k, v in result["phase_s"].items()))
+        assert result["status"] == "ok", f"{backend}: {result['status']}: {result.get('detail')}"
+        assert result["errors"] == [], "\n".join(result["errors"][:20])
+        assert [(b["op"], b["bytes"]) for b in result["busbw"]] == busbw
+        assert all(b["busbw_GBps"] > 0 and b["iters"] >= 1 for b in result["busbw"])
+        runs.append(result)
+    assert runs[0]["busbw_plan"] == runs[1]["busbw_plan"]
+    table = scale.format_table(runs, scale.machine_info(), 0.5)
+    print(table)
+    for op in BUSBW_OPS:
+        row = next(line for line in table.splitlines() if f"| 1 MiB {op} busbw (GB/s) |" in line)
+        reccl, gloo, ratio = (cell.strip() for cell in row.split("|")[3:6])
+        assert float(reccl) > 0 and float(gloo) > 0 and float(ratio) > 0, row
+    wrong = next(line for line in table.splitlines() if "| wrong results |" in line)
+    assert [cell.strip() for cell in wrong.split("|")[3:5]] == ["0", "0"], wrong
