@@ -35,8 +35,9 @@ FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True
 
 MAGIC = 0x4C434552
 HEADER = struct.Struct("<IB3xI")               # FrameHeader
-HELLO = struct.Struct("<HBBBBBBQQQQ16s32s")     # HelloBody (version 2: with the dialer tag)
-PROTOCOL_VERSION = 2
+HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQ")    # HelloBody (version 3: with the dialer's transport)
+HELLO_ACK = struct.Struct("<BQ")                # HelloAckBody: accepted, the acceptor's transport
+PROTOCOL_VERSION = 3
 CTS = ACK = struct.Struct("<QQ")
 ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")
@@ -55,9 +56,10 @@ def frame(type_, body=b"", body_bytes=None):
 
 
 def hello(listen_id=0, secret=b"\0" * 16, kind=0, index=0, count=1, path=0, sender_nic=0,
-          receiver_nic=0, connection=1, nonce=1, version=PROTOCOL_VERSION, name=b"fuzz", tag=0):
+          receiver_nic=0, connection=1, nonce=1, version=PROTOCOL_VERSION, name=b"fuzz", tag=0,
+          transport=0x5EED):
     return frame(1, HELLO.pack(version, kind, index, count, path, sender_nic, receiver_nic,
-                               listen_id, connection, nonce, tag, secret, name))
+                               listen_id, connection, nonce, tag, secret, name, transport))
 
 
 def resync(epoch, next_seq, entries):
@@ -76,7 +78,7 @@ VALID = [
     ("RESYNC", resync(1, 1024, [(i, 1, 0) for i in range(1024)])),
     ("HELLO", hello(count=4)),
     ("HELLO", hello(kind=1, index=15, count=16)),
-    ("HELLO_ACK", frame(2, b"\x01")),
+    ("HELLO_ACK", frame(2, HELLO_ACK.pack(1, 0x5EED))),
     ("NOTIFY", frame(7, NOTIFY.pack(0, 4))),
     ("PLACE", frame(12, PLACE.pack(3, 1, 20, b"\x07" * 20))),
     ("PLACE", frame(12, PLACE.pack(2**64 - 1, 0, 96, b"\x01" * 96))),
@@ -97,7 +99,7 @@ def parse(data):
 
 
 def test_valid_frames_parse():
-    assert HEADER.size == 12 and HELLO.size == 88 and DATA.size == 36
+    assert HEADER.size == 12 and HELLO.size == 96 and HELLO_ACK.size == 9 and DATA.size == 36
     for name, data in VALID:
         assert _C.parse_frame(data) == name
     assert _C.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
@@ -388,8 +390,10 @@ class RawSender:
     def _dial(address, port, greeting):
         s = socket.create_connection((address, port), timeout=5)
         s.sendall(greeting)
-        ack = recv_exact(s, HEADER.size + 1)
-        assert ack == frame(2, b"\x01"), ack
+        ack = recv_exact(s, HEADER.size + HELLO_ACK.size)
+        assert ack[:HEADER.size] == frame(2, HELLO_ACK.pack(1, 0))[:HEADER.size], ack
+        accepted, transport = HELLO_ACK.unpack_from(ack, HEADER.size)
+        assert accepted == 1 and transport != 0, ack
         return s
 
     def read_control(self, want, timeout=5.0):
@@ -702,9 +706,9 @@ class FakeReceiver:
                     conn.close()
                     continue
                 (version, kind, index, count, path, _snic, _rnic, listen_id, connection, nonce,
-                 _tag, secret, _name) = HELLO.unpack_from(greeting, HEADER.size)
+                 _tag, secret, _name, _transport) = HELLO.unpack_from(greeting, HEADER.size)
                 assert (listen_id, secret, version) == (self.listen_id, self.secret, PROTOCOL_VERSION)
-                conn.sendall(frame(2, b"\x01"))
+                conn.sendall(frame(2, HELLO_ACK.pack(1, 0x5EED)))
                 entry = self._partial.setdefault((path, nonce), {"data": {}, "count": count})
                 if kind == 0:
                     entry["control"] = conn

@@ -128,7 +128,12 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
       }
       out.hello.senderNicName[kNicNameBytes - 1] = '\0';
       break;
-    case FrameType::kHelloAck: out.helloAccepted = body[0] == 1; break;
+    case FrameType::kHelloAck: {
+      const HelloAckBody ack = readBody<HelloAckBody>(body);
+      out.helloAccepted = ack.accepted == 1;
+      out.helloAcceptorTransport = ack.acceptorTransport;
+      break;
+    }
     case FrameType::kCts: out.cts = readBody<CtsBody>(body); break;
     case FrameType::kAck: out.ack = readBody<AckBody>(body); break;
     case FrameType::kActivate: out.activate = readBody<ActivateBody>(body); break;
@@ -170,8 +175,8 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
 std::vector<uint8_t> encodeHello(const HelloBody& body) {
   return frame(FrameType::kHello, &body, sizeof(body));
 }
-std::vector<uint8_t> encodeHelloAck(bool accepted) {
-  HelloAckBody body{static_cast<uint8_t>(accepted ? 1 : 0)};
+std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport) {
+  HelloAckBody body{static_cast<uint8_t>(accepted ? 1 : 0), acceptorTransport};
   return frame(FrameType::kHelloAck, &body, sizeof(body));
 }
 std::vector<uint8_t> encodeCts(uint64_t seq, uint64_t bytes) {

@@ -11,7 +11,7 @@
 namespace reccl {
 
 constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
-constexpr uint16_t kProtocolVersion = 2;  // 2: HELLO carries the dialer's tag
+constexpr uint16_t kProtocolVersion = 3;  // 3: HELLO and HELLO_ACK name their transports
 constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;
@@ -59,10 +59,12 @@ struct HelloBody {
                          // lets one listener serve many connections (listener.h)
   uint8_t secret[kSecretBytes];
   char senderNicName[kNicNameBytes];
+  uint64_t dialerTransport;  // the dialing transport's id (liveness per peer NIC pair)
 };
 
 struct HelloAckBody {
   uint8_t accepted;
+  uint64_t acceptorTransport;  // the accepting transport's id (liveness per peer NIC pair)
 };
 
 struct CtsBody {
@@ -128,6 +130,7 @@ struct ControlFrame {
   FrameType type = FrameType::kHeartbeat;
   HelloBody hello{};
   bool helloAccepted = false;
+  uint64_t helloAcceptorTransport = 0;
   CtsBody cts{};
   AckBody ack{};
   ActivateBody activate{};
@@ -147,7 +150,7 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
 
 // Encoders return the whole frame, header included.
 std::vector<uint8_t> encodeHello(const HelloBody& body);
-std::vector<uint8_t> encodeHelloAck(bool accepted);
+std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport);
 std::vector<uint8_t> encodeCts(uint64_t seq, uint64_t bytes);
 std::vector<uint8_t> encodeAck(uint64_t seq, uint64_t bytes);
 std::vector<uint8_t> encodeActivate(uint64_t epoch, uint8_t pathIndex, uint8_t reason);

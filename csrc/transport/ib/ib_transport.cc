@@ -94,7 +94,7 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
   chooseBackups(nics_);
   supervisor_ = std::make_unique<Supervisor>();
   acceptor_ = std::make_unique<Acceptor>(
-      bootstrapAddress_, "ib-bootstrap", Millis(config_.connectTimeoutMs),
+      bootstrapAddress_, "ib-bootstrap", /*transportId=*/0, Millis(config_.connectTimeoutMs),
       [this](const HelloBody& hello) { return authenticate(hello); },
       [this](const HelloBody& hello, Fd socket, const std::string& peer) {
         auto held = std::make_shared<Fd>(std::move(socket));

@@ -19,10 +19,11 @@ constexpr size_t kHelloFrameBytes = sizeof(FrameHeader) + sizeof(HelloBody);
 constexpr size_t kMaxPending = 256;  // half-open handshakes held at once
 }  // namespace
 
-Acceptor::Acceptor(std::string address, std::string nicName, Millis handshakeTimeout,
-                   Authenticate authenticate, Admit admit)
+Acceptor::Acceptor(std::string address, std::string nicName, uint64_t transportId,
+                   Millis handshakeTimeout, Authenticate authenticate, Admit admit)
     : address_(std::move(address)),
       nicName_(std::move(nicName)),
+      transportId_(transportId),
       handshakeTimeout_(handshakeTimeout),
       authenticate_(std::move(authenticate)),
       admit_(std::move(admit)) {
@@ -88,7 +89,7 @@ bool Acceptor::advance(Pending& pending) {
       refuse(pending, verdict.why);
       return true;
     }
-    std::vector<uint8_t> ack = encodeHelloAck(true);
+    std::vector<uint8_t> ack = encodeHelloAck(true, transportId_);
     IoWatch watch;
     watch.stallLimit = handshakeTimeout_;
     watch.stop = &stop_;

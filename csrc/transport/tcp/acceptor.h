@@ -27,8 +27,9 @@ class Acceptor {
   // Takes an admitted socket (already answered with HELLO_ACK).
   using Admit = std::function<void(const HelloBody& hello, Fd socket, const std::string& peer)>;
 
-  Acceptor(std::string address, std::string nicName, Millis handshakeTimeout,
-           Authenticate authenticate, Admit admit);
+  // `transportId` goes back in every HELLO_ACK.
+  Acceptor(std::string address, std::string nicName, uint64_t transportId,
+           Millis handshakeTimeout, Authenticate authenticate, Admit admit);
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
@@ -49,6 +50,7 @@ class Acceptor {
 
   const std::string address_;
   const std::string nicName_;
+  const uint64_t transportId_;
   const Millis handshakeTimeout_;
   Authenticate authenticate_;
   Admit admit_;

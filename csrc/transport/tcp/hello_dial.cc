@@ -5,7 +5,8 @@
 namespace reccl {
 
 Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
-                 const HelloBody& hello, Millis timeout, std::string* error) {
+                 const HelloBody& hello, Millis timeout, std::string* error,
+                 uint64_t* acceptorTransport) {
   Fd fd = connectFrom(localAddress, remote.address, remote.port, timeout, error);
   if (!fd.valid()) return fd;
   IoWatch watch;
@@ -27,6 +28,7 @@ Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
     if (ack.type != FrameType::kHelloAck || !ack.helloAccepted) {
       throw ProtocolError("handshake not accepted");
     }
+    if (acceptorTransport != nullptr) *acceptorTransport = ack.helloAcceptorTransport;
   } catch (const ProtocolError& e) {
     *error = "handshake with " + remote.address + ": " + e.what();
     return Fd();

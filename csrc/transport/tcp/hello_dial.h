@@ -12,9 +12,11 @@
 namespace reccl {
 
 // Connects from `localAddress` to `remote`, sends `hello` and waits for an
-// accepting HELLO_ACK, each step within `timeout`. An invalid Fd and the
-// reason in `error` otherwise.
+// accepting HELLO_ACK, each step within `timeout`; `acceptorTransport`, when
+// given, receives the id the acceptor sent. An invalid Fd and the reason in
+// `error` otherwise.
 Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
-                 const HelloBody& hello, Millis timeout, std::string* error);
+                 const HelloBody& hello, Millis timeout, std::string* error,
+                 uint64_t* acceptorTransport = nullptr);
 
 }  // namespace reccl

@@ -53,7 +53,8 @@ class TcpPath::SocketIo : public IoHandler {
 };
 
 TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic,
-                 int healthId, std::string peer, const Config& config)
+                 int healthId, std::string peer, std::shared_ptr<NicPairLiveness> pair,
+                 const Config& config)
     : role_(role),
       localNic_(localNic),
       remoteNic_(remoteNic),
@@ -62,7 +63,8 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
       ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
       heartbeat_(config.heartbeatMs),
       beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
-      dataStallLimit_(config.heartbeatMs * 4) {
+      dataStallLimit_(config.heartbeatMs * 4),
+      pair_(std::move(pair)) {
   sockets_.resize(1 + data.size());
   sockets_[kControl].fd = std::move(control);
   for (size_t i = 0; i < data.size(); ++i) sockets_[1 + i].fd = std::move(data[i]);
@@ -79,7 +81,6 @@ TcpPath::~TcpPath() { stopAndJoin(); }
 void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
-  lastHeardNs_.store(nowNs());
   nextBeat_ = nextBeatAfter(Clock::now(), beatInterval_);
   const int64_t now = nowNs();
   try {
@@ -229,6 +230,7 @@ bool TcpPath::writeQueuedControl(int* error) {
     }
     controlOutSent_ += static_cast<size_t>(sent);
     controlOutProgressNs_ = nowNs();
+    pair_->sent(controlOutProgressNs_);
   }
   controlOut_.clear();
   controlOutSent_ = 0;
@@ -308,7 +310,7 @@ void TcpPath::readControl() {
       controlInBody_ = false;
       controlMoved_ = 0;
       ++frames;
-      lastHeardNs_.store(nowNs());
+      pair_->heard(nowNs());
       ControlFrame frame = decodeControl(controlHeader_, controlBody_.data(), controlBody_.size());
       if (frame.type == FrameType::kHeartbeat) continue;
       owner_->onControl(pathId_, frame);
@@ -325,18 +327,16 @@ void TcpPath::readControl() {
 void TcpPath::controlTimer() {
   Socket& control = sockets_[kControl];
   const int64_t now = nowNs();
-  const int64_t silentNs = now - lastHeardNs_.load();
+  const int64_t silentNs = now - pair_->lastHeardNs();
   if (silentNs > heartbeat_.count() * 1000000LL) {
     fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
                                std::to_string(silentNs / 1000000) + " ms");
     return;
   }
   int64_t writeStuckSinceNs = 0;
-  int64_t lastWriteNs;
   {
     std::lock_guard<std::mutex> lock(controlMutex_);
     if (controlOutSent_ < controlOut_.size()) writeStuckSinceNs = controlOutProgressNs_;
-    lastWriteNs = controlOutProgressNs_;
   }
   if (writeStuckSinceNs != 0 && now - writeStuckSinceNs > heartbeat_.count() * 1000000LL) {
     failIo("control write to", Reason::kTimeout, "no progress (stalled)");
@@ -346,14 +346,19 @@ void TcpPath::controlTimer() {
   if (!dark) resume(control);
   const Clock::time_point clockNow = Clock::now();
   if (!dark && clockNow >= nextBeat_) {
-    // No beat behind a stuck write (the stall check above speaks for it), nor
-    // right after another frame: any frame proves us alive to the peer.
-    const bool quiet = now - lastWriteNs >= beatInterval_.count() * 1000000LL / 2;
-    if (writeStuckSinceNs == 0 && quiet && !sendControl(encodeHeartbeat())) return;
+    // One beat per NIC pair and interval, from whichever of its paths comes
+    // first, and none when anything else went over the pair lately (any frame
+    // or data proves us alive to the peer); none behind a stuck write either
+    // (the stall check above speaks for it).
+    const int64_t quietNs = beatInterval_.count() * 1000000LL / 2;
+    if (writeStuckSinceNs == 0 && pair_->claimBeat(now, quietNs) &&
+        !sendControl(encodeHeartbeat())) {
+      return;
+    }
     nextBeat_ = nextBeatAfter(clockNow, beatInterval_);
   }
-  // Next: the beat, or the moment the peer's silence would fail the path.
-  Clock::time_point next = std::min(nextBeat_, atNs(lastHeardNs_.load()) + heartbeat_ + Millis(1));
+  // Next: the beat, or the moment the pair's silence would fail the path.
+  Clock::time_point next = std::min(nextBeat_, atNs(pair_->lastHeardNs()) + heartbeat_ + Millis(1));
   if (writeStuckSinceNs != 0) next = std::min(next, atNs(writeStuckSinceNs) + heartbeat_ + Millis(1));
   control.loop->setDeadline(control.id, next, dark);
 }
@@ -429,6 +434,7 @@ void TcpPath::writeData(Socket& socket) {
     }
     socket.moved += static_cast<size_t>(sent);
     socket.lastProgressNs = nowNs();
+    pair_->sent(socket.lastProgressNs);  // the peer hears data as well as beats
     budget -= std::min(budget, static_cast<size_t>(sent));
     if (socket.moved == total) {
       socket.phase = DataPhase::kIdle;
@@ -470,7 +476,7 @@ void TcpPath::readData(Socket& socket) {
       const int64_t now = nowNs();
       socket.moved += static_cast<size_t>(got);
       socket.lastProgressNs = now;
-      lastHeardNs_.store(now);  // data arriving proves the peer alive
+      pair_->heard(now);  // data arriving proves the peer alive
       budget -= std::min(budget, static_cast<size_t>(got));
       if (socket.phase == DataPhase::kIdle) socket.phase = DataPhase::kHead;
       if (static_cast<size_t>(got) < want) continue;

@@ -1,9 +1,9 @@
 // A path over TCP: one control socket (CTS, ACK, ACTIVATE, RESYNC, heartbeats)
 // and several data sockets, so a large message is striped over all of them.
 // The path has no threads of its own: its non-blocking sockets are served by
-// the event loops of its NIC (event_loop.h), each socket by one loop, and its
+// the process's event loops (event_loop.h), each socket by one loop, and its
 // timers (heartbeat, the peer's silence, stalled transfers) sit in the loops'
-// timer wheels. Heartbeat silence or a stalled transfer fails the path.
+// timer wheels. Silence on its NIC pair or a stalled transfer fails the path.
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/path.h"
 #include "transport/event_loop.h"
+#include "transport/tcp/nic_pair_liveness.h"
 #include "transport/tcp/socket.h"
 
 namespace reccl {
@@ -21,8 +22,10 @@ namespace reccl {
 class TcpPath : public Path {
  public:
   enum class Role { kSender, kReceiver };
+  // `pair`: the liveness this path shares with every path between the same
+  // two NICs of the same two transports.
   TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic, int healthId,
-          std::string peer, const Config& config);
+          std::string peer, std::shared_ptr<NicPairLiveness> pair, const Config& config);
   ~TcpPath() override;
 
   void start(PathOwner* owner, uint64_t pathId) override;
@@ -104,7 +107,7 @@ class TcpPath : public Path {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
-  std::atomic<int64_t> lastHeardNs_{0};
+  const std::shared_ptr<NicPairLiveness> pair_;
 
   // Control frames being read (the control socket's loop thread only).
   uint8_t controlHead_[sizeof(FrameHeader)] = {};

@@ -32,10 +32,12 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   hello.connectionId = connectionId;
   hello.dialerTag = handle.dialerTag;
   hello.pathNonce = ids_.next();
+  hello.dialerTransport = transportId_;
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
   hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
-  Fd control = dialWithHello(local.address, remote, hello, timeout, error);
+  uint64_t peerTransport = 0;
+  Fd control = dialWithHello(local.address, remote, hello, timeout, error, &peerTransport);
   if (!control.valid()) return nullptr;
   std::vector<Fd> data;
   for (int i = 0; i < config_.socketsPerPath; ++i) {
@@ -45,9 +47,10 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
     if (!fd.valid()) return nullptr;
     data.push_back(std::move(fd));
   }
-  return std::make_shared<TcpPath>(TcpPath::Role::kSender, std::move(control), std::move(data),
-                                   nics.localNic, nics.remoteNic, healthId(nics.localNic),
-                                   remote.address, config_);
+  return std::make_shared<TcpPath>(
+      TcpPath::Role::kSender, std::move(control), std::move(data), nics.localNic, nics.remoteNic,
+      healthId(nics.localNic), remote.address,
+      pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic), config_);
 }
 
 TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
@@ -64,10 +67,11 @@ TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
     if (nic.interface != "lo") watched[nic.ifindex] = id;
   }
   supervisor_ = std::make_unique<Supervisor>();
+  transportId_ = ids_.next();
   for (size_t i = 0; i < nics_.size(); ++i) {
     int nic = static_cast<int>(i);
     acceptors_.push_back(std::make_unique<Acceptor>(
-        nics_[i].address, nics_[i].name, Millis(config_.connectTimeoutMs),
+        nics_[i].address, nics_[i].name, transportId_, Millis(config_.connectTimeoutMs),
         [this, nic](const HelloBody& hello) { return authenticate(nic, hello); },
         [this, nic](const HelloBody& hello, Fd socket, const std::string& peer) {
           admit(nic, hello, std::move(socket), peer);
@@ -193,9 +197,10 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
   if (!listener) return;
   const HelloBody hello = partial.hello;
   std::string peerHost = partial.peer.substr(0, partial.peer.find(':'));
-  auto path = std::make_shared<TcpPath>(TcpPath::Role::kReceiver, std::move(partial.control),
-                                        std::move(partial.data), nic, hello.senderNic,
-                                        healthIds_.at(nic), peerHost, config_);
+  auto path = std::make_shared<TcpPath>(
+      TcpPath::Role::kReceiver, std::move(partial.control), std::move(partial.data), nic,
+      hello.senderNic, healthIds_.at(nic), peerHost,
+      pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_);
   PathCandidate nics{nic, hello.senderNic, hello.pathIndex < 2};
   listener->adoptPath(hello, nics, std::move(path), [&] { return connectionEnv(peerHost); },
                       config_.chunkBytes, supervisor_.get(), listener);

@@ -22,6 +22,7 @@
 #include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
+#include "transport/tcp/nic_pair_liveness.h"
 #include "transport/transport.h"
 
 namespace reccl {
@@ -71,6 +72,9 @@ class TcpTransport : public Transport {
   uint64_t healthToken_ = 0;
 
   RandomIds ids_;
+  // Names this transport in handshakes, so both ends group their paths by NIC pair.
+  uint64_t transportId_ = 0;
+  NicPairTable pairs_;
   std::mutex mutex_;
   ListenerTable listeners_;
   std::map<std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>, PartialPath> partial_;
