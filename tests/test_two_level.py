@@ -15,7 +15,11 @@ every group splits its hosts unevenly or round-robin):
 - the layout the engine reports (hosts, ring order, agreement partners) against
   the one derived here, and which peers a fresh group's large all_reduce really
   sent to on channel 1 (the rings only): its next rank in the host-grouped ring;
-- a member rank that skips a collective: every other rank names it.
+- DCR: rank 5's first NIC goes down; the next collective switches every
+  rank to the same plan, without channel 0;
+- a member rank, then a host leader, that skips a collective: every other
+  rank names it (the leader's members wait for its result; they must name it
+  too, not only time out).
 A third job with no RECCL_HOST_ID (one host) checks the layout stays flat.
 """
 from __future__ import annotations
@@ -29,7 +33,7 @@ import traceback
 
 import pytest
 
-from conftest import reccl_env
+from conftest import PRIMARY, reccl_env
 
 WORLD = 8
 GROUP_SIZES = (4, 6, 8)
@@ -103,7 +107,8 @@ def rank_main(rank, port, out_dir, placement):
                                 pg_options=Options(chunk_bytes=4096, window=2))
         groups = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
         rings = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
-        short = dist.new_group(list(range(6)), timeout=datetime.timedelta(seconds=4))
+        short = {skipper: dist.new_group(list(range(6)), timeout=datetime.timedelta(seconds=4))
+                 for skipper in (3, 1)}
         for k in GROUP_SIZES:
             if rank < k:
                 # A fresh group whose only collective is a large all_reduce: on
@@ -117,15 +122,28 @@ def rank_main(rank, port, out_dir, placement):
                 result[f"k{k}"]["floats"] = float_hashes(rank, k, groups[k], dist, torch)
                 all_to_all(rank, k, groups[k], dist, torch)
             dist.barrier()
-        if rank < 6:
-            dist.barrier(group=short)  # the layout is known before the skipped op
-            if rank != 3:
-                try:
-                    dist.all_reduce(torch.ones(3), group=short)
-                    result["skip"] = "no error"
-                except RuntimeError as error:
-                    result["skip"] = str(error)
+        import torch_reccl
+
+        if rank == 5:
+            torch_reccl.inject_fault(PRIMARY, "down")
+        t = torch.full((5000,), float(rank))
+        dist.all_reduce(t, group=groups[8])
+        assert torch.equal(t, torch.full((5000,), float(sum(range(WORLD))))), "all_reduce with a NIC down"
+        info = backend_info(groups[8])
+        result["dcr"] = [info["plan"], info["channels_without_data"]]
+        if rank == 5:
+            torch_reccl.inject_fault(PRIMARY, "up")
         dist.barrier()
+        for skipper, group in short.items():
+            if rank < 6:
+                dist.barrier(group=group)  # the layout is known before the skipped op
+                if rank != skipper:
+                    try:
+                        dist.all_reduce(torch.ones(3), group=group)
+                        result[f"skip{skipper}"] = "no error"
+                    except RuntimeError as error:
+                        result[f"skip{skipper}"] = str(error)
+            dist.barrier()
         dist.destroy_process_group()
         result["ok"] = True
     except Exception:  # noqa: BLE001 - reported to the test
@@ -182,6 +200,12 @@ def test_two_level_layout(tmp_path, placement):
                     f"{where} rank {r}: agreement partners {got['agreement_partners']}"
         floats = {tuple(results[r][f"k{k}"]["floats"]) for r in range(k)}
         assert len(floats) == 1, f"{where}: float all_reduce bits differ between ranks"
-    # Rank 3 (a member of its host when there are hosts) never joins: all name it.
-    for r in (0, 1, 2, 4, 5):
-        assert "rank(s) 3 did not join" in results[r]["skip"], f"rank {r}: {results[r]['skip']}"
+    plans = {json.dumps(results[r]["dcr"]) for r in range(WORLD)}
+    assert len(plans) == 1 and results[0]["dcr"][0] > 0 and results[0]["dcr"][1] == [0], \
+        f"plans after rank 5's NIC went down: {plans}"
+    # Rank 3 (a member of its host when there are hosts), then rank 1 (a leader)
+    # never joins: all name it.
+    for skipper in (3, 1):
+        for r in set(range(6)) - {skipper}:
+            message = results[r][f"skip{skipper}"]
+            assert f"rank(s) {skipper} did not join" in message, f"rank {r}: {message}"
