@@ -18,7 +18,6 @@ class Layout {
   explicit Layout(const std::vector<uint64_t>& hostIds);
 
   int size() const { return static_cast<int>(order_.size()); }
-  int hosts() const { return static_cast<int>(hostStarts_.size()) - 1; }
   // On when there are 2 or more hosts and some host holds 2 or more ranks:
   // then the small collectives run in two levels (recursive_doubling.h).
   bool twoLevel() const { return twoLevel_; }
