@@ -43,6 +43,10 @@ const std::vector<ConfigVar>& configVars() {
       {"RECCL_SMALL_BYTES", "65536",
        "CPU engine: a collective whose largest message is at most this many bytes runs by "
        "recursive doubling (log2 N steps); larger ones by rings; 0..4194304"},
+      {"RECCL_HOST_ID", "(this kernel's boot id and network namespace)",
+       "CPU engine: which host this rank is on; ranks with equal values share a host, and groups "
+       "whose hosts hold several ranks use the two-level layout (docs/collectives.md); any "
+       "non-empty string, the same on every rank of a host (emulates hosts on one machine)"},
       {"RECCL_TRANSPORT", "tcp",
        "NCCL net plugin: tcp, auto or ib; auto = ib when libibverbs loads and lists RDMA "
        "devices, else tcp (ib is verified only against the verbs emulation so far)"},
@@ -156,6 +160,9 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
       config.dcrOffset = static_cast<int>(parseInt(name, value, 0, 1000000));
     } else if (name == "RECCL_SMALL_BYTES") {
       config.smallBytes = parseInt(name, value, 0, 4 << 20);
+    } else if (name == "RECCL_HOST_ID") {
+      if (value.empty()) throw ConfigError(name + " is not valid: expected a non-empty string");
+      config.hostId = value;
     } else if (name == "RECCL_TRANSPORT") {
       if (value != "auto" && value != "tcp" && value != "ib") {
         throw ConfigError(name + "=" + value + " is not valid: expected auto, tcp or ib");

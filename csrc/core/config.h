@@ -28,6 +28,7 @@ struct Config {
   int dcrPeriodMs = 1000;          // RECCL_DCR_PERIOD_MS: republish period while degraded
   int dcrOffset = 0;               // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
   int64_t smallBytes = 65536;      // RECCL_SMALL_BYTES: recursive doubling up to this size
+  std::string hostId;              // RECCL_HOST_ID; empty = this kernel and network namespace
   std::string transport = "tcp";   // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC

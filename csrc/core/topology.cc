@@ -191,6 +191,15 @@ std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection) {
   return chosen;
 }
 
+std::string hostIdentity(const std::string& override) {
+  if (!override.empty()) return "id:" + override;
+  char name[256] = {};
+  const ssize_t got = ::readlink("/proc/self/ns/net", name, sizeof(name) - 1);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);  // where /proc is missing: the host name alone
+  return readSysfs("/proc/sys/kernel/random/boot_id") + "/" + (got > 0 ? name : host);
+}
+
 void checkNicIndex(int nic, size_t count, const std::string& kind) {
   if (nic < 0 || nic >= static_cast<int>(count)) {
     throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +

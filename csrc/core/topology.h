@@ -49,6 +49,12 @@ void chooseBackups(std::vector<NicInfo>& nics);
 // available interfaces when an entry matches none.
 std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection);
 
+// This process's host for the CPU engine's two-level layout: `override`
+// (RECCL_HOST_ID) when set, else the kernel's boot id and the network
+// namespace, so processes that share a network stack share a host (the fabric
+// emulator's namespaces are hosts of their own) whatever their NIC selection.
+std::string hostIdentity(const std::string& override);
+
 // Throws ConfigError unless 0 <= nic < count; `kind` names what is counted
 // ("NICs", "RDMA devices").
 void checkNicIndex(int nic, size_t count, const std::string& kind);

@@ -14,16 +14,22 @@ void allgather(Communicator& comm, const void* in, void* out, size_t count, Data
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
   desc.algorithm = static_cast<uint8_t>(algorithm);
-  copyIfDistinct(bytesOf(out) + rank * bytes, in, bytes);
-  comm.run(desc, timeout, rd ? gatherPayload(bytesOf(out), bytes, size) : RdPayload{},
+  const Layout& layout = comm.layout(desc.kind, timeout);
+  uint8_t* blocks = rd ? gatherBlocks(comm, layout, out, bytes) : bytesOf(out);
+  copyIfDistinct(blocks + (rd ? layout.position(rank) : rank) * bytes, in, bytes);
+  comm.run(desc, timeout, rd ? gatherPayload(blocks, bytes, size) : RdPayload{},
            [&](const OpContext& ctx) {
+             if (rd) blocksToRankOrder(layout, blocks, out, bytes);
              if (size == 1 || rd) return;
              const std::vector<Range> ranges = comm.channelPlan().split(count);
              const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size - 1);
              comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
                const Range range = ranges[job.channel];
-               SegmentFn seg = [&](int j) { return Range{j * count + range.offset, range.count}; };
-               ringAllgather(job, bytesOf(out), seg, rank, nullptr, sends);
+               // Segment j: the block of the rank at ring position j.
+               SegmentFn seg = [&](int j) {
+                 return Range{job.layout.rankAt(j) * count + range.offset, range.count};
+               };
+               ringAllgather(job, bytesOf(out), seg, job.position(), nullptr, sends);
              });
            });
 }

@@ -9,7 +9,7 @@ namespace reccl {
 void allreduce(Communicator& comm, const void* in, void* out, size_t count, DataType dtype,
                ReduceOp op, Millis timeout) {
   checkReduceOp(op, dtype);
-  const int rank = comm.rank(), size = comm.size();
+  const int size = comm.size();
   const size_t bytes = count * elementSize(dtype);
   const Algorithm algorithm = chooseAlgorithm(comm, bytes);
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
@@ -30,8 +30,8 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
                const std::vector<Range> segs = ringSegments(ranges[job.channel], size);
                SegmentFn seg = [&](int j) { return segs[j]; };
                RegionSends regions(size);
-               ringReduceScatter(job, bytesOf(out), seg, rank, op, regions, sends);
-               ringAllgather(job, bytesOf(out), seg, rank, &regions, sends);
+               ringReduceScatter(job, bytesOf(out), seg, job.position(), op, regions, sends);
+               ringAllgather(job, bytesOf(out), seg, job.position(), &regions, sends);
              });
            });
 }

@@ -14,7 +14,8 @@ void broadcast(Communicator& comm, void* buffer, size_t count, DataType dtype, i
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kBroadcast, dtype, count, root);
   desc.algorithm = static_cast<uint8_t>(algorithm);
-  comm.run(desc, timeout, rd ? broadcastPayload(bytesOf(buffer), bytes, root) : RdPayload{},
+  const int rootPosition = comm.layout(desc.kind, timeout).position(root);
+  comm.run(desc, timeout, rd ? broadcastPayload(bytesOf(buffer), bytes, rootPosition) : RdPayload{},
            [&](const OpContext& ctx) {
              if (comm.size() == 1 || rd) return;
              const std::vector<Range> ranges = comm.channelPlan().split(count);

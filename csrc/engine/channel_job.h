@@ -1,5 +1,5 @@
 // What one channel of one collective works with: the connections (through
-// Links), the op's context, the element type, the pipelining unit and the
+// Links), the group's layout (the ring order), the op's context, the element type, the pipelining unit and the
 // channel's staging memory; plus the bookkeeping of sends in flight.
 #pragma once
 
@@ -12,6 +12,7 @@
 #include "core/request.h"
 #include "engine/channel_plan.h"
 #include "engine/data_type.h"
+#include "engine/layout.h"
 #include "engine/links.h"
 #include "engine/op_context.h"
 
@@ -19,6 +20,7 @@ namespace reccl {
 
 struct ChannelJob {
   Links& links;
+  const Layout& layout;
   const OpContext& ctx;
   int channel;
   DataType dtype;
@@ -30,6 +32,9 @@ struct ChannelJob {
   int rank() const { return links.rank(); }
   int size() const { return links.size(); }
   int mod(int i) const { return ((i % size()) + size()) % size(); }
+  // This rank's place in the ring order, and the rank `steps` places on.
+  int position() const { return layout.position(rank()); }
+  int ringRank(int steps) const { return layout.rankAt(mod(position() + steps)); }
   size_t chunksOf(size_t count) const { return (count + chunkElems - 1) / chunkElems; }
 };
 

@@ -35,6 +35,17 @@ size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegmen
   return std::max(base, (largestSegment + maxChunks - 1) / maxChunks);
 }
 
+uint8_t* gatherBlocks(Communicator& comm, const Layout& layout, void* out, size_t blockBytes) {
+  return layout.inRankOrder() ? bytesOf(out) : comm.opScratch(blockBytes * layout.size());
+}
+
+void blocksToRankOrder(const Layout& layout, const uint8_t* blocks, void* out, size_t blockBytes) {
+  if (blocks == out || blockBytes == 0) return;
+  for (int p = 0; p < layout.size(); ++p) {
+    std::memcpy(bytesOf(out) + layout.rankAt(p) * blockBytes, blocks + p * blockBytes, blockBytes);
+  }
+}
+
 void copyIfDistinct(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes > 0) std::memmove(dst, src, bytes);
 }

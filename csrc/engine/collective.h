@@ -37,6 +37,12 @@ size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegmen
 inline uint8_t* bytesOf(void* p) { return static_cast<uint8_t*>(p); }
 inline const uint8_t* bytesOf(const void* p) { return static_cast<const uint8_t*>(p); }
 
+// Where a small gather of `blockBytes` per rank into rank-ordered `out` runs
+// (recursive doubling gathers in position order, layout.h): `out` itself when
+// positions are ranks, else the op's work buffer; then blocksToRankOrder().
+uint8_t* gatherBlocks(Communicator& comm, const Layout& layout, void* out, size_t blockBytes);
+void blocksToRankOrder(const Layout& layout, const uint8_t* blocks, void* out, size_t blockBytes);
+
 // Copies unless the collective runs in place (`dst` is `src`).
 void copyIfDistinct(void* dst, const void* src, size_t bytes);
 

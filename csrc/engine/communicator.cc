@@ -8,6 +8,16 @@
 
 namespace reccl {
 
+namespace {
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+}  // namespace
+
 Communicator::Communicator(std::shared_ptr<Transport> transport,
                            std::shared_ptr<Rendezvous> rendezvous, const std::string& prefix,
                            int rank, int size, CommOptions options)
@@ -29,7 +39,14 @@ Communicator::Communicator(std::shared_ptr<Transport> transport,
   }
   links_ = std::make_shared<Links>(std::move(transport), std::move(rendezvous), prefix, rank, size,
                                    plan_.channels(), options_.rendezvousTimeout);
-  agreement_ = std::make_unique<RecursiveDoubling>(links_, rank, size, options_.smallBytes);
+  std::vector<int> ranks(size), units(size + 1);
+  for (int r = 0; r <= size; ++r) {
+    if (r < size) ranks[r] = r;
+    units[r] = r;
+  }
+  // Large enough for the host exchange (one 64-bit identity per rank).
+  flat_ = std::make_unique<RecursiveDoubling>(
+      links_, ranks, units, std::max(options_.smallBytes, sizeof(uint64_t) * size));
   p2p_ = std::make_shared<P2p>(links_, options_.group);
   pool_ = std::make_unique<WorkerPool>(plan_.channels() - 1);
   scratch_.resize(plan_.channels());
@@ -47,7 +64,11 @@ std::string Communicator::error() const {
 
 void Communicator::flush(Millis timeout) {
   std::lock_guard<std::mutex> lock(opMutex_);
-  agreement_->flush(timeout);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  flat_->flush(timeout);
+  if (twoLevel_) {
+    twoLevel_->flush(std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())));
+  }
 }
 
 void Communicator::abort(const std::string& why, bool orderly) {
@@ -134,29 +155,17 @@ std::string Communicator::label(const OpDescriptor& desc) const {
          std::to_string(size_) + ")";
 }
 
-void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
-                       const DataPhase& dataPhase, uint64_t countsDigest) {
-  std::lock_guard<std::mutex> lock(opMutex_);
+void Communicator::checkUsable() const {
   std::string broken = error();
   if (!broken.empty()) {
     throw AbortedError("reccl: process group '" + options_.group +
                        "' cannot run more operations after an earlier failure: " + broken);
   }
-  desc.seq = seq_++;
-  desc.planId = plan_.id();
-  desc.chunkBytes = options_.chunkBytes;
-  desc.channels = static_cast<uint32_t>(plan_.channels());
-  OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);
+}
+
+void Communicator::guarded(const OpContext& ctx, const std::function<void()>& body) {
   try {
-    if (size_ > 1) {
-      Agreement agreement = Agreement::of(rank_, desc, sampleFaults(), countsDigest);
-      agreement_->run(ctx, agreement, payload);
-      agreement.check(options_.group);
-      if (agreement.countsDigest != 0) diagnoseAlltoall(ctx, desc);
-      adoptAgreement(agreement, desc.seq);
-    }
-    dataPhase(ctx);
-    opsDone_.fetch_add(1);
+    body();
   } catch (const MismatchError&) {
     throw;  // every rank saw it after a complete agreement: the streams are intact
   } catch (const std::exception& e) {
@@ -171,6 +180,73 @@ void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& paylo
     abort(e.what());
     throw;
   }
+}
+
+const Layout& Communicator::layout(OpKind kind, Millis timeout) {
+  std::lock_guard<std::mutex> lock(opMutex_);
+  checkUsable();
+  return layoutLocked(kind, timeout);
+}
+
+std::shared_ptr<const Layout> Communicator::knownLayout() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return layout_;
+}
+
+std::vector<int> Communicator::agreementPartners() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return layout_ ? agreement_->partners() : std::vector<int>{};
+}
+
+const Layout& Communicator::layoutLocked(OpKind kind, Millis timeout) {
+  if (agreement_) return *layout_;
+  std::vector<uint64_t> hosts(size_, 0);
+  hosts[rank_] = fnv1a(options_.host);
+  if (size_ > 1) {
+    OpDescriptor desc;
+    desc.kind = kind;
+    desc.seq = seq_;
+    OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);
+    // The same descriptor on every rank: a mismatch of the op itself is the
+    // agreement's to report, and must not cut the exchange short.
+    Agreement agreement = Agreement::of(rank_, OpDescriptor{}, RankFaults{}, 0);
+    guarded(ctx, [&] {
+      flat_->run(ctx, agreement,
+                 gatherPayload(reinterpret_cast<uint8_t*>(hosts.data()), sizeof(uint64_t), size_));
+    });
+  }
+  auto layout = std::make_shared<const Layout>(hosts);
+  if (layout->twoLevel()) {
+    twoLevel_ = std::make_unique<RecursiveDoubling>(links_, layout->order(), layout->hostStarts(),
+                                                    options_.smallBytes);
+  }
+  agreement_ = twoLevel_ ? twoLevel_.get() : flat_.get();
+  std::lock_guard<std::mutex> lock(planMutex_);
+  layout_ = std::move(layout);
+  return *layout_;
+}
+
+void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
+                       const DataPhase& dataPhase, uint64_t countsDigest) {
+  std::lock_guard<std::mutex> lock(opMutex_);
+  checkUsable();
+  layoutLocked(desc.kind, timeout);
+  desc.seq = seq_++;
+  desc.planId = plan_.id();
+  desc.chunkBytes = options_.chunkBytes;
+  desc.channels = static_cast<uint32_t>(plan_.channels());
+  OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);
+  guarded(ctx, [&] {
+    if (size_ > 1) {
+      Agreement agreement = Agreement::of(rank_, desc, sampleFaults(), countsDigest);
+      agreement_->run(ctx, agreement, payload);
+      agreement.check(options_.group);
+      if (agreement.countsDigest != 0) diagnoseAlltoall(ctx, desc);
+      adoptAgreement(agreement, desc.seq);
+    }
+    dataPhase(ctx);
+    opsDone_.fetch_add(1);
+  });
 }
 
 void Communicator::diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& desc) {
@@ -239,7 +315,8 @@ void Communicator::forChannels(const OpContext& ctx, DataType dtype, size_t unit
   for (int c = 0; c < plan_.channels(); ++c) {
     if (plan_.weight(c) == 0) continue;  // DCR: no traffic at all on this channel
     jobs.push_back([&, c] {
-      ChannelJob job{*links_, ctx, c, dtype, elementSize(dtype), unit, options_.window, scratch_[c]};
+      ChannelJob job{*links_, *layout_, ctx, c, dtype, elementSize(dtype), unit, options_.window,
+                     scratch_[c]};
       SendList sends;
       fn(job, sends);
       sends.waitAll(job);

@@ -7,6 +7,10 @@
 // algorithm (collective.h) and running it through run() and forChannels().
 //
 // Every collective runs in two phases:
+//  0. At the group's first collective, its layout (layout.h): the ranks
+//     gather every rank's host identity by recursive doubling, so every rank
+//     knows which ranks share a host, the ring order, and whether the
+//     agreement runs in two levels (host, then network).
 //  1. Agreement (agreement.h) by recursive doubling (recursive_doubling.h):
 //     log2 N exchanges per rank carry every rank's op descriptor and fault
 //     state, so a mismatch fails on every rank, with the same message, before
@@ -34,6 +38,7 @@
 #include "engine/agreement.h"
 #include "engine/data_type.h"
 #include "engine/descriptor.h"
+#include "engine/layout.h"
 #include "engine/links.h"
 #include "engine/p2p.h"
 #include "engine/recursive_doubling.h"
@@ -52,6 +57,7 @@ struct CommOptions {
   size_t smallBytes = 65536;         // recursive doubling up to this largest message
   bool rebalance = true;             // DCR
   uint64_t dcrOffset = 0;            // ops between the agreement and a new plan
+  std::string host = "";             // host identity (core/topology.h): equal = same host
 };
 
 // What the last agreement said of the group's faults.
@@ -87,6 +93,7 @@ class Communicator {
   void setDeviceOpsCounter(std::function<uint64_t()> counter);
   // Connections made so far (both directions).
   size_t connections() const { return links_->connections(); }
+  std::vector<int> sendPeers(int channel) const { return links_->sendPeers(channel); }
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 
@@ -96,6 +103,14 @@ class Communicator {
   using DataPhase = std::function<void(const OpContext&)>;
   void run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
            const DataPhase& dataPhase, uint64_t countsDigest = 0);
+  // The group's layout. The first call (the group's first collective, of
+  // kind `kind`, on every rank) learns it: an exchange with every rank,
+  // bounded by `timeout`, under run()'s error policy.
+  const Layout& layout(OpKind kind, Millis timeout);
+  // The layout if learned already (for tools; nullptr before).
+  std::shared_ptr<const Layout> knownLayout() const;
+  // The ranks the agreement exchanges with (empty before the layout is known).
+  std::vector<int> agreementPartners() const;
   // Within a data phase: the plan that divides this op's data over the
   // channels (the op thread is the only writer, between ops).
   const ChannelPlan& channelPlan() const { return plan_; }
@@ -126,6 +141,11 @@ class Communicator {
   // disagrees (every rank the same) and throws MismatchError.
   [[noreturn]] void diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& desc);
   std::string label(const OpDescriptor& desc) const;
+  // Runs `body` under the error policy of an op (see the top of this file).
+  void guarded(const OpContext& ctx, const std::function<void()>& body);
+  void checkUsable() const;
+  // layout() with opMutex_ held.
+  const Layout& layoutLocked(OpKind kind, Millis timeout);
   RankFaults sampleFaults() const;
   // Records the agreement of op `seq` and switches plans where DCR says so.
   void adoptAgreement(const Agreement& agreement, uint64_t seq);
@@ -134,7 +154,12 @@ class Communicator {
   const int size_;
   const CommOptions options_;
   std::shared_ptr<Links> links_;
-  std::unique_ptr<RecursiveDoubling> agreement_;
+  // Rank order, every rank its own unit: the host exchange, and the
+  // agreement while the layout is not two-level.
+  std::unique_ptr<RecursiveDoubling> flat_;
+  std::unique_ptr<RecursiveDoubling> twoLevel_;  // host units in ring order
+  RecursiveDoubling* agreement_ = nullptr;      // the one in use; set with layout_
+  std::shared_ptr<const Layout> layout_;        // written once under planMutex_
   ChannelPlan plan_;
   PlanState plans_;  // op thread only
   // Guards writes of plan_ (only the op thread writes it, and reads it freely)

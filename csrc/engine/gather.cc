@@ -15,11 +15,18 @@ void gather(Communicator& comm, const void* in, void* out, size_t count, DataTyp
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
   desc.algorithm = static_cast<uint8_t>(algorithm);
-  // Small: the other ranks gather every block into a work buffer.
-  uint8_t* blocks = rank == root ? bytesOf(out) : (rd ? comm.opScratch(bytes * size) : nullptr);
-  if (blocks) copyIfDistinct(blocks + rank * bytes, in, bytes);
+  // Small: every rank gathers every block (the others into a work buffer).
+  const Layout& layout = comm.layout(desc.kind, timeout);
+  uint8_t* blocks = nullptr;
+  if (rd) {
+    blocks = rank == root ? gatherBlocks(comm, layout, out, bytes) : comm.opScratch(bytes * size);
+    copyIfDistinct(blocks + layout.position(rank) * bytes, in, bytes);
+  } else if (rank == root) {
+    copyIfDistinct(bytesOf(out) + rank * bytes, in, bytes);
+  }
   comm.run(desc, timeout, rd ? gatherPayload(blocks, bytes, size) : RdPayload{},
            [&](const OpContext& ctx) {
+             if (rd && rank == root) blocksToRankOrder(layout, blocks, out, bytes);
              if (size == 1 || rd) return;
              const std::vector<Range> ranges = comm.channelPlan().split(count);
              const size_t unit = chunkElems(comm, dtype, largestRange(ranges), 1);

@@ -205,6 +205,17 @@ size_t Links::connections() const {
   return count;
 }
 
+std::vector<int> Links::sendPeers(int channel) const {
+  std::vector<int> peers;
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  for (const auto& [key, l] : links_) {  // ordered by (peer, slot)
+    if (key.second != channel) continue;
+    std::unique_lock<std::mutex> linkLock(l->mutex, std::try_to_lock);
+    if (linkLock.owns_lock() && l->send) peers.push_back(key.first);
+  }
+  return peers;
+}
+
 uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
   uint64_t mask = 0;
   for (int c = 0; c < channels_; ++c) {

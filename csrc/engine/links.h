@@ -66,6 +66,9 @@ class Links {
   uint64_t nicsDown() const;
   // Connections made so far (both directions), for stats and tests.
   size_t connections() const;
+  // The peers this rank has a collective connection to on `channel`, in rank
+  // order (which peers the algorithms talk to, for tests and tools).
+  std::vector<int> sendPeers(int channel) const;
 
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is

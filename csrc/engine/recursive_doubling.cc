@@ -33,36 +33,57 @@ std::string rankList(const std::vector<int>& ranks) {
 
 uint64_t agreementsRun() { return exchangesRun.load(); }
 
-RdSchedule::RdSchedule(int rank, int size) : rank_(rank), size_(size) {
-  while (pow2_ * 2 <= size) {
+RdSchedule::RdSchedule(int position, const std::vector<int>& units)
+    : units_(units), position_(position), size_(units.back()) {
+  const int count = static_cast<int>(units.size()) - 1;
+  while (pow2_ * 2 <= count) {
     pow2_ *= 2;
     ++steps_;
   }
-  rem_ = size - pow2_;
-  if (rank < 2 * rem_) {
-    newRank_ = rank % 2 == 1 ? rank / 2 : -1;
-    foldPartner_ = rank % 2 == 1 ? rank - 1 : rank + 1;
-  } else {
-    newRank_ = rank - rem_;
+  rem_ = count - pow2_;
+  for (int u = 0; u < count; ++u) {
+    if (units[u + 1] - units[u] > 1) depth_ = 2;
   }
+  const int unit =
+      static_cast<int>(std::upper_bound(units.begin(), units.end(), position) - units.begin()) - 1;
+  const int leader = units[unit];
+  held_ = {position, position + 1};
+  if (position != leader) {  // a member: its state goes to the leader, the result comes last
+    parent_ = leader;
+    parentStage_ = stages() - 1;
+    return;
+  }
+  for (int p = leader + 1; p < units[unit + 1]; ++p) children_.push_back({p, p, p + 1, 0});
+  held_ = {leader, units[unit + 1]};
+  if (unit < 2 * rem_) {
+    if (unit % 2 == 0) {  // folds into the next unit's leader
+      parent_ = units[unit + 1];
+      parentStage_ = depth_ + steps_;
+      return;
+    }
+    children_.push_back({units[unit - 1], units[unit - 1], leader, depth_ - 1});
+    held_.first = units[unit - 1];
+  }
+  newUnit_ = unit < 2 * rem_ ? unit / 2 : unit - rem_;
 }
 
-int RdSchedule::firstOriginal(int newRank) const {
-  return newRank < rem_ ? 2 * newRank : std::min(size_, newRank + rem_);
+int RdSchedule::firstUnit(int newUnit) const {
+  const int count = static_cast<int>(units_.size()) - 1;
+  return newUnit < rem_ ? 2 * newUnit : std::min(count, newUnit + rem_);
 }
 
-int RdSchedule::original(int newRank) const {
-  return newRank < rem_ ? 2 * newRank + 1 : newRank + rem_;
+int RdSchedule::leaderOfNewUnit(int newUnit) const {
+  return units_[newUnit < rem_ ? 2 * newUnit + 1 : newUnit + rem_];
 }
 
-int RdSchedule::partner(int step) const { return original(newRank_ ^ (1 << step)); }
+int RdSchedule::partner(int step) const { return leaderOfNewUnit(newUnit_ ^ (1 << step)); }
 
 std::pair<int, int> RdSchedule::heldBefore(int step, bool partnerSide) const {
   if (step >= steps_) return {0, size_};
   const int block = 1 << step;
-  const int v = partnerSide ? (newRank_ ^ block) : newRank_;
+  const int v = partnerSide ? (newUnit_ ^ block) : newUnit_;
   const int first = v & ~(block - 1);
-  return {firstOriginal(first), firstOriginal(first + block)};
+  return {units_[firstUnit(first)], units_[firstUnit(first + block)]};
 }
 
 namespace {
@@ -104,12 +125,12 @@ RdPayload gatherPayload(uint8_t* state, size_t blockBytes, int size) {
   return p;
 }
 
-RdPayload broadcastPayload(uint8_t* state, size_t bytes, int root) {
+RdPayload broadcastPayload(uint8_t* state, size_t bytes, int rootPosition) {
   RdPayload p;
   p.data = state;
   p.bytes = bytes;
-  p.held = [bytes, root](int lo, int hi) {
-    return std::pair<size_t, size_t>{0, lo <= root && root < hi ? bytes : 0};
+  p.held = [bytes, rootPosition](int lo, int hi) {
+    return std::pair<size_t, size_t>{0, lo <= rootPosition && rootPosition < hi ? bytes : 0};
   };
   p.merge = [state](const uint8_t* theirs, size_t offset, size_t length, bool) {
     std::memcpy(state + offset, theirs, length);
@@ -117,14 +138,23 @@ RdPayload broadcastPayload(uint8_t* state, size_t bytes, int root) {
   return p;
 }
 
-RecursiveDoubling::RecursiveDoubling(std::shared_ptr<Links> links, int rank, int size,
-                                     size_t payloadCapacity)
+namespace {
+
+int positionOf(const std::vector<int>& order, int rank) {
+  return static_cast<int>(std::find(order.begin(), order.end(), rank) - order.begin());
+}
+
+}  // namespace
+
+RecursiveDoubling::RecursiveDoubling(std::shared_ptr<Links> links, std::vector<int> order,
+                                     std::vector<int> units, size_t payloadCapacity)
     : links_(std::move(links)),
-      rank_(rank),
-      size_(size),
+      rank_(links_->rank()),
+      size_(links_->size()),
+      order_(std::move(order)),
       payloadCapacity_(payloadCapacity),
-      schedule_(rank, size) {
-  slots_.resize(static_cast<size_t>(schedule_.steps()) + 2);
+      schedule_(positionOf(order_, rank_), units) {
+  slots_.resize(schedule_.children().size() + static_cast<size_t>(schedule_.steps()) + 1);
 }
 
 void RecursiveDoubling::flush(Millis timeout) {
@@ -135,6 +165,14 @@ void RecursiveDoubling::flush(Millis timeout) {
     if (left.count() <= 0 || !slot.pending->wait(left)) return;
     slot.pending.reset();
   }
+}
+
+std::vector<int> RecursiveDoubling::partners() const {
+  std::vector<int> ranks;
+  if (schedule_.parent() >= 0) ranks.push_back(order_[schedule_.parent()]);
+  for (const RdSchedule::Fold& child : schedule_.children()) ranks.push_back(order_[child.position]);
+  for (int s = 0; s < schedule_.steps(); ++s) ranks.push_back(order_[schedule_.partner(s)]);
+  return ranks;
 }
 
 void RecursiveDoubling::send(const OpContext& ctx, int slotIndex, int peer,
@@ -184,8 +222,7 @@ void RecursiveDoubling::fail(const OpContext& ctx, std::vector<int> missing,
   }
   // Tell every partner still waiting for this rank, best effort and briefly:
   // they would otherwise blame this rank for what it waits on.
-  const Clock::time_point until =
-      Clock::now() + stageMargin(ctx.timeout(), static_cast<int>(slots_.size()));
+  const Clock::time_point until = Clock::now() + stageMargin(ctx.timeout(), schedule_.stages() + 1);
   std::vector<std::shared_ptr<Request>> notices;
   for (const auto& [slotIndex, peer] : waiting) {
     try {
@@ -212,30 +249,33 @@ void RecursiveDoubling::fail(const OpContext& ctx, std::vector<int> missing,
 void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const RdPayload& payload) {
   if (size_ == 1) return;
   exchangesRun.fetch_add(1);
+  const std::vector<RdSchedule::Fold>& children = schedule_.children();
+  const int folds = static_cast<int>(children.size());
   const int steps = schedule_.steps();
+  const int parentSlot = folds + steps;
+  const int parent = schedule_.parent() >= 0 ? order_[schedule_.parent()] : -1;
+  auto childRank = [&](int i) { return order_[children[i].position]; };
+  auto partnerRank = [&](int step) { return order_[schedule_.partner(step)]; };
   if (!dialed_) {
-    std::vector<int> partners;
-    if (schedule_.foldPartner() >= 0) partners.push_back(schedule_.foldPartner());
-    if (!schedule_.foldedOut()) {
-      for (int s = 0; s < steps; ++s) partners.push_back(schedule_.partner(s));
-    }
-    links_->dialAhead(partners, 0, Lane::kCollective);
+    links_->dialAhead(partners(), 0, Lane::kCollective);
     dialed_ = true;
   }
-  const int backSlot = steps + 1;
-  const Millis margin = stageMargin(ctx.timeout(), static_cast<int>(slots_.size()));
-  auto stageUntil = [&](int slotIndex) { return ctx.deadline() - margin * (backSlot - slotIndex); };
-  auto span = [&](std::pair<int, int> ranks) {
-    return payload.bytes ? payload.held(ranks.first, ranks.second) : std::pair<size_t, size_t>{0, 0};
+  // The last stage too gives up a margin early, so a rank waiting for the
+  // result from a missing parent names it as the verdict does.
+  const Millis margin = stageMargin(ctx.timeout(), schedule_.stages() + 1);
+  auto stageUntil = [&](int stage) { return ctx.deadline() - margin * (schedule_.stages() - stage); };
+  auto span = [&](std::pair<int, int> positions) {
+    return payload.bytes ? payload.held(positions.first, positions.second)
+                         : std::pair<size_t, size_t>{0, 0};
   };
   if (payload.bytes > payloadCapacity_) throw Error("internal: recursive-doubling payload too large");
   const size_t maxBytes = kAgreementBytes + payloadCapacity_;
   // Receives from `peer` into `slotIndex`, accepting its connection first if
   // needed; both bounded by the stage's deadline.
   uint64_t got = 0;
-  auto exchange = [&](int slotIndex, int peer, std::shared_ptr<Request> request,
+  auto exchange = [&](int slotIndex, int stage, int peer, std::shared_ptr<Request> request,
                       std::vector<int>* failure) -> Agreement {
-    const Clock::time_point until = stageUntil(slotIndex);
+    const Clock::time_point until = stageUntil(stage);
     if (!request) {
       std::shared_ptr<RecvConnection> from =
           links_->receiverUntil(peer, 0, Lane::kCollective, ctx, until);
@@ -247,7 +287,7 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
     }
     return receive(ctx, slotIndex, peer, *request, until, &got, failure);
   };
-  // The partner's message must hold exactly the part of the payload its ranks have.
+  // The peer's message must hold exactly the part of the payload its positions have.
   auto checkLength = [&](int peer, size_t expected) {
     if (got != kAgreementBytes + expected) {
       throw ProtocolError("reccl: " + ctx.label() + ": rank " + std::to_string(peer) + " sent " +
@@ -255,62 +295,62 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
                           std::to_string(kAgreementBytes + expected));
     }
   };
-  // Later partners that wait for this rank, for the failure verdict.
-  auto waitingAfter = [&](int step) {
+  // Merges the payload part in `slotIndex` from `peer`, whose state holds `positions`.
+  auto mergeFrom = [&](int slotIndex, int peer, std::pair<int, int> positions) {
+    const std::pair<size_t, size_t> part = span(positions);
+    checkLength(peer, part.second);
+    if (part.second) {
+      payload.merge(slots_[slotIndex].rx.data() + kAgreementBytes, part.first, part.second,
+                    positions.first < schedule_.position());
+    }
+  };
+  // The ranks still waiting for this one after `step`: the parent (until this
+  // rank's state went to it), later partners, and the children for the result.
+  auto waitingAfter = [&](int step, bool parentToo) {
     std::vector<std::pair<int, int>> waiting;
-    for (int s = step + 1; s < steps; ++s) waiting.push_back({1 + s, schedule_.partner(s)});
-    if (schedule_.foldPartner() >= 0) waiting.push_back({backSlot, schedule_.foldPartner()});
+    if (parentToo && parent >= 0) waiting.push_back({parentSlot, parent});
+    for (int s = step + 1; s < steps; ++s) waiting.push_back({folds + s, partnerRank(s)});
+    for (int i = 0; i < folds; ++i) waiting.push_back({i, childRank(i)});
     return waiting;
   };
   std::vector<int> failure;
 
-  if (schedule_.foldedOut()) {
-    const int peer = schedule_.foldPartner();
-    std::shared_ptr<Request> request = postReceive(backSlot, peer, maxBytes);
-    send(ctx, 0, peer, agreement, payload, span({rank_, rank_ + 1}));
-    Agreement result = exchange(backSlot, peer, request, &failure);
-    if (!failure.empty()) fail(ctx, failure, {}, agreement);
-    agreement = result;
-    if (agreement.oddRank >= 0) return;  // a mismatch: the payload is moot
-    const std::pair<size_t, size_t> all = span({0, size_});
-    checkLength(peer, all.second);
-    if (all.second) {
-      std::memcpy(payload.data + all.first, slots_[backSlot].rx.data() + kAgreementBytes, all.second);
-    }
-    return;
-  }
-  if (schedule_.foldPartner() >= 0) {
-    const int peer = schedule_.foldPartner();
-    Agreement theirs = exchange(0, peer, postReceive(0, peer, maxBytes), &failure);
-    if (!failure.empty()) fail(ctx, failure, waitingAfter(-1), agreement);
+  std::vector<std::shared_ptr<Request>> foldRequests(folds);
+  for (int i = 0; i < folds; ++i) foldRequests[i] = postReceive(i, childRank(i), maxBytes);
+  for (int i = 0; i < folds; ++i) {
+    const RdSchedule::Fold& child = children[i];
+    Agreement theirs = exchange(i, child.stage, childRank(i), foldRequests[i], &failure);
+    if (!failure.empty()) fail(ctx, failure, waitingAfter(-1, true), agreement);
     agreement.merge(theirs);
     // Once a mismatch is known the payloads may differ in size: they are moot.
-    if (agreement.oddRank < 0) {
-      const std::pair<size_t, size_t> part = span({peer, peer + 1});
-      checkLength(peer, part.second);
-      if (part.second) payload.merge(slots_[0].rx.data() + kAgreementBytes, part.first, part.second, true);
-    }
+    if (agreement.oddRank < 0) mergeFrom(i, childRank(i), {child.lo, child.hi});
   }
-  for (int step = 0; step < steps; ++step) {
-    const int slotIndex = 1 + step;
-    const int peer = schedule_.partner(step);
-    std::shared_ptr<Request> request = postReceive(slotIndex, peer, maxBytes);
-    send(ctx, slotIndex, peer, agreement, payload, span(schedule_.heldBefore(step, false)));
-    Agreement theirs = exchange(slotIndex, peer, request, &failure);
-    if (!failure.empty()) fail(ctx, failure, waitingAfter(step), agreement);
-    agreement.merge(theirs);
+  if (parent >= 0) {
+    std::shared_ptr<Request> request = postReceive(parentSlot, parent, maxBytes);
+    send(ctx, parentSlot, parent, agreement, payload, span(schedule_.held()));
+    Agreement result = exchange(parentSlot, schedule_.parentStage(), parent, request, &failure);
+    if (!failure.empty()) fail(ctx, failure, waitingAfter(steps, false), agreement);
+    agreement = result;
+    const std::pair<size_t, size_t> all = span({0, size_});
     if (agreement.oddRank < 0) {
-      const std::pair<size_t, size_t> part = span(schedule_.heldBefore(step, true));
-      checkLength(peer, part.second);
-      if (part.second) {
-        payload.merge(slots_[slotIndex].rx.data() + kAgreementBytes, part.first, part.second,
-                      peer < rank_);
+      checkLength(parent, all.second);
+      if (all.second) {
+        std::memcpy(payload.data + all.first, slots_[parentSlot].rx.data() + kAgreementBytes,
+                    all.second);
       }
     }
   }
-  if (schedule_.foldPartner() >= 0) {
-    send(ctx, backSlot, schedule_.foldPartner(), agreement, payload, span({0, size_}));
+  for (int step = 0; step < steps; ++step) {
+    const int slotIndex = folds + step;
+    const int peer = partnerRank(step);
+    std::shared_ptr<Request> request = postReceive(slotIndex, peer, maxBytes);
+    send(ctx, slotIndex, peer, agreement, payload, span(schedule_.heldBefore(step, false)));
+    Agreement theirs = exchange(slotIndex, schedule_.stepStage(step), peer, request, &failure);
+    if (!failure.empty()) fail(ctx, failure, waitingAfter(step, false), agreement);
+    agreement.merge(theirs);
+    if (agreement.oddRank < 0) mergeFrom(slotIndex, peer, schedule_.heldBefore(step, true));
   }
+  for (int i = 0; i < folds; ++i) send(ctx, i, childRank(i), agreement, payload, span({0, size_}));
 }
 
 }  // namespace reccl

@@ -1,19 +1,25 @@
 // Recursive doubling: every rank ends with the merge of every rank's state
-// (an Agreement, plus an op payload such as a partial sum or gathered blocks)
-// after log2(p) exchanges with one partner each, p the largest power of two
-// <= N. When N is not a power of two the first 2(N-p) ranks first fold in
-// pairs (even into odd) and the odd rank hands the result back at the end:
-// two more messages. It runs over channel 0's collective connections, so a
-// rank connects to O(log N) peers for it.
+// (an Agreement, plus an op payload such as a partial sum or gathered blocks).
+// It runs over the group's positions (layout.h) cut into units of adjacent
+// positions: flat, every position is a unit; two-level, every host is one.
+// A unit's other members fold into its first position (the host leader: one
+// message each, over the host), the leaders exchange log2(p) times with one
+// partner each, p the largest power of two <= units, and the leader hands
+// the result back to its members. When the units are not a power of two, the
+// first 2(units-p) leaders first fold in pairs (even into odd) and the odd one
+// hands the result back at the end: two more messages. It runs over channel
+// 0's collective connections, so a rank connects to O(log N) peers for it.
 //
-// Merges always combine the lower ranks' state with the higher ranks' in that
-// order, so a payload reduction is computed the same way on both partners and
-// every rank ends with the same bits.
+// Every merge combines the lower positions' state with the higher ones' in
+// that order, and a leader merges its members in position order, so a payload
+// reduction is computed the same way wherever it is computed and every rank
+// ends with the same bits.
 //
-// A partner that never answers: each step gives up a little before the op's
-// deadline (the later the step, the later), names the missing partner and
-// sends that verdict to every partner still waiting for it, so every rank
-// reports the rank that really did not join, not just its own partner.
+// A rank that never answers: each stage gives up a little before the op's
+// deadline (the later the stage, the later; the deeper in a fold, the earlier
+// at the fold and the later for the result), names the missing rank and sends
+// that verdict to every rank still waiting for this one, so every rank reports
+// the rank that really did not join, not just its own partner.
 #pragma once
 
 #include <functional>
@@ -30,39 +36,56 @@
 
 namespace reccl {
 
-// Who talks to whom, by original rank.
+// Who talks to whom, by position.
 class RdSchedule {
  public:
-  RdSchedule(int rank, int size);
-  int steps() const { return steps_; }
-  // Folded-out ranks give their state to foldPartner() first and get the
-  // result back from it last; a folding-in rank (odd, < 2(N-p)) takes part
-  // for both. foldPartner() is -1 for every other rank.
-  bool foldedOut() const { return newRank_ < 0; }
-  int foldPartner() const { return foldPartner_; }
-  // The partner at `step` (0..steps-1); participants only.
+  // `units[u]`: the first position of unit u; units.back(): the group size.
+  RdSchedule(int position, const std::vector<int>& units);
+  int position() const { return position_; }
+
+  // A state folded into this position before the steps, in merge order.
+  struct Fold {
+    int position;
+    int lo, hi;  // the positions its state holds
+    int stage;
+  };
+  const std::vector<Fold>& children() const { return children_; }
+  // Where this position folds into (-1: it takes part in the steps) and the
+  // stage at which the result comes back from there.
+  int parent() const { return parent_; }
+  int parentStage() const { return parentStage_; }
+  // The positions this position's state holds once its children are merged.
+  std::pair<int, int> held() const { return held_; }
+  // Steps between the leaders; 0 for a position with a parent.
+  int steps() const { return parent_ < 0 ? steps_ : 0; }
   int partner(int step) const;
-  // The original ranks [lo, hi) a participant's state holds before `step`
-  // (step == steps(): every rank), for this rank or for its partner there.
+  int stepStage(int step) const { return depth_ + step; }
+  // The positions [lo, hi) a participant's state holds before `step`
+  // (step == steps(): every position), for this position or for its partner.
   std::pair<int, int> heldBefore(int step, bool partnerSide) const;
+  // Stages of the whole exchange (the same at every position).
+  int stages() const { return 2 * depth_ + steps_; }
 
  private:
-  int firstOriginal(int newRank) const;  // the lowest original rank new rank `newRank` holds
-  int original(int newRank) const;       // the original rank that takes part as `newRank`
+  int leaderOfNewUnit(int newUnit) const;  // the unit that takes part as `newUnit`
+  int firstUnit(int newUnit) const;        // the lowest unit new unit `newUnit` holds
 
-  int rank_, size_, pow2_ = 1, rem_ = 0, steps_ = 0;
-  int newRank_ = -1;
-  int foldPartner_ = -1;
+  std::vector<int> units_;
+  int position_, size_, pow2_ = 1, rem_ = 0, steps_ = 0, depth_ = 1;
+  int newUnit_ = -1;
+  std::vector<Fold> children_;
+  int parent_ = -1, parentStage_ = -1;
+  std::pair<int, int> held_;
 };
 
 // The part of an op that travels with the agreement.
 struct RdPayload {
   uint8_t* data = nullptr;  // this rank's state, merged in place
   size_t bytes = 0;
-  // The bytes {offset, length} of the state that holders of ranks [lo, hi) have.
+  // The bytes {offset, length} of the state that holders of positions [lo, hi) have.
   std::function<std::pair<size_t, size_t>(int lo, int hi)> held;
   // Merges a partner's bytes (its state at [offset, offset + length)) into
-  // data; `theirsLower`: the partner's ranks come before this rank's.
+  // data; `theirsLower`: the partner's positions come before this rank's.
   std::function<void(const uint8_t* theirs, size_t offset, size_t length, bool theirsLower)> merge;
 };
 
@@ -70,20 +93,23 @@ struct RdPayload {
 // - a reduction of `count` elements (every rank holds the whole vector; AVG
 //   sums, the caller divides);
 RdPayload reducePayload(uint8_t* state, size_t count, DataType dtype, ReduceOp op);
-// - a gather of one `blockBytes` block per rank (rank r's at r * blockBytes);
+// - a gather of one `blockBytes` block per position (position p's at
+//   p * blockBytes);
 RdPayload gatherPayload(uint8_t* state, size_t blockBytes, int size);
-// - the root's `bytes` reaching everyone.
-RdPayload broadcastPayload(uint8_t* state, size_t bytes, int root);
+// - the bytes of the root (at position `rootPosition`) reaching everyone.
+RdPayload broadcastPayload(uint8_t* state, size_t bytes, int rootPosition);
 
 // Exchanges run by every RecursiveDoubling of the process (for stats).
 uint64_t agreementsRun();
 
 class RecursiveDoubling {
  public:
-  // Receives are posted for up to `payloadCapacity` bytes of payload, so a
-  // peer that (wrongly) calls another op cannot overrun them; every payload
-  // must fit.
-  RecursiveDoubling(std::shared_ptr<Links> links, int rank, int size, size_t payloadCapacity);
+  // Over the positions `order` (position -> rank) cut into `units` (see
+  // RdSchedule). Receives are posted for up to `payloadCapacity` bytes of
+  // payload, so a peer that (wrongly) calls another op cannot overrun them;
+  // every payload must fit.
+  RecursiveDoubling(std::shared_ptr<Links> links, std::vector<int> order, std::vector<int> units,
+                    size_t payloadCapacity);
 
   // One exchange. `agreement`: this rank's in, the group's out. Throws
   // TimeoutError naming the ranks that did not join, or what the transport or
@@ -92,13 +118,15 @@ class RecursiveDoubling {
   // Waits (up to `timeout`) until the sends of the last exchange reached their
   // peers: an op completes without waiting for them.
   void flush(Millis timeout);
+  // The ranks this rank exchanges with: parent, children, step partners.
+  std::vector<int> partners() const;
 
  private:
   struct Slot {
     std::vector<uint8_t> tx, rx;
     std::shared_ptr<Request> pending;  // the last send from tx
   };
-  // Sends `agreement` and payload bytes [span) to `peer` from slot `slot`.
+  // Sends `agreement` and payload bytes [span) to `peer` (a rank) from slot `slot`.
   void send(const OpContext& ctx, int slot, int peer, const Agreement& agreement,
             const RdPayload& payload, std::pair<size_t, size_t> span);
   // Posts a receive from `peer` into `slot` if its connection is accepted
@@ -113,9 +141,10 @@ class RecursiveDoubling {
 
   std::shared_ptr<Links> links_;
   const int rank_, size_;
+  const std::vector<int> order_;  // position -> rank
   const size_t payloadCapacity_;
   const RdSchedule schedule_;
-  std::vector<Slot> slots_;  // fold, steps..., back
+  std::vector<Slot> slots_;  // children..., steps..., parent
   bool dialed_ = false;      // every partner's connection started
 };
 

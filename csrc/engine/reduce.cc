@@ -43,13 +43,16 @@ void reduce(Communicator& comm, const void* in, void* out, size_t count, DataTyp
                const std::vector<Range> segs = ringSegments(ranges[job.channel], size);
                SegmentFn seg = [&](int j) { return segs[j]; };
                RegionSends regions(size);
-               ringReduceScatter(job, work, seg, rank, op, regions, sends);
+               // Each rank ends with the segment of its ring position.
+               const int mine = job.position();
+               ringReduceScatter(job, work, seg, mine, op, regions, sends);
                std::vector<Transfer> sendTo, recvFrom;
                if (rank != root) {
-                 sendTo.push_back({root, work, segs[rank], rank, job.chunkElems});
+                 sendTo.push_back({root, work, segs[mine], mine, job.chunkElems});
                } else {
                  for (int p = 0; p < size; ++p) {
-                   if (p != root) recvFrom.push_back({p, work, segs[p], p, job.chunkElems});
+                   const int theirs = job.layout.position(p);
+                   if (p != root) recvFrom.push_back({p, work, segs[theirs], theirs, job.chunkElems});
                  }
                }
                directExchange(job, sendTo, recvFrom, sends, &regions);

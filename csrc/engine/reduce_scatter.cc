@@ -26,11 +26,12 @@ void reduceScatter(Communicator& comm, const void* in, void* out, size_t count, 
                const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size - 1);
                comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
                  const Range range = ranges[job.channel];
+                 // Segment j: the block of the rank at ring position j.
                  SegmentFn seg = [&](int j) {
-                   return Range{j * count + range.offset, range.count};
+                   return Range{job.layout.rankAt(j) * count + range.offset, range.count};
                  };
                  RegionSends regions(size);
-                 ringReduceScatter(job, work, seg, rank, op, regions, sends);
+                 ringReduceScatter(job, work, seg, job.position(), op, regions, sends);
                });
              }
              if (bytes) std::memcpy(out, work + rank * bytes, bytes);

@@ -46,8 +46,8 @@ struct RingNeighbours {
 std::optional<RingNeighbours> ringNeighbours(ChannelJob& job, const SegmentFn& seg) {
   if (job.size() == 1 || !anyData(job, seg)) return std::nullopt;
   RingNeighbours r;
-  r.next = job.mod(job.rank() + 1);
-  r.prev = job.mod(job.rank() - 1);
+  r.next = job.ringRank(1);
+  r.prev = job.ringRank(-1);
   r.to = job.links.sender(r.next, job.channel, Lane::kCollective);
   r.from = job.links.receiver(r.prev, job.channel, Lane::kCollective, job.ctx);
   return r;
@@ -150,8 +150,8 @@ void chainBroadcast(ChannelJob& job, uint8_t* buffer, const Range& range, int ro
                     SendList& sends) {
   const int n = job.size();
   if (n == 1 || range.count == 0) return;
-  const int position = job.mod(job.rank() - root);
-  const int next = job.mod(job.rank() + 1), prev = job.mod(job.rank() - 1);
+  const int position = job.mod(job.position() - job.layout.position(root));
+  const int next = job.ringRank(1), prev = job.ringRank(-1);
   const size_t elem = job.elem;
   const size_t chunks = job.chunksOf(range.count);
   std::shared_ptr<SendConnection> to;

@@ -1,7 +1,8 @@
 // Ring algorithms for one channel, chunked and pipelined: a chunk is forwarded
 // as soon as it has arrived (and been reduced), so every step of the ring is
-// busy at once. Segment j of the ring is seg(j) (elements of the buffer); the
-// same segmentation is used on every rank. Bandwidth-optimal for large
+// busy at once. The ring runs in the layout's order (layout.h: a host's ranks
+// next to each other); segment j of the ring is seg(j) (elements of the
+// buffer), j counted in that order, the same segmentation on every rank. Bandwidth-optimal for large
 // messages: each rank sends 2(N-1)/N of the data for an allreduce.
 #pragma once
 
@@ -23,18 +24,18 @@ size_t largestRingSegment(const std::vector<Range>& ranges, int parts);
 
 // After N-1 steps segment `finalSegment` of `work` holds the reduction over all
 // ranks (AVG already divided); other segments hold partial sums. Each rank must
-// pass finalSegment = rank + k for one k common to all ranks. Records in
+// pass finalSegment = its position + k for one k common to all ranks. Records in
 // `regions` which send read which chunk, and queues every send in `sends`.
 void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int finalSegment,
                        ReduceOp op, RegionSends& regions, SendList& sends);
 
-// Each rank holds segment `ownSegment` (= rank + k for a common k); after N-1
+// Each rank holds segment `ownSegment` (= position + k for a common k); after N-1
 // steps every rank holds every segment. With `regions`, a receive waits until
 // the reduce-scatter send that read its region has completed.
 void ringAllgather(ChannelJob& job, uint8_t* buffer, const SegmentFn& seg, int ownSegment,
                    RegionSends* regions, SendList& sends);
 
-// Root's `range` of `buffer` down the chain root -> root+1 -> ... -> root-1.
+// Root's `range` of `buffer` down the chain from rank `root` along the ring order.
 void chainBroadcast(ChannelJob& job, uint8_t* buffer, const Range& range, int root,
                     SendList& sends);
 

@@ -20,7 +20,8 @@ void scatter(Communicator& comm, const void* in, void* out, size_t count, DataTy
   // Small: every rank receives all blocks into a work buffer.
   uint8_t* blocks = rd ? comm.opScratch(bytes * size) : nullptr;
   if (rd && rank == root && bytes) std::memcpy(blocks, in, bytes * size);
-  comm.run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size, root) : RdPayload{},
+  const int rootPosition = comm.layout(desc.kind, timeout).position(root);
+  comm.run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size, rootPosition) : RdPayload{},
            [&](const OpContext& ctx) {
              if (rd) {
                if (bytes) std::memcpy(out, blocks + rank * bytes, bytes);

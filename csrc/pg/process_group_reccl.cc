@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/topology.h"
 #include "engine/all_gather.h"
 #include "engine/all_reduce.h"
 #include "engine/all_to_all.h"
@@ -160,6 +161,7 @@ void ProcessGroupReccl::startEngine() {
     commOptions.dcrOffset = static_cast<uint64_t>(config.dcrOffset);
     commOptions.smallBytes = static_cast<size_t>(config.smallBytes);
     commOptions.group = options_.group;
+    commOptions.host = hostIdentity(config.hostId);
     commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
     comm_ = std::make_shared<Communicator>(std::move(transport), std::move(rendezvous), prefix,
                                            rank_, size_, commOptions);

@@ -88,6 +88,18 @@ void bindProcessGroup(py::module_& m) {
           d["channels_without_data"] = channelList(plan.avoidMask, comm->channels());
           // This rank's own state now; the group agrees on it at its next collective.
           d["channels_on_backup"] = channelList(comm->localFaults().backupChannels, comm->channels());
+          // The layout (known from the first collective on): hosts by rank, ring order.
+          if (std::shared_ptr<const reccl::Layout> layout = comm->knownLayout()) {
+            std::vector<int> hosts;
+            for (int r = 0; r < layout->size(); ++r) hosts.push_back(layout->hostOf(r));
+            d["hosts"] = hosts;
+            d["ring_order"] = layout->order();
+            d["two_level"] = layout->twoLevel();
+            d["agreement_partners"] = comm->agreementPartners();
+          }
+          py::dict peers;
+          for (int c = 0; c < comm->channels(); ++c) peers[py::int_(c)] = comm->sendPeers(c);
+          d["send_peers"] = peers;  // by channel: the peers this rank sent collectives to
         }
         return d;
       },
