@@ -392,3 +392,37 @@ def close_both(send, recv) -> None:
     closer.start()
     recv.close()
     closer.join(30)
+
+
+def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=90):
+    """Hosts a TCPStore and runs `world` spawned processes target(rank, port,
+    out_dir, *args), each expected to write rank<r>.json with "ok" (or "error").
+    Bounded by `job_timeout_s`; ranks still running then are killed. Asserts every
+    rank reported ok and returns the results in rank order."""
+    import datetime
+    import json
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    host = dist.TCPStore("127.0.0.1", 0, world + 1, True,
+                         timeout=datetime.timedelta(seconds=store_timeout_s), wait_for_workers=False)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, host.port, str(tmp_path), *args), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + job_timeout_s
+    for p in procs:
+        p.join(max(1, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    results = [json.loads(path.read_text()) if (path := tmp_path / f"rank{r}.json").exists()
+               else {"rank": r, "error": "wrote no result"} for r in range(world)]
+    failed = [r for r in results if not r.get("ok")]
+    assert not failed, (f"{len(failed)} rank(s) failed (hung: {hung}); "
+                        f"rank {failed[0]['rank']}:\n{failed[0]['error']}")
+    return results

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import os
-import time
 import traceback
 
 import pytest
 
-from conftest import BACKUP, reccl_env
+from conftest import BACKUP, reccl_env, run_rank_job
 
 WORLD = 16
 GROUP_SIZES = (2, 3, 4, 8, 16)
@@ -141,27 +139,7 @@ def rank_main(rank, port, out_dir, algorithm):
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 @pytest.mark.parametrize("algorithm", list(FORCED))
 def test_every_collective_at_every_group_size(tmp_path, algorithm):
-    import torch.distributed as dist
-
-    host = dist.TCPStore("127.0.0.1", 0, WORLD + 1, True, timeout=datetime.timedelta(seconds=90),
-                         wait_for_workers=False)
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, host.port, str(tmp_path), algorithm), daemon=True)
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    for p in procs:
-        p.join(max(1, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    results = [json.loads(path.read_text()) if (path := tmp_path / f"rank{r}.json").exists()
-               else {"rank": r, "error": "wrote no result"} for r in range(WORLD)]
-    failed = [r for r in results if not r.get("ok")]
-    assert not failed, f"{len(failed)} rank(s) failed (hung: {hung}); rank {failed[0]['rank']}:\n{failed[0]['error']}"
+    results = run_rank_job(tmp_path, rank_main, WORLD, (algorithm,), JOB_TIMEOUT_S)
     # A failover would move channel 0 onto the backup NIC and blur the check below.
     assert all(r["failovers"] == 0 for r in results), [r["failovers"] for r in results]
     for k in GROUP_SIZES:

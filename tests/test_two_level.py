@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import os
-import time
 import traceback
 
 import pytest
 
-from conftest import PRIMARY, reccl_env
+from conftest import PRIMARY, reccl_env, run_rank_job
 
 WORLD = 8
 GROUP_SIZES = (4, 6, 8)
@@ -154,28 +152,7 @@ def rank_main(rank, port, out_dir, placement):
 
 
 def run_job(tmp_path, placement):
-    import torch.distributed as dist
-
-    host = dist.TCPStore("127.0.0.1", 0, WORLD + 1, True, timeout=datetime.timedelta(seconds=60),
-                         wait_for_workers=False)
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, host.port, str(tmp_path), placement), daemon=True)
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    for p in procs:
-        p.join(max(1, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    results = [json.loads(path.read_text()) if (path := tmp_path / f"rank{r}.json").exists()
-               else {"rank": r, "error": "wrote no result"} for r in range(WORLD)]
-    failed = [r for r in results if not r.get("ok")]
-    assert not failed, f"{len(failed)} rank(s) failed (hung: {hung}); rank {failed[0]['rank']}:\n{failed[0]['error']}"
-    return results
+    return run_rank_job(tmp_path, rank_main, WORLD, (placement,), JOB_TIMEOUT_S, store_timeout_s=60)
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
