@@ -20,9 +20,8 @@ What is asserted:
   ranks against a locally computed reference).
 * reccl: zero store requests (and zero client->server reads) in the idle window,
   after every group was used once.
-* reccl: threads per rank that are not transport threads (names starting
-  ``reccl-path-`` or ``reccl-ib-``; engine threads, control threads and Python's
-  and torch's own threads all count) are at most
+* reccl: threads per rank, all of them (the transport's I/O loops, engine and
+  control threads, Python's and torch's own threads), are at most
 
       16 + 2 x NICs + B
 
@@ -30,8 +29,8 @@ What is asserted:
   Python keep in a gloo-only rank of the same job: the largest count, over the
   gloo ranks at their idle window, of threads not named ``gloo*``/``pt_gloo*``
   (gloo's own per-group threads; B is 1, the main thread, with torch 2.13 CPU).
-  The total per rank, transport threads included, is printed and recorded
-  (``record_property``) for the trend, not asserted here (issue 15's bound).
+  TCP paths have no threads of their own (their sockets are served by the
+  process's event loops), so nothing in the count grows with connections.
 
 The busbw tests (-k busbw; issue 15) need none of the 16-rank jobs: the rank's
 bit-for-bit check of all_reduce/all_gather/reduce_scatter against a stand-in
@@ -63,8 +62,8 @@ TOTAL_TIMEOUT_S = {"gloo": 60.0, "reccl": 150.0}   # a whole job (today's reccl 
 JOB_OPTS = dict(idle_s=IDLE_S, settle_s=SETTLE_S, phase_timeout=PHASE_TIMEOUT_S, op_timeout=60.0,
                 warmup=2, small_iters=5, busbw_iters=1,
                 busbw=(("all_reduce", 4 << 20),))  # few ops: exactness, not speed
-THREAD_BUDGET = 16                   # engine + control threads per rank, whatever N and G ...
-THREADS_PER_NIC = 2                  # ... plus this many per NIC
+THREAD_BUDGET = 16                   # threads per rank, whatever N and G ...
+THREADS_PER_NIC = 2                  # ... plus this many per NIC (the I/O loops among them)
 GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
 
 pytestmark = pytest.mark.timeout(240)  # CI: one job is bounded by TOTAL_TIMEOUT_S, plus start-up
@@ -161,7 +160,7 @@ def test_reccl_idle_sends_no_store_requests(reccl_job, record_property):
 
 
 def test_reccl_threads_per_rank_bounded(reccl_job, gloo_job, record_property):
-    """Threads per rank that are not transport threads stay within 16 + 2 x NICs + B."""
+    """Threads per rank, transport threads included, stay within 16 + 2 x NICs + B."""
     reached(reccl_job, "the idle window")
     reached(gloo_job, "the idle window (for the baseline)")
     nics = reccl_job["nics"]
@@ -176,9 +175,9 @@ def test_reccl_threads_per_rank_bounded(reccl_job, gloo_job, record_property):
           f"bound {THREAD_BUDGET} + {THREADS_PER_NIC} x {nics} NICs + B={baseline} = {bound}; "
           f"reccl rank {reccl_job['thread_names_worst_rank']['rank']}: "
           f"{json.dumps(reccl_job['thread_names_worst_rank']['names'])}")
-    assert worst <= bound, (
-        f"{worst} non-transport threads in a reccl rank (bound {THREAD_BUDGET} + {THREADS_PER_NIC} x {nics} NICs "
-        f"+ B={baseline} = {bound}; {total} threads in all); by name in rank "
+    assert total <= bound, (
+        f"{total} threads in a reccl rank ({worst} not transport; bound {THREAD_BUDGET} + {THREADS_PER_NIC} x "
+        f"{nics} NICs + B={baseline} = {bound}); by name in rank "
         f"{reccl_job['thread_names_worst_rank']['rank']}: {json.dumps(reccl_job['thread_names_worst_rank']['names'])}")
 
 
