@@ -32,7 +32,6 @@ class TimerWheel {
   int64_t nextWakeNs() const;
   // Removes and appends to `due` every id whose deadline is at or before `nowNs`.
   void popDue(int64_t nowNs, std::vector<uint64_t>* due);
-  size_t size() const { return timers_.size(); }
 
  private:
   struct Timer {

@@ -2,7 +2,6 @@
 
 #include <pthread.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,26 +19,21 @@ namespace {
 thread_local EventLoop* tCurrentLoop = nullptr;
 constexpr uint64_t kWakeId = 0;  // the eventfd's registration
 constexpr int kEventsPerWait = 64;
-
-int createEpoll() {
-  int fd = ::epoll_create1(EPOLL_CLOEXEC);
-  if (fd < 0) throw Error(std::string("reccl: epoll_create1: ") + std::strerror(errno));
-  return fd;
-}
 }  // namespace
 
-EventLoop::EventLoop() : timers_(nowNs()) {
-  epollFd_ = createEpoll();
-  wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wakeFd_ < 0) throw Error(std::string("reccl: eventfd: ") + std::strerror(errno));
+EventLoop::EventLoop() : timers_(nowNs()) { openDescriptors(); }
+
+void EventLoop::openDescriptors() {
+  epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) throw Error(std::string("reccl: epoll_create1: ") + std::strerror(errno));
+  wake_ = makeWakeFd();
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.u64 = kWakeId;
-  ::epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &event);
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &event);
 }
 
 bool EventLoop::onThisLoop() const { return tCurrentLoop == this; }
-bool EventLoop::onAnyLoop() { return tCurrentLoop != nullptr; }
 
 bool EventLoop::running() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -75,7 +69,7 @@ void EventLoop::setEvents(uint64_t id, uint32_t events) {
 
 bool EventLoop::pollLocked(uint64_t id, Registration& registration, uint32_t events) {
   if (events == 0) {
-    if (registration.polled) ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, registration.fd, nullptr);
+    if (registration.polled) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, registration.fd, nullptr);
     registration.polled = false;
     return true;
   }
@@ -83,7 +77,7 @@ bool EventLoop::pollLocked(uint64_t id, Registration& registration, uint32_t eve
   event.events = events;
   event.data.u64 = id;
   const int op = registration.polled ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-  if (::epoll_ctl(epollFd_, op, registration.fd, &event) != 0) return false;
+  if (::epoll_ctl(epoll_.get(), op, registration.fd, &event) != 0) return false;
   registration.polled = true;
   return true;
 }
@@ -100,17 +94,13 @@ void EventLoop::setDeadline(uint64_t id, Clock::time_point when, bool earlierOnl
   if (!onThisLoop() && sleepUntilNs_ != 0 && (sleepUntilNs_ < 0 || dueNs < sleepUntilNs_)) wake();
 }
 
-void EventLoop::wake() {
-  const uint64_t one = 1;
-  ssize_t written = ::write(wakeFd_, &one, sizeof(one));
-  (void)written;  // EAGAIN: a wake-up is pending already
-}
+void EventLoop::wake() { signalWake(wake_.get()); }
 
 void EventLoop::remove(uint64_t id) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = registrations_.find(id);
   if (it == registrations_.end()) return;
-  if (it->second.polled) ::epoll_ctl(epollFd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  if (it->second.polled) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.fd, nullptr);
   timers_.cancel(id);
   std::shared_ptr<IoHandler> handler = std::move(it->second.handler);
   registrations_.erase(it);
@@ -171,7 +161,7 @@ void EventLoop::run() noexcept {
       }
       sleepUntilNs_ = wakeAt < 0 ? -1 : wakeAt;
     }
-    const int ready = ::epoll_wait(epollFd_, events, kEventsPerWait, timeoutMs);
+    const int ready = ::epoll_wait(epoll_.get(), events, kEventsPerWait, timeoutMs);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       sleepUntilNs_ = 0;
@@ -180,7 +170,7 @@ void EventLoop::run() noexcept {
       const uint64_t id = events[i].data.u64;
       if (id == kWakeId) {
         uint64_t count;
-        ssize_t got = ::read(wakeFd_, &count, sizeof(count));
+        ssize_t got = ::read(wake_.get(), &count, sizeof(count));
         (void)got;
         continue;
       }
@@ -199,19 +189,17 @@ void EventLoop::run() noexcept {
 void EventLoop::resetAfterFork() {
   // The child owns none of the parent's sockets or threads; its epoll
   // instance would still be the parent's (shared across fork), so make new ones.
-  ::close(epollFd_);
-  ::close(wakeFd_);
   registrations_.clear();  // the handlers point at the parent's paths: leak-free, inert
   timers_ = TimerWheel(nowNs());
   dispatching_ = 0;
   sleepUntilNs_ = 0;
   running_ = false;
-  epollFd_ = createEpoll();
-  wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  epoll_event event{};
-  event.events = EPOLLIN;
-  event.data.u64 = kWakeId;
-  ::epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &event);
+  try {
+    openDescriptors();
+  } catch (const Error&) {
+    // Nothing may throw out of a fork handler: without descriptors every
+    // add() fails with an Error, which fails that path, not the child.
+  }
 }
 
 EventLoops& EventLoops::instance() {

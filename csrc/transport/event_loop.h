@@ -15,6 +15,7 @@
 
 #include "core/clock.h"
 #include "core/timer_wheel.h"
+#include "transport/tcp/socket.h"
 
 namespace reccl {
 
@@ -50,8 +51,6 @@ class EventLoop {
   // the one that called it when called from inside that callback.
   void remove(uint64_t id);
 
-  bool onThisLoop() const;
-  static bool onAnyLoop();
   bool running() const;
 
  private:
@@ -61,6 +60,9 @@ class EventLoop {
     bool polled;  // in the epoll set
   };
   bool pollLocked(uint64_t id, Registration& registration, uint32_t events);
+  // Opens the epoll instance and the wake-up eventfd, registered in it.
+  void openDescriptors();
+  bool onThisLoop() const;
   void run() noexcept;
   // Calls `call` on the handler of `id` unless it was removed meanwhile.
   template <typename Call>
@@ -71,8 +73,8 @@ class EventLoop {
   void resetAfterFork();
   friend class EventLoops;
 
-  int epollFd_ = -1;
-  int wakeFd_ = -1;  // eventfd: an earlier deadline than the loop sleeps until
+  Fd epoll_;
+  Fd wake_;  // eventfd: an earlier deadline than the loop sleeps until
   mutable std::mutex mutex_;
   std::condition_variable dispatched_;
   std::unordered_map<uint64_t, Registration> registrations_;
