@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/frame.h"
@@ -11,10 +12,17 @@
 
 namespace reccl {
 
-// Connects from `localAddress` to `remote`, sends `hello` and waits for an
-// accepting HELLO_ACK, each step within `timeout`; `acceptorTransport`, when
-// given, receives the id the acceptor sent. An invalid Fd and the reason in
-// `error` otherwise.
+// One socket per entry of `hellos`, from `localAddress` to `remote`: all are
+// connected, greeted and answered at once (a path's control and data sockets
+// cost one round trip, not one each), all within `timeout`. Every socket must
+// get an accepting HELLO_ACK; `acceptorTransport`, when given, receives the id
+// the acceptor sent. The sockets in the order of `hellos`, or none and the
+// reason in `error`.
+std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndpoint& remote,
+                               const std::vector<HelloBody>& hellos, Millis timeout,
+                               std::string* error, uint64_t* acceptorTransport = nullptr);
+
+// The same for one socket: an invalid Fd on failure.
 Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
                  const HelloBody& hello, Millis timeout, std::string* error,
                  uint64_t* acceptorTransport = nullptr);

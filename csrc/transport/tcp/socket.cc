@@ -101,14 +101,20 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
   return {};
 }
 
-Fd connectFrom(const std::string& localAddress, const std::string& address, uint16_t port,
-               Millis timeout, std::string* error) {
+namespace {
+std::string connectLabel(const std::string& localAddress, const std::string& address, uint16_t port) {
+  return "connect " + localAddress + "->" + address + ":" + std::to_string(port);
+}
+}  // namespace
+
+Fd startConnect(const std::string& localAddress, const std::string& address, uint16_t port,
+                std::string* error) {
   sockaddr_in local{}, remote{};
   if (!parseAddress(localAddress, 0, &local) || !parseAddress(address, port, &remote)) {
     *error = "bad IPv4 address " + localAddress + " or " + address;
     return Fd();
   }
-  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {
     *error = std::string("socket: ") + std::strerror(errno);
     return Fd();
@@ -123,32 +129,25 @@ Fd connectFrom(const std::string& localAddress, const std::string& address, uint
     *error = "bind to " + localAddress + ": " + std::strerror(errno);
     return Fd();
   }
-  setNonBlocking(fd.get(), true);
-  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), sizeof(remote));
-  if (rc != 0 && errno != EINPROGRESS) {
-    *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) + ": " +
-             std::strerror(errno);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
+      errno != EINPROGRESS) {
+    *error = connectLabel(localAddress, address, port) + ": " + std::strerror(errno);
     return Fd();
   }
-  if (rc != 0) {
-    pollfd pfd{fd.get(), POLLOUT, 0};
-    int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-    int soError = 0;
-    socklen_t len = sizeof(soError);
-    if (ready <= 0) {
-      *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) +
-               ": timed out after " + std::to_string(timeout.count()) + " ms";
-      return Fd();
-    }
-    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soError, &len);
-    if (soError != 0) {
-      *error = "connect " + localAddress + "->" + address + ":" + std::to_string(port) + ": " +
-               std::strerror(soError);
-      return Fd();
-    }
-  }
-  setNoDelay(fd.get());
   return fd;
+}
+
+bool finishConnect(int fd, const std::string& localAddress, const std::string& address,
+                   uint16_t port, std::string* error) {
+  int soError = 0;
+  socklen_t len = sizeof(soError);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soError, &len) != 0) soError = errno;
+  if (soError != 0) {
+    *error = connectLabel(localAddress, address, port) + ": " + std::strerror(soError);
+    return false;
+  }
+  setNoDelay(fd);
+  return true;
 }
 
 Fd listenOn(const std::string& address, uint16_t* port, std::string* error) {

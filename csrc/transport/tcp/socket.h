@@ -63,9 +63,15 @@ IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, i
 IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch,
                  Millis midFrameLimit);
 
-// Opens a TCP connection from `localAddress` to `address:port` within `timeout`.
-Fd connectFrom(const std::string& localAddress, const std::string& address, uint16_t port,
-               Millis timeout, std::string* error);
+// Starts a non-blocking TCP connection from `localAddress` to `address:port`:
+// the socket is writable once it is up (then finishConnect says how it went).
+// An invalid Fd and the reason in `error` when it cannot even start.
+Fd startConnect(const std::string& localAddress, const std::string& address, uint16_t port,
+                std::string* error);
+// After a started connection turned writable: true when it is up (and sets
+// TCP_NODELAY), else false with the reason in `error`.
+bool finishConnect(int fd, const std::string& localAddress, const std::string& address,
+                   uint16_t port, std::string* error);
 // A listening socket on `address` (port 0 = any); fills the chosen port.
 Fd listenOn(const std::string& address, uint16_t* port, std::string* error);
 void setNoDelay(int fd);

@@ -35,18 +35,19 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   hello.dialerTransport = transportId_;
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
-  hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
-  uint64_t peerTransport = 0;
-  Fd control = dialWithHello(local.address, remote, hello, timeout, error, &peerTransport);
-  if (!control.valid()) return nullptr;
-  std::vector<Fd> data;
+  // The control socket and every data socket in one round of handshakes.
+  std::vector<HelloBody> hellos(config_.socketsPerPath + 1, hello);
+  hellos[0].socketKind = static_cast<uint8_t>(SocketKind::kControl);
   for (int i = 0; i < config_.socketsPerPath; ++i) {
-    hello.socketKind = static_cast<uint8_t>(SocketKind::kData);
-    hello.socketIndex = static_cast<uint8_t>(i);
-    Fd fd = dialWithHello(local.address, remote, hello, timeout, error);
-    if (!fd.valid()) return nullptr;
-    data.push_back(std::move(fd));
+    hellos[i + 1].socketKind = static_cast<uint8_t>(SocketKind::kData);
+    hellos[i + 1].socketIndex = static_cast<uint8_t>(i);
   }
+  uint64_t peerTransport = 0;
+  std::vector<Fd> sockets = dialWithHellos(local.address, remote, hellos, timeout, error, &peerTransport);
+  if (sockets.empty()) return nullptr;
+  Fd control = std::move(sockets.front());
+  std::vector<Fd> data(std::make_move_iterator(sockets.begin() + 1),
+                       std::make_move_iterator(sockets.end()));
   return std::make_shared<TcpPath>(
       TcpPath::Role::kSender, std::move(control), std::move(data), nics.localNic, nics.remoteNic,
       healthId(nics.localNic), remote.address,
