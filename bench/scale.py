@@ -41,6 +41,9 @@ them per phase. The phases are driven by the launcher over each rank's stdin
                  max(1, --warmup/2) untimed and --busbw-iters timed; other sizes
                  scale both by 16 MiB/size (timed: min(2, iters) .. 4 x iters;
                  untimed: 1 .. warmup/2), the same for reccl and Gloo.
+                 Also the CPU time of every thread of every rank during the
+                 timed ops, per op, and "cores kept busy" = that / t: when it
+                 is near the machine's cores, the CPUs are the limit.
 
 Every result of every op is checked bit for bit (inputs are integer-valued floats:
 (element index % 251) + rank, so every sum is exact in float32; all_gather and
@@ -631,13 +634,16 @@ def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size:
         segments = [(out, 0, base[rank * chunk:(rank + 1) * chunk], float(size), total)]
     found = 0
     times = []
+    cpu = 0.0
     for i in range(warm + iters):
         inp.copy_(mine).add_(rank)
         if out is not inp:
             out.fill_(-1.0)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         run_collective(op, out, inp)
         dt = time.perf_counter() - t0
+        dc = time.process_time() - c0
         wrong = _first_wrong(segments)
         if wrong is not None and found < 5 and len(errors) < 20:
             found += 1
@@ -645,10 +651,11 @@ def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size:
                           f"expected {wrong[2]}")
         if i >= warm:
             times.append(dt)
+            cpu += dc
         if progress:
             progress(f"{op} {nbytes} B op {i} done")
     return {"op": op, "size_bytes": nominal, "bytes": nbytes, "in_count": n_in, "out_count": n_out,
-            "mean_s": sum(times) / len(times), "times": times}
+            "mean_s": sum(times) / len(times), "times": times, "cpu_s_per_op": cpu / len(times)}
 
 
 def rank_main(argv: List[str]) -> int:
@@ -1221,7 +1228,11 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
                 slowest = max(per_rank)
                 nbytes = replies[0]["bytes"]
                 algbw = nbytes / slowest / 1e9
+                # CPU of every thread of every rank per op, against the op's time: how many of
+                # the machine's cores the op kept busy (near all of them: the machine is the limit).
+                cpu_per_op = sum(replies[r]["cpu_s_per_op"] for r in range(size))
                 result["busbw"].append({
+                    "cpu_s_per_op": cpu_per_op, "cores_busy": cpu_per_op / slowest,
                     **entry, "bytes": nbytes, "in_count": replies[0]["in_count"],
                     "out_count": replies[0]["out_count"], "time_s": slowest, "mean_s_per_rank": per_rank,
                     "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(entry["op"], size)})
@@ -1304,9 +1315,9 @@ ROWS = [  # (label, getter, format, ratio?)
 ]
 
 
-def _busbw_getter(op: str, nbytes: int):
+def _busbw_getter(op: str, nbytes: int, key: str = "busbw_GBps"):
     def get(run: dict):
-        return next((b["busbw_GBps"] for b in run.get("busbw", []) if (b["op"], b["size_bytes"]) == (op, nbytes)),
+        return next((b.get(key) for b in run.get("busbw", []) if (b["op"], b["size_bytes"]) == (op, nbytes)),
                     None)
     return get
 
@@ -1342,6 +1353,8 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
             continue
         for op, nbytes in measured:
             rows.append((f"{human_bytes(nbytes)} {op} busbw (GB/s)", _busbw_getter(op, nbytes), spec, ratio))
+            rows.append((f"{human_bytes(nbytes)} {op}: cores kept busy", _busbw_getter(op, nbytes, "cores_busy"),
+                         ".1f", False))
     for n in sorted(by_n):
         pair = by_n[n]
         status = {b: pair[b]["status"] for b in pair}
