@@ -11,10 +11,16 @@ loopback addresses, or the IB verbs emulation); the NICs of the two hosts have
 different names, so a fault on one host's NIC is seen by that host only, in one
 process. test_transport_contract.py runs over both kinds, test_ib_transport.py
 over IB (the ``fabric`` fixture).
+
+The GPU checks (tests/gpu, marker ``gpu``) skip with the reason in pytest's
+summary where there is no CUDA, no NCCL or too few GPUs (``needs_gpus``); their
+two ranks look like two hosts to NCCL (``two_host_env``) and share one GPU where
+there is only one (``gpu_of``).
 """
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import threading
 import time
@@ -426,3 +432,44 @@ def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=9
     assert not failed, (f"{len(failed)} rank(s) failed (hung: {hung}); "
                         f"rank {failed[0]['rank']}:\n{failed[0]['error']}")
     return results
+
+
+# --------------------------------------------------------------------------- GPU checks
+
+
+def needs_gpus(count: int) -> list:
+    """Marks for a GPU check's module (``pytestmark``): marker ``gpu``, and a skip
+    whose reason pytest's summary shows unless this host has CUDA, a torch built
+    with NCCL and at least `count` GPUs."""
+    import torch
+    import torch.distributed as dist
+
+    reason = None
+    if not torch.cuda.is_available():
+        reason = f"needs a CUDA GPU; torch {torch.__version__} sees none"
+    elif not dist.is_nccl_available():
+        reason = f"needs NCCL; torch {torch.__version__} was built without it"
+    elif torch.cuda.device_count() < count:
+        reason = f"needs {count} GPUs; this host has {torch.cuda.device_count()}"
+    return [pytest.mark.gpu, pytest.mark.skipif(reason is not None, reason=reason or "")]
+
+
+def gpu_of(rank: int) -> int:
+    """GPU of `rank` in a two-rank GPU check: its own where there are two; with one
+    GPU both ranks share it (their own NCCL_HOSTID keeps NCCL from refusing that)."""
+    import torch
+
+    return rank % torch.cuda.device_count()
+
+
+def two_host_env(rank: int, label: str) -> Dict[str, str]:
+    """NCCL and reccl settings that make two ranks on one machine look like two hosts,
+    so every byte between them crosses the net plugin: own NCCL_HOSTID, P2P and SHM
+    off, the two loopback NICs. NVLink multicast (NVLS) stays off: on shared GPU
+    machines a program using it can take the host's GPUs out of service."""
+    return {
+        "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+        "NCCL_HOSTID": f"{label}-{rank}", "NCCL_SOCKET_IFNAME": "lo",
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RECCL_NICS": NICS, "RECCL_HEARTBEAT_MS": "500",
+    }

@@ -119,6 +119,74 @@ def test_cli_refuses_bad_durations(capsys):
 # --------------------------------------------------------------------------- drills
 
 
+def synthetic_run(label, losses, fault=True):
+    """A RunResult as the runner builds one: 10 steps/s at 200 samples/s, and with
+    `fault` rail 1 down from 4 s to 8 s, halving throughput, with a failover and a
+    failback."""
+    from torch_reccl.drill.runner import AppliedFault, RunResult
+
+    run = RunResult(label, t0=0.0, world=2)
+    for i, loss in enumerate(losses):
+        t = (i + 1) * 0.1
+        rate = 100.0 if fault and 4.0 <= t <= 8.0 else 200.0
+        run.steps.append({"step": i + 1, "t": t, "loss": loss, "step_s": 0.1, "samples_per_s": rate})
+    if fault:
+        down, up = parse_schedule("rail1:down@4s,rail1:up@8s")
+        run.applied = [AppliedFault(down, 4.0, 40, "rail switch down"),
+                       AppliedFault(up, 8.0, 80, "rail switch up")]
+        run.events = [{"kind": "failover", "t": 4.02, "rank": 0}, {"kind": "failback", "t": 8.5, "rank": 0}]
+    return run
+
+
+LOSSES = [2.3 * 0.98 ** i for i in range(120)]
+
+
+def panels(figure):
+    rate, loss = figure.axes
+    assert rate.get_xlabel() == "time since training began (s)"
+    assert rate.get_ylabel() == "throughput (samples/s)"
+    assert loss.get_xlabel() == "training step"
+    assert loss.get_ylabel() == "training loss (mean over ranks)"
+    return rate, loss
+
+
+def test_plot_shows_loss_by_step_over_the_reference_and_throughput_by_time(tmp_path):
+    pytest.importorskip("matplotlib")
+    from torch_reccl.drill.plot import drill_figure, plot_drill
+
+    run, reference = synthetic_run("drill", LOSSES), synthetic_run("reference", LOSSES, fault=False)
+    rate, loss = panels(drill_figure(run, "title", reference, flap_s=3.0))
+    lines = {line.get_label(): line for line in loss.get_lines()}
+    base, markers = lines["fault-free reference"], lines["this run (markers)"]
+    assert list(base.get_xdata()) == list(markers.get_xdata()) == list(range(1, 121))
+    assert list(base.get_ydata()) == list(markers.get_ydata()) == LOSSES
+    assert base.get_linestyle() == "-" and markers.get_linestyle() == "None" and markers.get_marker() == "o"
+    assert [text.get_text() for text in loss.texts] == ["max |\u0394loss| = 0 over 120 steps (identical)"]
+    # the faults at the steps they came after; the rail's downtime shaded in steps too
+    assert sorted(line.get_xdata()[0] for line in loss.get_lines() if line.get_linestyle() == "--") == [40, 80]
+    # throughput by time: the dip while the rail was down is in the plotted data
+    per_step = next(line for line in rate.get_lines() if line.get_label() == "per step")
+    dip = {r for t, r in zip(per_step.get_xdata(), per_step.get_ydata()) if 4.0 <= t <= 8.0}
+    assert list(per_step.get_xdata()) == [s["t"] for s in run.steps] and dip == {100.0}
+    assert {line.get_label() for line in rate.get_lines()} >= {"failover (1)", "failback (1)"}
+
+    path = tmp_path / "drill.png"
+    assert plot_drill(run, str(path), "title", reference, flap_s=3.0) == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_states_how_far_a_run_is_from_its_reference_or_that_it_has_none():
+    pytest.importorskip("matplotlib")
+    from torch_reccl.drill.plot import drill_figure
+
+    off = LOSSES[:50] + [LOSSES[50] + 0.25] + LOSSES[51:]
+    _, loss = panels(drill_figure(synthetic_run("drill", off), "t", synthetic_run("ref", LOSSES, fault=False)))
+    assert [text.get_text() for text in loss.texts] == ["max |\u0394loss| = 0.25 over 120 steps"]
+    _, loss = panels(drill_figure(synthetic_run("drill", LOSSES), "t"))
+    assert [text.get_text() for text in loss.texts] == ["no fault-free reference (--verify runs one)"]
+    assert [line.get_label() for line in loss.get_lines() if line.get_marker() == "o"] == ["this run"]
+
+
 def check_record(record: dict, steps, faults: int, verified: bool = True) -> None:
     run = record["run"]
     assert run["finished"] and run["error"] is None

@@ -1,6 +1,6 @@
 """NVL (csrc/gpu): where data is staged, and how the plugin behaves where it
-cannot stage. The copies themselves need GPUs: tests/gpu/nvl_transit.py runs
-them on the GPU machine (stager bit-exactness, NCCL through a NIC failure).
+cannot stage. The copies themselves need GPUs: tests/gpu/test_nvl_transit.py runs
+them on a GPU host (stager bit-exactness, NCCL through a NIC failure).
 
 Here: the transit map from RECCL_NIC_GPUS and from PCI paths, RECCL_NVL* and
 RECCL_NIC_GPUS validation, and the plugin without NVL (the default: host

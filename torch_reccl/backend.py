@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.abc
 import sys
 import warnings
 from typing import Any, Dict, Optional
+
+from torch_reccl.import_hook import after_import
 
 BACKEND_NAME = "reccl"
 
@@ -148,37 +149,11 @@ def register() -> None:
     _pg_native()
 
 
-class _RegisterWhenLoaded(importlib.abc.MetaPathFinder):
-    """One-shot import hook: registers the backend right after torch.distributed
-    loads (``import torch`` loads it), so ``import torch_reccl`` need not import torch."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch.distributed":
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_register(module):
-            exec_module(module)
-            try:
-                register()
-            except Exception as error:  # noqa: BLE001 - never break `import torch`
-                warnings.warn(f"torch_reccl could not register the reccl backend: {error}", stacklevel=2)
-
-        spec.loader.exec_module = exec_and_register
-        return spec
+def _register_when_loaded(_module) -> None:
+    try:
+        register()
+    except Exception as error:  # noqa: BLE001 - never break `import torch`
+        warnings.warn(f"torch_reccl could not register the reccl backend: {error}", stacklevel=2)
 
 
 def install() -> None:
@@ -186,8 +161,8 @@ def install() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and hasattr(dist, "Backend"):
         register()
-    elif not any(isinstance(finder, _RegisterWhenLoaded) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenLoaded())
+    else:
+        after_import("torch.distributed", _register_when_loaded)
 
 
 def _cpu_backend(group):

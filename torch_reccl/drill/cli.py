@@ -7,8 +7,8 @@
 As root, builds an emulated rail-optimized fabric (docs/fabric.md), starts one
 training rank per host (data-parallel over the "reccl" backend on CPU, a small
 MLP with fixed seeds), applies the fault schedule as real kernel events, shows a live
-progress line, prints a summary and writes a PNG of throughput and loss over
-time with the faults marked. The fabric is always torn down (also on Ctrl-C
+progress line, prints a summary and writes a PNG of throughput over time and
+loss per step (over the fault-free reference with --verify), faults marked. The fabric is always torn down (also on Ctrl-C
 and SIGTERM).
 
 Without root (or --mode inject) the ranks run on this machine over loopback
@@ -383,7 +383,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("auto", "fabric", "inject"), default="auto",
                         help="fabric (root), inject (inject_fault on loopback), auto (default)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, metavar="PATH",
-                        help=f"PNG of throughput and loss over time (default {DEFAULT_PLOT})")
+                        help=f"PNG of throughput over time and loss per step (default {DEFAULT_PLOT})")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--json", metavar="PATH", help="also write every step and event as JSON")
     model = parser.add_argument_group("training job")

@@ -1,4 +1,5 @@
-"""GPU validation of NVL (csrc/gpu): run on a machine with two NVLink-joined GPUs.
+"""GPU check of NVL (csrc/gpu): needs two GPUs that reach each other's memory
+(NVLink); skipped with the reason elsewhere, one GPU included.
 
 1. The stager alone: random bytes GPU -> pinned host -> GPU, directly and through
    a transit buffer on the other GPU, at sizes below, at and above the transit
@@ -15,31 +16,48 @@
    show the traffic that crossed NVLink: rank 1 (GPU 1) sends over NIC 0 from
    the start, rank 0 (GPU 0) over NIC 1 once its NIC 0 is down.
 
-    python tests/gpu/nvl_transit.py
-Exit status 0 when every check passes; one line per check.
+Each rank's NCCL log stays in pytest's tmp_path for a post-mortem.
+Run with the other GPU checks: ``python -m pytest -m gpu tests/gpu`` (docs/gpu_tests.md).
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import subprocess
 import sys
-import tempfile
 
+import pytest
 import torch
 import torch.distributed as dist
+from conftest import BACKUP, PRIMARY, needs_gpus, two_host_env
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from torch_reccl.launch import spawn_bounded  # noqa: E402
+from torch_reccl.launch import spawn_bounded
+
+pytestmark = needs_gpus(2)
 
 CAP = 4 << 20
 STEPS = 24
 FAULT_AT = 8
+RUN_TIMEOUT_S = 120
 NVL_ENV = {"RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1", "NCCL_NET_GDR_LEVEL": "SYS",
            "NCCL_NET_GDR_READ": "1", "RECCL_NVL_MAX_BYTES": str(CAP)}
 
 
-def stager_checks() -> dict:
+@pytest.fixture(scope="module")
+def two_linked_gpus():
+    """Skips unless GPU 0 and GPU 1 can access each other's memory. Asked in a child
+    process: the question initialises CUDA, which pytest's process should not hold."""
+    ask = "import torch; print(torch.cuda.can_device_access_peer(0, 1))"
+    answer = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 0, answer.stderr
+    if answer.stdout.strip() != "True":
+        pytest.skip("needs GPU 0 and GPU 1 to reach each other's memory (NVLink); they cannot here")
+
+
+def stager_worker(_rank: int, out_dir: str):
+    """Own process: the stagers' CUDA contexts and reccl's native state stay out of pytest's."""
+    import torch_reccl
     from torch_reccl import _native
 
     C = _native.native()
@@ -48,7 +66,7 @@ def stager_checks() -> dict:
         torch.empty(1, device=f"cuda:{gpu}")  # the primary contexts exist before we measure
     free_before = [torch.cuda.mem_get_info(gpu)[0] for gpu in range(2)]
     stagers = [C.DeviceStager(max_transit_bytes=CAP) for _ in range(2)]
-    exact = True
+    wrong = []
     for gpu, other in ((0, 1), (1, 0)):
         stager = stagers[gpu]
         stager.prepare(gpu, 33 << 20, [other])
@@ -59,27 +77,34 @@ def stager_checks() -> dict:
             for transit in (-1, other):
                 host.zero_()
                 stager.to_host(host.data_ptr(), src.data_ptr(), gpu, size, transit)
-                exact = exact and torch.equal(host, expected)
+                if not torch.equal(host, expected):
+                    wrong.append(f"to_host gpu {gpu} transit {transit} size {size}")
                 dst = torch.zeros(size, dtype=torch.uint8, device=f"cuda:{gpu}")
                 stager.to_device(dst.data_ptr(), gpu, host.data_ptr(), size, transit)
-                exact = exact and torch.equal(dst.cpu(), expected)
-    import torch_reccl
-
-    held = sum(s.transit_bytes for s in stagers)
+                if not torch.equal(dst.cpu(), expected):
+                    wrong.append(f"to_device gpu {gpu} transit {transit} size {size}")
     used = [free_before[gpu] - torch.cuda.mem_get_info(gpu)[0] for gpu in range(2)]
-    # transit is held on the other GPU: what remains is reccl's own context on each
-    print(f"GPU memory taken by the stagers: {[u >> 20 for u in used]} MiB (transit {CAP >> 20} MiB on each)")
-    return {"stager: every byte exact, direct and through the other GPU": exact,
-            f"stager: transit memory {held} = cap {CAP} x 2 routes": held == 2 * CAP,
-            "stats(): nvl_transit_bytes shows it": torch_reccl.stats()["nvl_transit_bytes"] == held}
+    with open(os.path.join(out_dir, "stager.json"), "w") as f:
+        json.dump({"wrong": wrong, "held": sum(s.transit_bytes for s in stagers),
+                   "stats_transit": torch_reccl.stats()["nvl_transit_bytes"], "used": used}, f)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_stager_copies_every_byte_directly_and_through_the_other_gpu(tmp_path, two_linked_gpus):
+    spawn_bounded(stager_worker, (str(tmp_path),), nprocs=1, timeout_s=RUN_TIMEOUT_S)
+    result = json.loads((tmp_path / "stager.json").read_text())
+    # transit is held on the other GPU; the rest is reccl's own context on each
+    print(f"GPU memory taken by the stagers: {[u >> 20 for u in result['used']]} MiB "
+          f"(transit {CAP >> 20} MiB on each)")
+    assert not result["wrong"], f"bytes differ: {result['wrong']}"
+    assert result["held"] == 2 * CAP, f"transit memory {result['held']}, expected cap {CAP} x 2 routes"
+    assert result["stats_transit"] == result["held"], "stats()['nvl_transit_bytes'] does not show it"
 
 
 def worker(rank: int, out_dir: str, label: str, nvl: bool, fault: bool):
+    os.environ.update(two_host_env(rank, "nvl-host"))
     os.environ.update({
-        "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
-        "NCCL_HOSTID": f"nvl-host-{rank}", "RECCL_NICS": "127.0.0.1,127.0.0.2",
-        "RECCL_HEARTBEAT_MS": "500", "NCCL_SOCKET_IFNAME": "lo", "NCCL_NET": "ReCCL",
-        "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_NET": "ReCCL", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
         "NCCL_DEBUG_FILE": os.path.join(out_dir, f"{label}-nccl-{rank}.%p.log"),
         "RECCL_NVL": "off",
     })
@@ -87,7 +112,7 @@ def worker(rank: int, out_dir: str, label: str, nvl: bool, fault: bool):
         os.environ.update(NVL_ENV)
     import torch_reccl  # sets NCCL_NET_PLUGIN to our library
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(rank)  # NVL needs each rank on its own GPU
     dist.init_process_group("nccl", store=dist.FileStore(os.path.join(out_dir, f"{label}.store"), 2),
                             rank=rank, world_size=2, device_id=torch.device("cuda", rank))
     gen = torch.Generator().manual_seed(1234 + rank)
@@ -116,7 +141,7 @@ def worker(rank: int, out_dir: str, label: str, nvl: bool, fault: bool):
 
 
 def run(out: str, label: str, nvl: bool, fault: bool):
-    spawn_bounded(worker, (out, label, nvl, fault), nprocs=2, timeout_s=90)
+    spawn_bounded(worker, (out, label, nvl, fault), nprocs=2, timeout_s=RUN_TIMEOUT_S)
     outs = [torch.load(os.path.join(out, f"{label}-out-{r}.pt")) for r in range(2)]
     stats = []
     for r in range(2):
@@ -126,39 +151,29 @@ def run(out: str, label: str, nvl: bool, fault: bool):
     return outs, stats, log
 
 
-def main() -> int:
-    if torch.cuda.device_count() < 2:
-        print("needs 2 GPUs; skipped")
-        return 0
-    checks = stager_checks()
-    keep = os.environ.get("NVL_TEST_LOG_DIR")  # keeps NCCL's logs for a post-mortem
-    with tempfile.TemporaryDirectory() as scratch:
-        out = keep or scratch
-        os.makedirs(out, exist_ok=True)
-        base, base_stats, base_log = run(out, "host-buffers", nvl=False, fault=False)
-        nvl, nvl_stats, nvl_log = run(out, "nvl-fault", nvl=True, fault=True)
-    checks["baseline: NCCL hands host buffers (GDR disabled)"] = "GPU Direct RDMA Disabled" in base_log
-    checks["NVL: NCCL hands GPU buffers (GDR enabled for our NICs)"] = "GPU Direct RDMA Enabled" in nvl_log
-    checks["NVL + NIC down: every output bit-identical to the fault-free host-buffer run"] = all(
-        torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(base, nvl))
-    nic0, nic1 = "lo:127.0.0.1", "lo:127.0.0.2"
-    checks["rank 0 failed over"] = nvl_stats[0]["nics"][nic0]["failovers"] >= 1
-    checks["rank 0 (GPU 0) staged through GPU 1 for NIC 1 after the fault"] = nvl_stats[0]["nics"][nic1]["nvl_bytes"] > 0
-    checks["rank 1 (GPU 1) staged through GPU 0 for NIC 0"] = nvl_stats[1]["nics"][nic0]["nvl_bytes"] > 0
-    checks["no NVL bytes without NVL"] = all(n["nvl_bytes"] == 0 for s in base_stats for n in s["nics"].values())
-    peak = max(s["nvl_transit_peak_bytes"] for s in nvl_stats)
-    checks[f"transit memory was used (peak {peak} bytes over all connections)"] = 0 < peak
-    failed = 0
-    for name, passed in checks.items():
-        print(f"{'PASS' if passed else 'FAIL'}  {name}")
-        failed += not passed
-    for r in range(2):
-        s = nvl_stats[r]
-        print(f"rank {r}: transit now {s['nvl_transit_bytes']} peak {s['nvl_transit_peak_bytes']}; "
-              + ", ".join(f"{k}: nvl {v['nvl_bytes']} sent {v['bytes_sent']} failovers {v['failovers']}"
-                          for k, v in s["nics"].items()))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+def test_nccl_with_gpu_buffers_stages_over_nvlink_and_stays_exact_through_a_nic_failure(
+        tmp_path, two_linked_gpus):
+    out = str(tmp_path)
+    base, base_stats, base_log = run(out, "host-buffers", nvl=False, fault=False)
+    nvl, nvl_stats, nvl_log = run(out, "nvl-fault", nvl=True, fault=True)
+    checks = {
+        "baseline: NCCL hands host buffers (GDR disabled)": "GPU Direct RDMA Disabled" in base_log,
+        "NVL: NCCL hands GPU buffers (GDR enabled for our NICs)": "GPU Direct RDMA Enabled" in nvl_log,
+        "NVL + NIC down: every output bit-identical to the fault-free host-buffer run": all(
+            torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(base, nvl)),
+        # two_host_env's NICS: NIC 0 is PRIMARY, NIC 1 BACKUP
+        "rank 0 failed over": nvl_stats[0]["nics"][PRIMARY]["failovers"] >= 1,
+        "rank 0 (GPU 0) staged through GPU 1 for NIC 1 after the fault":
+            nvl_stats[0]["nics"][BACKUP]["nvl_bytes"] > 0,
+        "rank 1 (GPU 1) staged through GPU 0 for NIC 0": nvl_stats[1]["nics"][PRIMARY]["nvl_bytes"] > 0,
+        "no NVL bytes without NVL": all(n["nvl_bytes"] == 0 for s in base_stats for n in s["nics"].values()),
+        "transit memory was used": 0 < max(s["nvl_transit_peak_bytes"] for s in nvl_stats),
+    }
+    summary = "\n".join(
+        f"rank {r}: transit now {s['nvl_transit_bytes']} peak {s['nvl_transit_peak_bytes']}; "
+        + ", ".join(f"{k}: nvl {v['nvl_bytes']} sent {v['bytes_sent']} failovers {v['failovers']}"
+                    for k, v in s["nics"].items()) for r, s in enumerate(nvl_stats))
+    print(summary)
+    failed = [name for name, passed in checks.items() if not passed]
+    assert not failed, f"failed: {failed}\n{summary}\nNCCL logs: {out}"
