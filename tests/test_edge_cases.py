@@ -168,6 +168,101 @@ def zero_collectives(rank, k, group, dist, torch):
         yield "all_to_all_single uneven"
 
 
+def expect_rejection(fn, *needles):
+    """Runs fn; it must fail well before the op timeout, naming every needle.
+    Returns the message."""
+    started = time.monotonic()
+    try:
+        fn()
+    except RuntimeError as error:
+        message = str(error)
+        missing = [n for n in needles if n not in message]
+        if missing:
+            raise AssertionError(f"error lacks {missing}: {message}") from error
+        if time.monotonic() - started > OP_TIMEOUT_S / 2:
+            raise AssertionError(f"the error came after {time.monotonic() - started:.1f} s: {message}")
+        return message.splitlines()[0]
+    raise AssertionError(f"no error raised; expected one naming {needles}")
+
+
+def entries(n):
+    return f"{n} entry" if n == 1 else f"{n} entries"
+
+
+def invalid_arguments(rank, k, group, dist, torch):
+    """Lists of the wrong length or tensors of the wrong size on one rank: every
+    rank fails that op at once with the same message naming the rank and the
+    problem, and the group stays usable (a checked all_reduce after each).
+    Returns {case: message}."""
+    cpu = lambda n: torch.zeros(n)  # noqa: E731
+    g = lambda r: dist.get_global_rank(group, r)  # noqa: E731
+    last = k - 1
+    messages = {}
+
+    def case(name, fn, *needles):
+        messages[name] = expect_rejection(fn, "invalid arguments", *needles,
+                                          "Every rank fails this op at once; the group stays usable")
+        check_group_works(rank, k, group, dist, torch, f"rejected {name}")
+
+    for root in (0, last):  # the lowest rank's descriptor, and a higher rank's
+        case(f"scatter root={root} short list",
+             lambda: dist.scatter(cpu(4), [cpu(4)] * (k - 1) if rank == root else None, g(root), group=group),
+             f"rank {root} called scatter(float32, 4 elements, root={root})",
+             f"scatter_list has {entries(k - 1)}, expected {k}")
+        case(f"scatter root={root} wrong shape",
+             lambda: dist.scatter(cpu(4), [cpu(4), cpu(3)] + [cpu(4)] * (k - 2) if rank == root else None,
+                                  g(root), group=group),
+             f"rank {root} called scatter", "scatter_list[1] has 3 elements, expected 4")
+        case(f"gather root={root} long list",
+             lambda: dist.gather(cpu(2), [cpu(2)] * (k + 1) if rank == root else None, g(root), group=group),
+             f"rank {root} called gather(float32, 2 elements, root={root})",
+             f"gather_list has {entries(k + 1)}, expected {k}")
+        case(f"gather root={root} wrong shape",
+             lambda: dist.gather(cpu(2), [cpu(2)] * (k - 1) + [cpu(5)] if rank == root else None,
+                                 g(root), group=group),
+             f"gather_list[{k - 1}] has 5 elements, expected 2")
+
+    # A list given to a non-root rank (torch.distributed stops it in Python; the
+    # backend's own API does not): the last rank calls the group's scatter directly.
+    def scatter_with_list_off_root():
+        if rank == last:
+            opts = dist.ScatterOptions()
+            opts.rootRank = 0
+            group.scatter([cpu(3)], [[cpu(3)] * k], opts).wait()
+        else:
+            dist.scatter(cpu(3), [cpu(3)] * k if rank == 0 else None, g(0), group=group)
+    case("scatter list off the root", scatter_with_list_off_root,
+         f"rank {last} called scatter", f"scatter_list ({k} tensors) was given on a rank that is not the root")
+
+    case("all_gather short list on the last rank",
+         lambda: dist.all_gather([cpu(3)] * (k - 1 if rank == last else k), cpu(3), group=group),
+         f"rank {last} called all_gather", f"tensor_list has {entries(k - 1)}, expected {k}")
+    case("all_gather_into_tensor wrong output on rank 0",
+         lambda: dist.all_gather_into_tensor(cpu(3 * k + (1 if rank == 0 else 0)), cpu(3), group=group),
+         "rank 0 called all_gather", f"output_tensor has {3 * k + 1} elements, expected {3 * k}")
+    case("reduce_scatter long list on the last rank",
+         lambda: dist.reduce_scatter(cpu(2), [cpu(2)] * (k + 1 if rank == last else k), group=group),
+         f"rank {last} called reduce_scatter", f"input_list has {entries(k + 1)}, expected {k}")
+    case("reduce_scatter_tensor wrong input on the last rank",
+         lambda: dist.reduce_scatter_tensor(cpu(2), cpu(2 * k - (1 if rank == last else 0)), group=group),
+         f"rank {last} called reduce_scatter", f"input has {2 * k - 1} elements, expected {2 * k}")
+    case("all_to_all short input list on rank 0",
+         lambda: dist.all_to_all([cpu(1)] * k, [cpu(1)] * (k - 1 if rank == 0 else k), group=group),
+         "rank 0 called all_to_all", f"input_tensor_list has {entries(k - 1)}, expected {k}")
+    case("all_to_all_single splits that do not add up on the last rank",
+         lambda: dist.all_to_all_single(cpu(k), cpu(k), [1] * k,
+                                        [2] + [1] * (k - 1) if rank == last else [1] * k, group=group),
+         f"rank {last} called all_to_all", f"input_split_sizes add up to {k + 1}, not to the tensor's {k} rows")
+    case("all_to_all_single indivisible on rank 0",
+         lambda: dist.all_to_all_single(cpu(k), cpu(k + (1 if rank == 0 else 0)), group=group),
+         "rank 0 called all_to_all", f"input has {k + 1} elements, which do not divide evenly over {k} ranks")
+    if k >= 3:  # two ranks reject: every rank names the lower one
+        case("all_gather rejected on two ranks",
+             lambda: dist.all_gather([cpu(1)] * (k + rank if rank >= 1 else k), cpu(1), group=group),
+             "rank 1 called all_gather", f"tensor_list has {entries(k + 1)}, expected {k}")
+    return messages
+
+
 def rank_main(rank, port, out_dir, small_bytes):
     os.environ.update(reccl_env(SMALL_BYTES=small_bytes))
     result = {"rank": rank}
@@ -193,6 +288,9 @@ def rank_main(rank, port, out_dir, small_bytes):
                 for name in zero_collectives(rank, k, group, dist, torch):
                     scenario = f"{backend} k={k} after zero-element {name}"
                 times[f"{backend} k={k}"] = time.monotonic() - started
+                if backend == "reccl":
+                    scenario = f"reccl k={k} invalid arguments"
+                    result[f"rejections k={k}"] = invalid_arguments(rank, k, group, dist, torch)
             scenario = f"barrier after {backend} k={k}"
             dist.barrier()
         result["seconds"] = times
@@ -214,3 +312,8 @@ def test_zero_elements_everywhere(tmp_path, algorithm):
     for result in results:
         for where, seconds in result["seconds"].items():
             assert seconds < OP_TIMEOUT_S, (result["rank"], where, seconds)
+    # A rejection fails every rank with the same message.
+    for k in GROUP_SIZES:
+        per_rank = [r[f"rejections k={k}"] for r in results[:k]]
+        for case in per_rank[0]:
+            assert len({m[case] for m in per_rank}) == 1, (k, case, [m[case] for m in per_rank])
