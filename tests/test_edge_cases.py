@@ -10,6 +10,12 @@ the behaviour reccl must match (Gloo completes every one at once, except a
 0-element recv from any source, which Gloo rejects: "enforce fail ...
 unbound_buffer.cc: offset < this->size"; reccl completes it).
 
+Invalid arguments only one rank can see (a scatter_list or gather_list of the
+wrong length or size on the root, wrong list lengths, sizes and split sizes on
+one rank): every rank fails the op at once with the same message naming that
+rank and the problem, and the group stays usable (a checked op after each);
+also in a group of one, which runs no agreement.
+
 One spawned job of 3 ranks per algorithm runs every scenario on the groups of
 ranks {0, 1} and {0, 1, 2}; every scenario is bounded by a short group timeout,
 so a hang shows as a timeout error naming the scenario, not a stuck test.
@@ -294,6 +300,13 @@ def rank_main(rank, port, out_dir, small_bytes):
             scenario = f"barrier after {backend} k={k}"
             dist.barrier()
         result["seconds"] = times
+        # A group of one runs no agreement: the rejection is raised all the same.
+        scenario = "invalid arguments in a group of one"
+        alone = dist.new_group([0], timeout=timeout)
+        if rank == 0:
+            expect_rejection(lambda: dist.scatter(torch.zeros(2), [torch.zeros(2)] * 2, 0, group=alone),
+                             "invalid arguments", "rank 0 called scatter", "scatter_list has 2 entries, expected 1")
+            check_group_works(rank, 1, alone, dist, torch, scenario)
         dist.destroy_process_group()
         result["ok"] = True
     except Exception:  # noqa: BLE001 - reported to the test
