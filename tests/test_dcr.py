@@ -106,6 +106,53 @@ def test_agreeing_ranks_have_no_mismatch():
     assert d["odd_rank"] == -1 and d["mismatch"] is None and d["degraded_ranks"] == 0
 
 
+SCATTER = 7
+LIST_LENGTH, ELEMENT_COUNT = 1, 2
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 16])
+def test_a_rejection_is_named_alike_whatever_the_merge_order(n):
+    """Ranks that reject their own arguments: every merge order names the lowest
+    of them (rank 0's own, or the lowest that differs from rank 0's op)."""
+    rng = random.Random(100 + n)
+    ops = [(4, SCATTER, 8, n - 1)] * n
+    short = (LIST_LENGTH, "scatter_list", -1, n - 1, n)
+    for rejecting in ({n - 1: short}, {0: short},
+                      {0: short, n - 1: (ELEMENT_COUNT, "scatter_list", 1, 3, 8)}):
+        results = {_C._agreement_fold(n, ops, [(0, 0, 0)] * n, random_merge_order(n, rng), rejecting)
+                   for _ in range(10)}
+        assert len(results) == 1, "merge order changed the agreement"
+        d = _C._agreement_decode(results.pop(), n)
+        named = min(rejecting)
+        assert d["mismatch"].startswith(f"reccl: invalid arguments in process group 'g' at op #4: rank {named} "
+                                        f"called scatter(float32, 8 elements, root={n - 1}) but its ")
+        assert f"scatter_list has {n - 1} entr" in d["mismatch"], d["mismatch"]
+
+
+def test_equal_rejections_on_every_rank_still_fail():
+    n = 3
+    d = _C._agreement_decode(_C._agreement_fold(
+        n, [(0, SCATTER, 2, 0)] * n, [(0, 0, 0)] * n, [(0, 1), (0, 2)],
+        {r: (ELEMENT_COUNT, "scatter_list", 0, 1, 2) for r in range(n)}), n)
+    assert d["odd_rank"] == -1
+    assert "rank 0 called scatter" in d["mismatch"] and "scatter_list[0] has 1 elements, expected 2" in d["mismatch"]
+
+
+def test_bad_rejections_are_refused_with_a_reason():
+    raw = _C._agreement_fold(2, [(0, SCATTER, 1, 0)] * 2, [(0, 0, 0)] * 2, [(0, 1)],
+                             {0: (LIST_LENGTH, "scatter_list", -1, 1, 2)})
+    assert "scatter_list has 1 entry, expected 2" in _C._agreement_decode(raw, 2)["mismatch"]
+    reason = 80 + 69  # the first descriptor's rejection reason, then its argument's name
+    bad = bytearray(raw)
+    bad[reason] = 99
+    with pytest.raises(ProtocolError, match="unknown rejection reason 99"):
+        _C._agreement_decode(bytes(bad), 2)
+    bad = bytearray(raw)
+    bad[reason + 1:reason + 5] = b"Bad!"
+    with pytest.raises(ProtocolError, match="names no valid argument"):
+        _C._agreement_decode(bytes(bad), 2)
+
+
 @pytest.mark.parametrize("cut", [0, 3, 4, 100, 591])
 def test_truncated_agreements_are_rejected(cut):
     raw = _C._agreement_fold(2, [(0, ALL_REDUCE, 1, -1)] * 2, [(0, 0, 0)] * 2, [(0, 1)])

@@ -8,6 +8,7 @@ protocol by hand (the layouts below are the packed structs of frame.h).
 """
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -26,7 +27,7 @@ import torch_reccl
 from torch_reccl.events import flush_events
 from torch_reccl.transport import ProtocolError, RecclError, Transport, _C
 
-from conftest import close_both, plan_sizes, reccl_env, run_receiver, run_sender
+from conftest import close_both, plan_sizes, reccl_env, run_receiver, run_sender, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
@@ -361,13 +362,66 @@ def test_junk_at_the_acceptors_while_a_good_connection_streams(events):
     close_both(send2, recv2)
 
 
-def wait_until(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+def test_the_log_limiter_writes_one_line_per_interval_per_key():
+    """core/log.h LogLimiter on a fake clock (ms): a key's first line at once, the
+    rest of its interval counted into one line when the interval ends, quiet keys
+    forgotten, and the destructor writes the counts still pending."""
+    flush = None
+    calls = [
+        (0, "a", "a0"), (100, "a", "a1"), (200, "b", "b0"), (5000, "a", "a2"),
+        (9000, flush, ""),          # nothing due yet: a's count is due at 10000
+        (10000, flush, ""),         # a's count; b had nothing held back
+        (12000, "a", "a3"),         # within a's new interval (from 10000): counted
+        (20000, flush, ""),
+        (25000, "b", "b1"),         # b quiet for an interval: written at once
+        (31000, "a", "a4"),         # a's interval held nothing back: written at once
+        (32000, "a", "a5"),
+        (45000, "a", "a6"),         # a5 held back, never flushed: a6 is counted with it
+        (46000, "a", "a7"),         # in the interval that count started
+    ]
+    written, due = _C._log_limiter_trace(10000, "things", calls)
+    assert written[:7] == [
+        "a0", "b0",
+        "2 more things (a) in the last 10.0 s",
+        "1 more things (a) in the last 10.0 s",
+        "b1", "a4",
+        "2 more things (a) in the last 14.0 s",
+    ], written
+    assert len(written) == 8 and written[7].startswith("1 more things (a) in the last "), written
+    assert due == [10000, None, None], due
+
+
+def test_a_flood_of_refused_connections_costs_one_log_line_per_kind(capfd):
+    """200 wrong secrets and 50 junk handshakes at one acceptor: one WARN line for
+    each kind of refusal, then (here when the transport goes, else 10 s later)
+    one line counting the rest. Every refusal is still counted and reported."""
+    t = Transport(reccl_env())
+    listener = t.listen(0)
+    handle = listener.handle
+    listen_id = struct.unpack_from("<Q", handle, 12)[0]
+    wrong = bytes(b ^ 0x5A for b in handle[20:36])
+    address, port = _C.decode_handle(handle)["nics"][0]
+    nic = "lo:" + address
+    before = torch_reccl.stats()["rejected_handshakes"]
+    capfd.readouterr()
+    for i in range(200):
+        attack_socket(address, port, hello(listen_id, wrong, count=4, nonce=i), hold=False)
+    for _ in range(50):
+        attack_socket(address, port, b"\xff" * 100, hold=False)
+    assert wait_until(lambda: torch_reccl.stats()["rejected_handshakes"] - before >= 250, 10)
+    assert torch_reccl.stats()["rejected_handshakes"] - before == 250
+    during = [line for line in capfd.readouterr().err.splitlines() if nic in line]
+    assert len(during) == 2, during
+    assert any("wrong handshake secret" in line for line in during), during
+    assert any("malformed handshake: bad frame magic" in line for line in during), during
+    listener.close()
+    del listener, t
+    gc.collect()  # the acceptor goes with the transport and writes its counts
+    after = [line for line in capfd.readouterr().err.splitlines() if nic in line]
+    assert sorted(line.split("] ", 1)[1].split(" in the last")[0] for line in after) == [
+        f"199 more refused connections on {nic} (not authenticated)",
+        f"49 more refused connections on {nic} (malformed)",
+    ], after
 
 
 # --------------------------------------------------------------------------- raw peer

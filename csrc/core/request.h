@@ -13,7 +13,12 @@ namespace reccl {
 
 class Request {
  public:
-  Request(uint64_t seq, uint8_t* data, uint64_t bytes) : seq_(seq), data_(data), bytes_(bytes) {}
+  // A zero-byte buffer may have no address (an empty tensor's data pointer is
+  // null), but a path takes a null destination for "discard this chunk" and the
+  // message would never complete: such a request gets an address that is never
+  // written instead.
+  Request(uint64_t seq, uint8_t* data, uint64_t bytes)
+      : seq_(seq), data_(data == nullptr && bytes == 0 ? noBytes() : data), bytes_(bytes) {}
 
   uint64_t seq() const { return seq_; }
   uint8_t* data() const { return data_; }
@@ -47,6 +52,11 @@ class Request {
   }
 
  private:
+  static uint8_t* noBytes() {
+    static uint8_t nothing;
+    return &nothing;
+  }
+
   const uint64_t seq_;
   uint8_t* const data_;
   const uint64_t bytes_;

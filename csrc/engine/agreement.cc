@@ -116,7 +116,13 @@ void Agreement::merge(const Agreement& other) {
 }
 
 void Agreement::check(const std::string& group) const {
-  if (oddRank >= 0) throw MismatchError(mismatchMessage(group, firstRank, first, oddRank, odd));
+  // A rejection of the same op is named as such; a different op is a plain mismatch.
+  if (first.rejection) throw MismatchError(rejectionMessage(group, firstRank, first));
+  if (oddRank < 0) return;
+  if (odd.rejection && odd.seq == first.seq && odd.kind == first.kind) {
+    throw MismatchError(rejectionMessage(group, oddRank, odd));
+  }
+  throw MismatchError(mismatchMessage(group, firstRank, first, oddRank, odd));
 }
 
 uint64_t alltoallCountsDigest(int rank, int size, const std::vector<uint64_t>& sendCounts,

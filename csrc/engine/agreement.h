@@ -63,7 +63,8 @@ struct Agreement {
                       uint64_t countsDigest);
   // Adds `other` (a disjoint set of ranks) into this one.
   void merge(const Agreement& other);
-  // Throws MismatchError naming both sides (the same text on every rank).
+  // Throws MismatchError naming both sides, or the lowest rank that rejected
+  // its own arguments (the same text on every rank).
   void check(const std::string& group) const;
 };
 

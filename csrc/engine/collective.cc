@@ -27,6 +27,10 @@ void checkRoot(int root, int size) {
   }
 }
 
+void rejectCollective(Communicator& comm, const OpDescriptor& desc, Millis timeout) {
+  comm.run(desc, timeout, RdPayload{}, [](const OpContext&) {});  // throws before the data phase
+}
+
 size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegment,
                   int segmentsPerConnection) {
   const size_t base = std::max<size_t>(1, comm.options().chunkBytes / elementSize(dtype));

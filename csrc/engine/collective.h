@@ -26,6 +26,11 @@ Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes);
 // Throws ConfigError unless `root` is a rank of a group of `size`.
 void checkRoot(int root, int size);
 
+// Joins the collective `desc`, which carries a Rejection, as far as its
+// agreement, so that every rank fails it with the same MismatchError at once
+// instead of waiting for this rank; the group stays usable. Always throws.
+void rejectCollective(Communicator& comm, const OpDescriptor& desc, Millis timeout);
+
 // The pipelining unit, in elements, of a channel algorithm whose largest
 // segment is `largestSegment` elements and which sends `segmentsPerConnection`
 // segments over one connection: chunk_bytes, or more so that one connection

@@ -244,6 +244,8 @@ void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& paylo
       if (agreement.countsDigest != 0) diagnoseAlltoall(ctx, desc);
       adoptAgreement(agreement, desc.seq);
     }
+    // check() threw for a rejection already, but a group of one has no agreement.
+    if (desc.rejection) throw MismatchError(rejectionMessage(options_.group, rank_, desc));
     dataPhase(ctx);
     opsDone_.fetch_add(1);
   });

@@ -100,6 +100,7 @@ class Communicator {
   // For the collectives (engine/<collective>.cc). A collective runs phase 1
   // with `payload` riding along (empty for the channels) and then
   // `dataPhase`, under the error policy above. `countsDigest`: all_to_all's.
+  // A descriptor with a Rejection fails with MismatchError after phase 1.
   using DataPhase = std::function<void(const OpContext&)>;
   void run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
            const DataPhase& dataPhase, uint64_t countsDigest = 0);

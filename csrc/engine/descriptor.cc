@@ -8,7 +8,7 @@ namespace reccl {
 namespace {
 
 constexpr uint32_t kDescriptorMagic = 0x44434552;  // "RECD" little-endian
-constexpr uint8_t kDescriptorVersion = 3;
+constexpr uint8_t kDescriptorVersion = 4;
 
 #pragma pack(push, 1)
 struct WireDescriptor {
@@ -23,12 +23,14 @@ struct WireDescriptor {
   uint64_t count;
   uint64_t planId;
   uint32_t groupSize;
-  uint32_t reserved0;
-  uint64_t reserved1;
+  int32_t rejectIndex;
+  int64_t rejectGot;
   uint64_t chunkBytes;
   uint32_t channels;
   uint8_t algorithm;
-  uint8_t reserved2[27];
+  uint8_t rejectReason;
+  char rejectArgument[Rejection::kMaxArgumentName];  // not NUL-terminated when full
+  int64_t rejectWant;
 };
 #pragma pack(pop)
 static_assert(sizeof(WireDescriptor) == kDescriptorBytes, "descriptor header is 96 bytes");
@@ -47,7 +49,36 @@ bool validKind(uint8_t raw) {
          raw <= static_cast<uint8_t>(OpKind::kBarrier);
 }
 
+bool validArgumentName(const std::string& name) {
+  if (name.empty() || name.size() > Rejection::kMaxArgumentName) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || c == '_')) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+std::string Rejection::describe(DataType dtype) const {
+  const std::string at = index >= 0 ? argument + "[" + std::to_string(index) + "]" : argument;
+  const std::string g = std::to_string(got), w = std::to_string(want);
+  switch (reason) {
+    case Reason::kNone: break;
+    case Reason::kListLength:
+      return argument + " has " + g + (got == 1 ? " entry" : " entries") + ", expected " + w;
+    case Reason::kElementCount: return at + " has " + g + " elements, expected " + w;
+    case Reason::kDtype: return at + " has a dtype other than the op's " + dataTypeName(dtype);
+    case Reason::kNotRoot:
+      return argument + " (" + g + " tensors) was given on a rank that is not the root";
+    case Reason::kSplitSizes:
+      return argument + " add up to " + g + ", not to the tensor's " + w +
+             " rows along dim 0 (they must be non-negative and add up to them)";
+    case Reason::kIndivisible:
+      return argument + " has " + g + " elements, which do not divide evenly over " + w +
+             " ranks (give split sizes)";
+  }
+  return "no rejection";
+}
 
 const char* opKindName(OpKind kind) {
   switch (kind) {
@@ -96,6 +127,18 @@ void encodeDescriptor(const OpDescriptor& desc, int sender, int groupSize, uint8
   wire.chunkBytes = desc.chunkBytes;
   wire.channels = desc.channels;
   wire.algorithm = desc.algorithm;
+  if (desc.rejection) {
+    if (!validArgumentName(desc.rejection.argument)) {
+      throw Error("internal: rejection names argument '" + desc.rejection.argument +
+                  "' ([a-z_], 1 to 18 characters)");
+    }
+    wire.rejectReason = static_cast<uint8_t>(desc.rejection.reason);
+    const std::string& name = desc.rejection.argument;
+    std::memcpy(wire.rejectArgument, name.data(), name.size());
+    wire.rejectIndex = desc.rejection.index;
+    wire.rejectGot = desc.rejection.got;
+    wire.rejectWant = desc.rejection.want;
+  }
   std::memcpy(out, &wire, sizeof(wire));
 }
 
@@ -134,11 +177,26 @@ DecodedDescriptor decodeDescriptor(const uint8_t* data, size_t bytes, int groupS
   desc.chunkBytes = wire.chunkBytes;
   desc.channels = wire.channels;
   desc.algorithm = wire.algorithm;
+  if (wire.rejectReason > static_cast<uint8_t>(Rejection::Reason::kIndivisible)) {
+    throw ProtocolError("collective descriptor names an unknown rejection reason " +
+                        std::to_string(wire.rejectReason));
+  }
+  desc.rejection.reason = static_cast<Rejection::Reason>(wire.rejectReason);
+  if (desc.rejection) {
+    desc.rejection.argument.assign(wire.rejectArgument,
+                                   strnlen(wire.rejectArgument, sizeof(wire.rejectArgument)));
+    if (!validArgumentName(desc.rejection.argument)) {
+      throw ProtocolError("collective descriptor's rejection names no valid argument");
+    }
+    desc.rejection.index = wire.rejectIndex;
+    desc.rejection.got = wire.rejectGot;
+    desc.rejection.want = wire.rejectWant;
+  }
   return out;
 }
 
 bool sameOp(const OpDescriptor& a, const OpDescriptor& b) {
-  if (a.seq != b.seq || a.kind != b.kind) return false;
+  if (a.seq != b.seq || a.kind != b.kind || !(a.rejection == b.rejection)) return false;
   if (a.kind == OpKind::kBarrier) return true;
   return a.dtype == b.dtype && a.planId == b.planId && a.chunkBytes == b.chunkBytes &&
          a.channels == b.channels && a.algorithm == b.algorithm && (!hasCount(a.kind) || a.count == b.count) &&
@@ -169,6 +227,13 @@ std::string mismatchMessage(const std::string& group, int ra, const OpDescriptor
          b.describe() + extra +
          ". Every rank of a group must call the same collectives in the same order with matching "
          "dtype, size, root and reduce op.";
+}
+
+std::string rejectionMessage(const std::string& group, int rank, const OpDescriptor& desc) {
+  return "reccl: invalid arguments in process group '" + group + "' at op #" +
+         std::to_string(desc.seq) + ": rank " + std::to_string(rank) + " called " +
+         desc.describe() + " but its " + desc.rejection.describe(desc.dtype) +
+         ". Every rank fails this op at once; the group stays usable.";
 }
 
 }  // namespace reccl

@@ -11,6 +11,7 @@
 #include "engine/all_to_all.h"
 #include "engine/barrier.h"
 #include "engine/broadcast.h"
+#include "engine/collective.h"
 #include "engine/gather.h"
 #include "engine/reduce.h"
 #include "engine/reduce_scatter.h"
@@ -208,6 +209,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reject(c10d::OpType type, const char* title,
+                                                         OpDescriptor desc, milliseconds requested) {
+  return enqueue(type, title, {}, timeoutOf(requested), [desc](Communicator& c, milliseconds t) {
+    rejectCollective(c, desc, t);
+  });
+}
+
 // ------------------------------------------------------------------ collectives
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::broadcast(std::vector<at::Tensor>& tensors,
@@ -298,10 +306,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   const at::Tensor in = singleTensor(inputs, "all_gather");
-  TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
-              "reccl all_gather: needs one output list of ", size_, " tensors");
-  checkSameShape(outputs[0], in, "all_gather", "output");
+  TORCH_CHECK(outputs.size() == 1, "reccl all_gather: takes one output list, got ", outputs.size());
   const DataType dt = toDataType(in.scalar_type(), "all_gather");
+  OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dt, in.numel());
+  desc.rejection = checkPerRankList(outputs[0], size_, in, "all_gather", "tensor_list");
+  if (desc.rejection) return reject(c10d::OpType::ALLGATHER, "reccl:all_gather", desc, opts.timeout);
   std::vector<at::Tensor> outs = outputs[0];
   const int size = size_;
   return enqueue(c10d::OpType::ALLGATHER, "reccl:all_gather", outs, timeoutOf(opts.timeout),
@@ -317,11 +326,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   checkTensor(input, "all_gather_into_tensor", "input");
   checkTensor(output, "all_gather_into_tensor", "output");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl all_gather_into_tensor: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
-  TORCH_CHECK(output.numel() == input.numel() * size_, "reccl all_gather_into_tensor: output has ",
-              output.numel(), " elements, expected world size x input = ", size_, " x ", input.numel());
   const DataType dt = toDataType(input.scalar_type(), "all_gather_into_tensor");
+  OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dt, input.numel());
+  desc.rejection = checkTensorLike(output, input, input.numel() * size_, "output_tensor");
+  if (desc.rejection) {
+    return reject(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", desc, opts.timeout);
+  }
   at::Tensor in = input, out = output;
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", {out},
                  timeoutOf(opts.timeout), [in, out, dt](Communicator& c, milliseconds timeout) {
@@ -406,17 +416,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(std::vector<std::vector
   const at::Tensor in = singleTensor(inputs, "gather");
   checkRoot(opts.rootRank, size_, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    TORCH_CHECK(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
-                "reccl gather: the root needs one output list of ", size_, " tensors");
-    checkSameShape(outputs[0], in, "gather", "output");
-    outs = outputs[0];
-  } else {
-    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                "reccl gather: only the root (rank ", root, ") takes output tensors");
-  }
+  TORCH_CHECK(outputs.size() <= 1, "reccl gather: takes one output list, got ", outputs.size());
+  std::vector<at::Tensor> outs = outputs.empty() ? std::vector<at::Tensor>{} : outputs[0];
   const DataType dt = toDataType(in.scalar_type(), "gather");
+  OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dt, in.numel(), root);
+  if (rank_ == root) {
+    desc.rejection = checkPerRankList(outs, size_, in, "gather", "gather_list");
+  } else if (!outs.empty()) {
+    desc.rejection = {Rejection::Reason::kNotRoot, "gather_list", -1,
+                      static_cast<int64_t>(outs.size()), 0};
+  }
+  if (desc.rejection) return reject(c10d::OpType::GATHER, "reccl:gather", desc, opts.timeout);
   const int size = size_;
   return enqueue(c10d::OpType::GATHER, "reccl:gather", outs, timeoutOf(opts.timeout),
                  [in, outs, dt, root, size](Communicator& c, milliseconds timeout) {
@@ -435,17 +445,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::scatter(std::vector<at::Tensor
   const at::Tensor out = singleTensor(outputs, "scatter");
   checkRoot(opts.rootRank, size_, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
-                "reccl scatter: the root needs one input list of ", size_, " tensors");
-    checkSameShape(inputs[0], out, "scatter", "input");
-    ins = inputs[0];
-  } else {
-    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                "reccl scatter: only the root (rank ", root, ") takes input tensors");
-  }
+  TORCH_CHECK(inputs.size() <= 1, "reccl scatter: takes one input list, got ", inputs.size());
+  std::vector<at::Tensor> ins = inputs.empty() ? std::vector<at::Tensor>{} : inputs[0];
   const DataType dt = toDataType(out.scalar_type(), "scatter");
+  OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dt, out.numel(), root);
+  if (rank_ == root) {
+    desc.rejection = checkPerRankList(ins, size_, out, "scatter", "scatter_list");
+  } else if (!ins.empty()) {
+    desc.rejection = {Rejection::Reason::kNotRoot, "scatter_list", -1,
+                      static_cast<int64_t>(ins.size()), 0};
+  }
+  if (desc.rejection) return reject(c10d::OpType::SCATTER, "reccl:scatter", desc, opts.timeout);
   return enqueue(c10d::OpType::SCATTER, "reccl:scatter", {out}, timeoutOf(opts.timeout),
                  [ins, out, dt, root](Communicator& c, milliseconds timeout) {
                    at::Tensor flat;
@@ -461,15 +471,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const at::Tensor out = singleTensor(outputs, "reduce_scatter");
-  TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
-              "reccl reduce_scatter: needs one input list of ", size_, " tensors");
-  checkSameShape(inputs[0], out, "reduce_scatter", "input");
+  TORCH_CHECK(inputs.size() == 1, "reccl reduce_scatter: takes one input list, got ", inputs.size());
   const DataType dt = toDataType(out.scalar_type(), "reduce_scatter");
   const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter");
   try {
     checkReduceOp(op, dt);
   } catch (const Error& e) {
     TORCH_CHECK(false, "reccl reduce_scatter: ", e.what());
+  }
+  OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dt, out.numel(), -1, op);
+  desc.rejection = checkPerRankList(inputs[0], size_, out, "reduce_scatter", "input_list");
+  if (desc.rejection) {
+    return reject(c10d::OpType::REDUCE_SCATTER, "reccl:reduce_scatter", desc, opts.timeout);
   }
   std::vector<at::Tensor> ins = inputs[0];
   return enqueue(c10d::OpType::REDUCE_SCATTER, "reccl:reduce_scatter", {out},
@@ -486,16 +499,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   checkTensor(input, "reduce_scatter_tensor", "input");
   checkTensor(output, "reduce_scatter_tensor", "output");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl reduce_scatter_tensor: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
-  TORCH_CHECK(input.numel() == output.numel() * size_, "reccl reduce_scatter_tensor: input has ",
-              input.numel(), " elements, expected world size x output = ", size_, " x ", output.numel());
-  const DataType dt = toDataType(input.scalar_type(), "reduce_scatter_tensor");
+  const DataType dt = toDataType(output.scalar_type(), "reduce_scatter_tensor");
   const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter_tensor");
   try {
     checkReduceOp(op, dt);
   } catch (const Error& e) {
     TORCH_CHECK(false, "reccl reduce_scatter_tensor: ", e.what());
+  }
+  OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dt, output.numel(), -1, op);
+  desc.rejection = checkTensorLike(input, output, output.numel() * size_, "input");
+  if (desc.rejection) {
+    return reject(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", desc, opts.timeout);
   }
   at::Tensor in = input, out = output;
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", {out},
@@ -546,30 +560,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter_tensor_coalesce
 
 namespace {
 
-// Element counts per rank along dim 0 from c10d split sizes (empty: equal parts).
+// Element counts per rank along dim 0 from c10d split sizes (empty: equal
+// parts); why they are invalid goes to `bad` unless it holds a problem already
+// (`tensorArg` and `splitsArg` name the arguments). Only a tensor with no
+// dimension to split throws.
 std::vector<uint64_t> splitCounts(const at::Tensor& t, const std::vector<int64_t>& splits, int size,
-                                  const char* which) {
+                                  const char* tensorArg, const char* splitsArg, Rejection* bad) {
   std::vector<uint64_t> counts(size);
   if (splits.empty()) {
-    TORCH_CHECK(t.numel() % size == 0, "reccl all_to_all_single: the ", which, " tensor's ",
-                t.numel(), " elements do not divide evenly over ", size,
-                " ranks; give split sizes");
+    if (t.numel() % size != 0 && !*bad) {
+      *bad = {Rejection::Reason::kIndivisible, tensorArg, -1, t.numel(), size};
+    }
     std::fill(counts.begin(), counts.end(), static_cast<uint64_t>(t.numel() / size));
     return counts;
   }
-  TORCH_CHECK(splits.size() == static_cast<size_t>(size), "reccl all_to_all_single: ", which,
-              " split sizes need one entry per rank (", size, "), got ", splits.size());
-  TORCH_CHECK(t.dim() >= 1, "reccl all_to_all_single: the ", which, " tensor needs a dimension to split");
+  if (splits.size() != static_cast<size_t>(size)) {
+    if (!*bad) {
+      *bad = {Rejection::Reason::kListLength, splitsArg, -1, static_cast<int64_t>(splits.size()), size};
+    }
+    return counts;
+  }
+  TORCH_CHECK(t.dim() >= 1, "reccl all_to_all_single: ", tensorArg, " needs a dimension to split");
   const int64_t rows = t.size(0);
   const int64_t rowElems = rows > 0 ? t.numel() / rows : 0;
   int64_t total = 0;
+  bool negative = false;
   for (int r = 0; r < size; ++r) {
-    TORCH_CHECK(splits[r] >= 0, "reccl all_to_all_single: negative split size ", splits[r]);
-    counts[r] = static_cast<uint64_t>(splits[r] * rowElems);
+    negative = negative || splits[r] < 0;
+    counts[r] = static_cast<uint64_t>(std::max<int64_t>(0, splits[r]) * rowElems);
     total += splits[r];
   }
-  TORCH_CHECK(total == rows, "reccl all_to_all_single: ", which, " split sizes add up to ", total,
-              " but dim 0 has ", rows);
+  if ((negative || total != rows) && !*bad) {
+    *bad = {Rejection::Reason::kSplitSizes, splitsArg, -1, total, rows};
+  }
   return counts;
 }
 
@@ -586,11 +609,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
     std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
   checkTensor(input, "all_to_all_single", "input");
   checkTensor(output, "all_to_all_single", "output");
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reccl all_to_all_single: output dtype ",
-              output.scalar_type(), " differs from input dtype ", input.scalar_type());
   const DataType dt = toDataType(input.scalar_type(), "all_to_all_single");
-  std::vector<uint64_t> sendCounts = splitCounts(input, inputSplits, size_, "input");
-  std::vector<uint64_t> recvCounts = splitCounts(output, outputSplits, size_, "output");
+  OpDescriptor desc;
+  desc.kind = OpKind::kAlltoall;
+  desc.dtype = dt;
+  desc.count = static_cast<uint64_t>(input.numel());
+  std::vector<uint64_t> sendCounts =
+      splitCounts(input, inputSplits, size_, "input", "input_split_sizes", &desc.rejection);
+  std::vector<uint64_t> recvCounts =
+      splitCounts(output, outputSplits, size_, "output", "output_split_sizes", &desc.rejection);
+  if (!desc.rejection) desc.rejection = checkTensorLike(output, input, output.numel(), "output");
+  if (desc.rejection) {
+    return reject(c10d::OpType::ALLTOALL_BASE, "reccl:all_to_all_single", desc, opts.timeout);
+  }
   at::Tensor in = input, out = output;
   return enqueue(c10d::OpType::ALLTOALL_BASE, "reccl:all_to_all_single", {out},
                  timeoutOf(opts.timeout),
@@ -607,20 +638,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  TORCH_CHECK(outputs.size() == static_cast<size_t>(size_) && inputs.size() == static_cast<size_t>(size_),
-              "reccl all_to_all: needs ", size_, " input and ", size_, " output tensors");
-  checkTensor(inputs[0], "all_to_all", "input");
+  TORCH_CHECK(!inputs.empty() || !outputs.empty(), "reccl all_to_all: no input or output tensors");
+  const at::Tensor& first = inputs.empty() ? outputs[0] : inputs[0];
+  checkTensor(first, "all_to_all", "the first tensor");
+  const DataType dt = toDataType(first.scalar_type(), "all_to_all");
+  OpDescriptor desc;
+  desc.kind = OpKind::kAlltoall;
+  desc.dtype = dt;
   std::vector<uint64_t> sendCounts, recvCounts;
-  for (int r = 0; r < size_; ++r) {
-    checkTensor(inputs[r], "all_to_all", "input");
-    checkTensor(outputs[r], "all_to_all", "output");
-    TORCH_CHECK(inputs[r].scalar_type() == inputs[0].scalar_type() &&
-                    outputs[r].scalar_type() == inputs[0].scalar_type(),
-                "reccl all_to_all: every input and output needs dtype ", inputs[0].scalar_type());
-    sendCounts.push_back(inputs[r].numel());
-    recvCounts.push_back(outputs[r].numel());
+  for (const auto& [list, argument] : {std::make_pair(&inputs, "input_tensor_list"),
+                                       std::make_pair(&outputs, "output_tensor_list")}) {
+    if (list->size() != static_cast<size_t>(size_) && !desc.rejection) {
+      desc.rejection = {Rejection::Reason::kListLength, argument, -1,
+                        static_cast<int64_t>(list->size()), size_};
+    }
+    for (size_t r = 0; r < list->size(); ++r) {
+      const at::Tensor& t = (*list)[r];
+      checkTensor(t, "all_to_all", argument);
+      if (t.scalar_type() != first.scalar_type() && !desc.rejection) {
+        desc.rejection = {Rejection::Reason::kDtype, argument, static_cast<int32_t>(r), 0, 0};
+      }
+      (list == &inputs ? sendCounts : recvCounts).push_back(t.numel());
+    }
   }
-  const DataType dt = toDataType(inputs[0].scalar_type(), "all_to_all");
+  for (uint64_t c : sendCounts) desc.count += c;
+  if (desc.rejection) return reject(c10d::OpType::ALLTOALL, "reccl:all_to_all", desc, opts.timeout);
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   return enqueue(c10d::OpType::ALLTOALL, "reccl:all_to_all", outs, timeoutOf(opts.timeout),
                  [ins, outs, dt, sendCounts, recvCounts](Communicator& c, milliseconds timeout) {

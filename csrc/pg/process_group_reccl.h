@@ -135,6 +135,13 @@ class ProcessGroupReccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, Body body);
+  // A collective whose arguments on this rank are invalid in a way the other
+  // ranks cannot see (engine/descriptor.h, Rejection): this rank joins the op
+  // anyway with `desc.rejection` set, so every rank's work fails at once with
+  // the same message (a MismatchError: the group stays usable). `requested`:
+  // the op's own timeout (0: the group's).
+  c10::intrusive_ptr<c10d::Work> reject(c10d::OpType type, const char* title, OpDescriptor desc,
+                                        std::chrono::milliseconds requested);
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
   // The engine; built on first use. Throws once released.
   std::shared_ptr<Communicator> communicator(const char* op);

@@ -69,4 +69,39 @@ void checkSameShape(const std::vector<at::Tensor>& tensors, const at::Tensor& li
   }
 }
 
+namespace {
+
+// `tensor` against `like`'s dtype and `elements`; `index` says which entry of `argument`.
+Rejection checkLike(const at::Tensor& tensor, const at::Tensor& like, int64_t elements,
+                    const char* argument, int32_t index) {
+  if (tensor.scalar_type() != like.scalar_type()) {
+    return {Rejection::Reason::kDtype, argument, index, 0, 0};
+  }
+  if (tensor.numel() != elements) {
+    return {Rejection::Reason::kElementCount, argument, index, tensor.numel(), elements};
+  }
+  return Rejection{};
+}
+
+}  // namespace
+
+Rejection checkPerRankList(const std::vector<at::Tensor>& list, size_t ranks, const at::Tensor& like,
+                           const char* op, const char* argument) {
+  if (list.size() != ranks) {
+    return {Rejection::Reason::kListLength, argument, -1, static_cast<int64_t>(list.size()),
+            static_cast<int64_t>(ranks)};
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    checkTensor(list[i], op, argument);
+    Rejection bad = checkLike(list[i], like, like.numel(), argument, static_cast<int32_t>(i));
+    if (bad) return bad;
+  }
+  return Rejection{};
+}
+
+Rejection checkTensorLike(const at::Tensor& tensor, const at::Tensor& like, int64_t elements,
+                          const char* argument) {
+  return checkLike(tensor, like, elements, argument, -1);
+}
+
 }  // namespace reccl

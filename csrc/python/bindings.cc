@@ -1,5 +1,7 @@
 // The Python module torch_reccl._C: the low-level connection API, NIC table,
 // health drills, events and stats. Blocking calls release the GIL.
+#include <optional>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -7,6 +9,7 @@
 #include "core/error.h"
 #include "core/frame.h"
 #include "core/health.h"
+#include "core/log.h"
 #include "core/topology.h"
 #include "python/registered_buffer.h"
 #include "transport/event_loop.h"
@@ -403,6 +406,33 @@ PYBIND11_MODULE(_C, m) {
     else throw ConfigError("unknown frame kind " + kind);
     return py::bytes(reinterpret_cast<const char*>(frame.data()), frame.size());
   }, "For tests: a valid frame to mutate");
+  m.def("_log_limiter_trace",
+        [](int64_t intervalMs, const std::string& what,
+           const std::vector<std::tuple<int64_t, std::optional<std::string>, std::string>>& calls) {
+          // Replays `calls` (time in ms, key, line; key None: flushDue) on a
+          // LogLimiter with a fake clock; returns what it wrote, the
+          // destructor's last counts included, and each flush's next due time.
+          py::list written, due;
+          const Clock::time_point zero = Clock::now();
+          {
+            LogLimiter limiter(LogLevel::kWarn, Millis(intervalMs), what,
+                               [&](LogLevel, const std::string& text) { written.append(text); });
+            for (const auto& [ms, key, line] : calls) {
+              const Clock::time_point at = zero + Millis(ms);
+              if (key) {
+                limiter.log(*key, line, at);
+              } else {
+                Clock::time_point next = limiter.flushDue(at);
+                due.append(next == Clock::time_point::max()
+                               ? py::object(py::none())
+                               : py::object(py::int_(std::chrono::duration_cast<Millis>(next - zero).count())));
+              }
+            }
+          }
+          return py::make_tuple(written, due);
+        },
+        py::arg("interval_ms"), py::arg("what"), py::arg("calls"),
+        "For tests: a LogLimiter's output for (ms, key or None to flush, line) calls.");
   m.attr("HANDLE_BYTES") = kHandleBytes;
   bindProcessGroup(m);
   bindIbTransport(m);

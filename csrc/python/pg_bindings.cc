@@ -231,7 +231,8 @@ void bindProcessGroup(py::module_& m) {
       "_agreement_fold",
       [](int groupSize, const std::vector<std::tuple<uint64_t, int, uint64_t, int>>& ops,
          const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& faults,
-         const std::vector<std::pair<int, int>>& steps) {
+         const std::vector<std::pair<int, int>>& steps,
+         const std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>& rejections) {
         // Every rank's own agreement, merged as `steps` say (state[i] takes in
         // state[j]); returns state[0]'s wire form.
         std::vector<reccl::Agreement> states;
@@ -240,6 +241,11 @@ void bindProcessGroup(py::module_& m) {
           reccl::OpDescriptor desc = reccl::OpDescriptor::of(
               static_cast<reccl::OpKind>(kind), reccl::DataType::kFloat32, count, root);
           desc.seq = seq;
+          auto rejected = rejections.find(r);
+          if (rejected != rejections.end()) {
+            const auto& [reason, argument, index, got, want] = rejected->second;
+            desc.rejection = {static_cast<reccl::Rejection::Reason>(reason), argument, index, got, want};
+          }
           const auto& [opsDone, backup, down] = faults.at(r);
           states.push_back(reccl::Agreement::of(r, desc, {opsDone, backup, down, 0}, 0));
         }
@@ -249,8 +255,10 @@ void bindProcessGroup(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       },
       py::arg("group_size"), py::arg("ops"), py::arg("faults"), py::arg("steps"),
+      py::arg("rejections") = std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>{},
       "For tests: merges per-rank agreements (ops: (seq, kind, count, root); faults: "
-      "(ops_done, backup_channels, nics_down)) in the given order; returns the wire form.");
+      "(ops_done, backup_channels, nics_down); rejections: rank -> (reason, argument, index, "
+      "got, want)) in the given order; returns the wire form.");
   m.def(
       "_agreement_decode",
       [](py::bytes data, int groupSize, const std::string& group) {

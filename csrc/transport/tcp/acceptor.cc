@@ -17,6 +17,7 @@ namespace reccl {
 namespace {
 constexpr size_t kHelloFrameBytes = sizeof(FrameHeader) + sizeof(HelloBody);
 constexpr size_t kMaxPending = 256;  // half-open handshakes held at once
+constexpr Millis kRefusalLogInterval{10000};
 }  // namespace
 
 Acceptor::Acceptor(std::string address, std::string nicName, uint64_t transportId,
@@ -26,7 +27,9 @@ Acceptor::Acceptor(std::string address, std::string nicName, uint64_t transportI
       transportId_(transportId),
       handshakeTimeout_(handshakeTimeout),
       authenticate_(std::move(authenticate)),
-      admit_(std::move(admit)) {
+      admit_(std::move(admit)),
+      refusals_(LogLevel::kWarn, kRefusalLogInterval,
+                "refused connections on " + nicName_) {
   std::string error;
   listener_ = listenOn(address_, &port_, &error);
   if (!listener_.valid()) throw Error("cannot listen on NIC " + nicName_ + ": " + error);
@@ -40,10 +43,10 @@ Acceptor::~Acceptor() {
   thread_.join();
 }
 
-void Acceptor::refuse(const Pending& pending, const std::string& why) {
+void Acceptor::refuse(const Pending& pending, const char* kind, const std::string& why) {
   NicHealth& health = NicHealth::instance();
   health.countRejectedHandshake();
-  RECCL_LOG(kWarn, "refused connection from " + pending.peer + " on " + nicName_ + ": " + why);
+  refusals_.log(kind, "refused connection from " + pending.peer + " on " + nicName_ + ": " + why);
   Event event;
   event.kind = EventKind::kHandshakeRejected;
   event.reason = Reason::kError;
@@ -58,12 +61,12 @@ bool Acceptor::advance(Pending& pending) {
   size_t want = kHelloFrameBytes - pending.bytes.size();
   ssize_t got = ::recv(pending.fd.get(), buffer, want, MSG_DONTWAIT);
   if (got == 0) {
-    refuse(pending, "closed before completing the handshake");
+    refuse(pending, "closed early", "closed before completing the handshake");
     return true;
   }
   if (got < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
-    refuse(pending, std::string("read error: ") + std::strerror(errno));
+    refuse(pending, "read error", std::string("read error: ") + std::strerror(errno));
     return true;
   }
   pending.bytes.insert(pending.bytes.end(), buffer, buffer + got);
@@ -86,7 +89,7 @@ bool Acceptor::advance(Pending& pending) {
       return true;
     }
     if (verdict.kind == Verdict::kReject) {
-      refuse(pending, verdict.why);
+      refuse(pending, "not authenticated", verdict.why);
       return true;
     }
     std::vector<uint8_t> ack = encodeHelloAck(true, transportId_);
@@ -94,12 +97,12 @@ bool Acceptor::advance(Pending& pending) {
     watch.stallLimit = handshakeTimeout_;
     watch.stop = &stop_;
     if (!sendAll(pending.fd.get(), ack.data(), ack.size(), watch).ok()) {
-      refuse(pending, "could not answer the handshake");
+      refuse(pending, "no answer sent", "could not answer the handshake");
       return true;
     }
     admit_(hello.hello, std::move(pending.fd), pending.peer);
   } catch (const ProtocolError& error) {
-    refuse(pending, std::string("malformed handshake: ") + error.what());
+    refuse(pending, "malformed", std::string("malformed handshake: ") + error.what());
   }
   return true;
 }
@@ -112,13 +115,17 @@ void Acceptor::run() {
     fds.push_back({wake_.get(), POLLIN, 0});
     fds.push_back({listener_.get(), POLLIN, 0});
     for (const auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
-    // Asleep until a peer connects or sends, or a handshake's deadline passes.
+    // Asleep until a peer connects or sends, a handshake's deadline passes or
+    // the count of refusals held back from the log is due.
     int64_t timeoutMs = -1;
-    for (const auto& p : pending) {
+    auto until = [&](Clock::time_point when) {
       const int64_t left = std::max<int64_t>(
-          0, std::chrono::duration_cast<Millis>(p.deadline - Clock::now()).count() + 1);
+          0, std::chrono::duration_cast<Millis>(when - Clock::now()).count() + 1);
       timeoutMs = timeoutMs < 0 ? left : std::min(timeoutMs, left);
-    }
+    };
+    for (const auto& p : pending) until(p.deadline);
+    const Clock::time_point summaryDue = refusals_.flushDue();
+    if (summaryDue != Clock::time_point::max()) until(summaryDue);
     int ready = ::poll(fds.data(), fds.size(), static_cast<int>(timeoutMs));
     if (ready < 0 && errno != EINTR) {
       RECCL_LOG(kWarn, std::string("acceptor poll: ") + std::strerror(errno));
@@ -131,7 +138,8 @@ void Acceptor::run() {
       bool finished = false;
       if (fds[i + 2].revents != 0) finished = advance(p);
       if (!finished && now > p.deadline) {
-        refuse(p, "no handshake within " + std::to_string(handshakeTimeout_.count()) + " ms");
+        refuse(p, "timed out",
+               "no handshake within " + std::to_string(handshakeTimeout_.count()) + " ms");
         finished = true;
       }
       if (!finished) next.push_back(std::move(p));
@@ -146,7 +154,7 @@ void Acceptor::run() {
         p.peer = peerAddress(fd);
         p.deadline = now + handshakeTimeout_;
         if (pending.size() >= kMaxPending) {
-          refuse(p, "too many handshakes in progress");
+          refuse(p, "too many at once", "too many handshakes in progress");
           continue;
         }
         pending.push_back(std::move(p));

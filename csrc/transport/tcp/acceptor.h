@@ -1,6 +1,8 @@
 // Accepts TCP connections on one NIC and admits only peers that complete a
 // valid HELLO with the secret of a live listener, within a bound. Everything
-// else is logged, counted and dropped without disturbing other peers.
+// else is counted, reported as an event and dropped without disturbing other
+// peers, and logged at most once per 10 s for each kind of refusal (with a
+// count of the rest), so that strangers cannot flood the log.
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,7 @@
 
 #include "core/clock.h"
 #include "core/frame.h"
+#include "core/log.h"
 #include "transport/tcp/socket.h"
 
 namespace reccl {
@@ -46,7 +49,8 @@ class Acceptor {
   void run();
   // Reads what is available; true when the peer is finished (admitted or refused).
   bool advance(Pending& pending);
-  void refuse(const Pending& pending, const std::string& why);
+  // `kind`: one of a few fixed names, the log limiter's key; `why`: the detail.
+  void refuse(const Pending& pending, const char* kind, const std::string& why);
 
   const std::string address_;
   const std::string nicName_;
@@ -56,6 +60,7 @@ class Acceptor {
   Admit admit_;
   Fd listener_;
   Fd wake_;  // signalled by the destructor: the poll waits without a timeout when idle
+  LogLimiter refusals_;  // the acceptor thread's; its destructor writes the last counts
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread thread_;
