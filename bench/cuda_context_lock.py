@@ -10,14 +10,18 @@ expandable segments). The table shows how long B's copy took; "waited" means it
 finished only when A's did (docs/nvl.md, "Own CUDA contexts").
 
     python bench/cuda_context_lock.py        # 2 GPUs not needed; one is enough
+    python bench/cuda_context_lock.py --json lock.json
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import threading
 import time
+
+from reccl_bench_runs import write_json
 
 CASES = [
     ("torch copy, primary context", "torch", False),
@@ -70,33 +74,50 @@ def case(kind: str) -> None:
     exact = torch.equal(pinned, source.cpu())
     # B waited for A when B finished only as A did, long after it started
     waited = done["copy_s"] > 0.5 and abs(done["copy"] - done["application"]) < 0.1
-    print(f"{done['copy_s']:.4f} {waited} {exact}")
+    print(f"{done['copy_s']:.4f} {waited} {exact}", flush=True)  # os._exit follows
 
 
-def main() -> int:
+def measure(label: str, kind: str, virtual_memory: bool) -> dict:
+    """One case in a fresh process (its own CUDA state): B's copy time and the verdict."""
+    record = {"copy": label, "seconds": None, "waited": None, "exact": None, "error": None}
+    env = dict(os.environ)
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" if virtual_memory else ""
+    try:
+        out = subprocess.run([sys.executable, __file__, "--case", kind], env=env, capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        record["error"] = "timed out"
+        return record
+    fields = out.stdout.split()[-3:]
+    if out.returncode != 0 or len(fields) != 3:
+        record["error"] = f"failed: {out.stderr[-300:]}"
+        return record
+    record.update(seconds=float(fields[0]), waited=fields[1] == "True", exact=fields[2] == "True")
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="PATH", help="also write every case's record here")
+    parser.add_argument("--case", choices=["torch", "stager"], help=argparse.SUPPRESS)  # one child
+    args = parser.parse_args(argv)
+    if args.case:
+        case(args.case)
+        os._exit(0)
     print(f"B's 12 MiB copy, issued {B_DELAY_S} s into A's {BUSY_S} s wait in the driver")
     print(f"{'copy':40s} {'seconds':>8s}  verdict")
+    records = []
     for label, kind, virtual_memory in CASES:
-        env = dict(os.environ)
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" if virtual_memory else ""
-        try:
-            out = subprocess.run([sys.executable, __file__, "--case", kind], env=env, capture_output=True,
-                                 text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            print(f"{label:40s} {'-':>8s}  timed out")
+        r = measure(label, kind, virtual_memory)
+        records.append(r)
+        if r["error"]:
+            print(f"{label:40s} {'-':>8s}  {r['error']}")
             continue
-        fields = out.stdout.split()[-3:]
-        if out.returncode != 0 or len(fields) != 3:
-            print(f"{label:40s} {'-':>8s}  failed: {out.stderr[-300:]}")
-            continue
-        seconds, waited, exact = fields
-        verdict = "waited for A" if waited == "True" else "did not wait"
-        print(f"{label:40s} {float(seconds):8.4f}  {verdict}{'' if exact == 'True' else ', WRONG BYTES'}")
+        verdict = "waited for A" if r["waited"] else "did not wait"
+        print(f"{label:40s} {r['seconds']:8.4f}  {verdict}{'' if r['exact'] else ', WRONG BYTES'}")
+    write_json(args.json, {"meta": {"busy_s": BUSY_S, "b_delay_s": B_DELAY_S}, "results": records})
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--case":
-        case(sys.argv[2])
-        os._exit(0)
     sys.exit(main())

@@ -480,11 +480,14 @@ def main(argv=None) -> int:
                     help="RECCL_NICS for both ends (default 127.0.0.1,127.0.0.2)")
     ap.add_argument("--sizes", default="1,4,16,64,256",
                     help="message sizes in MiB, comma separated (default 1,4,16,64,256)")
-    ap.add_argument("--nsocks", type=int, default=int(os.environ.get("RECCL_NSOCKS", 4)),
-                    help="RECCL_NSOCKS and the raw baseline's socket count (default 4)")
-    ap.add_argument("--chunk", type=int,
-                    default=int(os.environ.get("RECCL_CHUNK_BYTES", 1 << 20)),
-                    help="RECCL_CHUNK_BYTES (default 1048576)")
+    # Defaults: the environment's RECCL_* value, else the setting's own default.
+    from torch_reccl.settings import settings
+    setting = {s["name"]: os.environ.get(s["name"], s["default"]) for s in settings()}
+    ap.add_argument("--nsocks", type=int, default=int(setting["RECCL_NSOCKS"]),
+                    help="RECCL_NSOCKS and the raw baseline's socket count (default "
+                         f"{setting['RECCL_NSOCKS']})")
+    ap.add_argument("--chunk", type=int, default=int(setting["RECCL_CHUNK_BYTES"]),
+                    help=f"RECCL_CHUNK_BYTES (default {setting['RECCL_CHUNK_BYTES']})")
     ap.add_argument("--backup", choices=["0", "1", "both"], default="1",
                     help="RECCL_BACKUP for the reccl variant; 'both' runs reccl (backup=1) "
                          "and reccl-nobk (backup=0) side by side (default 1)")

@@ -2,7 +2,7 @@
 """Steady-state completion gaps of one streaming reccl connection (a regression check).
 
     python bench/stream_gaps.py                    # 64 KiB and 1 MiB messages, 8 s each
-    python bench/stream_gaps.py --sizes 1024 --seconds 20
+    python bench/stream_gaps.py --sizes 1024 --seconds 20 --json gaps.json
 
 A sender process streams messages to a receiver process over one connection
 (loopback "NICs" by default), ``--window`` sends in flight and twice as many
@@ -20,6 +20,8 @@ import multiprocessing as mp
 import os
 import sys
 import time
+
+from reccl_bench_runs import write_json
 
 TIMEOUT_S = 60.0
 
@@ -52,7 +54,8 @@ def receiver(nics, size, window, handles, stop):
     conn.close()
 
 
-def run(nics: str, size: int, window: int, seconds: float) -> str:
+def run(nics: str, size: int, window: int, seconds: float) -> dict:
+    """One size's record: rate and the gaps between send completions."""
     import numpy as np
     from torch_reccl.transport import Transport
 
@@ -88,10 +91,19 @@ def run(nics: str, size: int, window: int, seconds: float) -> str:
             peer.kill()
             peer.join(5)
     g = np.diff(np.array(times)) * 1e3
-    return (f"{size:>9} B: {len(times) / seconds:8.0f} msgs/s {len(times) * size / seconds / 1e9:6.2f} GB/s"
-            f"  gap ms p50 {np.median(g):.3f} p99 {np.percentile(g, 99):.2f} max {g.max():.1f}"
-            f"  gaps >10 ms: {int((g > 10).sum())} (>30 ms: {int((g > 30).sum())}),"
-            f" {g[g > 10].sum() / seconds / 10:.1f}% of the time")
+    return {"bytes": size, "messages": len(times), "seconds": seconds,
+            "msgs_per_s": len(times) / seconds, "gb_per_s": len(times) * size / seconds / 1e9,
+            "gap_ms_p50": float(np.median(g)), "gap_ms_p99": float(np.percentile(g, 99)),
+            "gap_ms_max": float(g.max()), "gaps_over_10ms": int((g > 10).sum()),
+            "gaps_over_30ms": int((g > 30).sum()),
+            "percent_of_time_in_gaps_over_10ms": float(g[g > 10].sum() / seconds / 10)}
+
+
+def line(r: dict) -> str:
+    return (f"{r['bytes']:>9} B: {r['msgs_per_s']:8.0f} msgs/s {r['gb_per_s']:6.2f} GB/s"
+            f"  gap ms p50 {r['gap_ms_p50']:.3f} p99 {r['gap_ms_p99']:.2f} max {r['gap_ms_max']:.1f}"
+            f"  gaps >10 ms: {r['gaps_over_10ms']} (>30 ms: {r['gaps_over_30ms']}),"
+            f" {r['percent_of_time_in_gaps_over_10ms']:.1f}% of the time")
 
 
 def main(argv=None) -> int:
@@ -100,12 +112,19 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="65536,1048576", help="message bytes, comma list")
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=8.0, help="per size (default 8)")
+    ap.add_argument("--json", metavar="PATH", help="also write every size's record here")
     args = ap.parse_args(argv)
-    print(f"# python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}")
-    print(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}  {os.cpu_count()} cpus  "
+    command = f"python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}"
+    date = time.strftime('%Y-%m-%dT%H:%M:%S%z')
+    print(f"# {command}")
+    print(f"# {date}  {os.cpu_count()} cpus  "
           f"load {os.getloadavg()[0]:.2f}  window {args.window}  NICS {args.nics}")
+    records = []
     for size in (int(s) for s in args.sizes.split(",") if s.strip()):
-        print(run(args.nics, size, args.window, args.seconds), flush=True)
+        records.append(run(args.nics, size, args.window, args.seconds))
+        print(line(records[-1]), flush=True)
+    write_json(args.json, {"meta": {"command": command, "date": date, "window": args.window,
+                                    "nics": args.nics}, "results": records})
     return 0
 
 

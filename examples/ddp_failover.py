@@ -14,8 +14,10 @@ it is the same with and without the fault (``--fault-step -1``), bit for bit.
 
 GPUs (one process per GPU): ``--device cuda`` trains with backend "nccl", whose
 inter-host traffic goes through torch_reccl's NCCL net plugin (``import torch_reccl``
-sets NCCL_NET_PLUGIN before the group is made; the "reccl" backend itself runs CPU
-tensors today). Set RECCL_NICS to the host's NICs in rail order, e.g. two 8-GPU hosts::
+sets NCCL_NET_PLUGIN before the group is made). Backend "reccl" would run these CUDA
+tensors the same way, on torch's ProcessGroupNCCL through the plugin
+(docs/collectives.md). Set RECCL_NICS to the host's NICs in rail order, e.g. two
+8-GPU hosts::
 
     RECCL_NICS=eth0,eth1,eth2,eth3 torchrun --nnodes 2 --nproc-per-node 8 \\
         --rdzv-backend c10d --rdzv-endpoint HOST0:29500 examples/ddp_failover.py --device cuda

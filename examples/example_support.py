@@ -30,8 +30,8 @@ def add_common_arguments(parser, steps: int = 600, fault_step: int = 150) -> Non
 
 def init_distributed(device_type: str) -> torch.device:
     """CPU: backend "reccl" on the loopback NICs unless RECCL_NICS says otherwise.
-    CUDA: backend "nccl", whose traffic goes through torch_reccl's NCCL plugin (the
-    "reccl" backend runs CPU tensors today)."""
+    CUDA: backend "nccl", whose traffic goes through torch_reccl's NCCL plugin ("reccl"
+    would run CUDA tensors the same way, on torch's ProcessGroupNCCL)."""
     if device_type == "cpu":
         os.environ.setdefault("RECCL_NICS", CPU_NICS)
         dist.init_process_group("reccl")

@@ -11,8 +11,9 @@ FSDP shards every Linear's parameters over the ranks: each forward all-gathers t
 prints every rank's failover events; the digest of the full parameters at the end
 is the same with and without the fault, bit for bit.
 
-GPUs: ``--device cuda`` uses backend "nccl" through torch_reccl's NCCL plugin (the
-"reccl" backend runs CPU tensors today)::
+GPUs: ``--device cuda`` uses backend "nccl" through torch_reccl's NCCL plugin
+(backend "reccl" would run the CUDA tensors the same way, on torch's
+ProcessGroupNCCL through the plugin)::
 
     RECCL_NICS=eth0,eth1,eth2,eth3 torchrun --nnodes 2 --nproc-per-node 8 \\
         --rdzv-backend c10d --rdzv-endpoint HOST0:29500 examples/fsdp_failover.py --device cuda

@@ -152,3 +152,48 @@ def test_loopback_nic_down_run_fails_over():
     record = json.loads(done.stdout)
     assert record["failovers"]["reccl"] == 0
     assert record["failovers"]["reccl,NIC0-down"] >= 1, record
+
+
+# --------------------------------------------------------------------------- bench/ scripts
+
+BENCH = os.path.join(ROOT, "bench")
+
+
+def bench_scripts():
+    """The runnable scripts of bench/ (reccl_bench_runs.py is their shared helper)."""
+    for name in sorted(os.listdir(BENCH)):
+        if name.endswith(".py"):
+            with open(os.path.join(BENCH, name)) as f:
+                if 'if __name__ == "__main__":' in f.read():
+                    yield name
+
+
+@pytest.mark.timeout(120)
+def test_every_bench_script_takes_json():
+    """Each bench script writes its result records with --json PATH, as `reccl bench` does."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    lacking = []
+    for name in bench_scripts():
+        done = subprocess.run([sys.executable, os.path.join(BENCH, name), "--help"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{name} --help: {done.stderr[-500:]}"
+        if "--json" not in done.stdout:
+            lacking.append(name)
+    assert not lacking, f"no --json option: {lacking}"
+
+
+@pytest.mark.timeout(120)
+def test_stream_gaps_json_record(tmp_path):
+    path = tmp_path / "gaps.json"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, os.path.join(BENCH, "stream_gaps.py"), "--sizes", "4096,65536",
+                           "--seconds", "0.5", "--json", str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(path.read_text())
+    assert record["meta"]["command"].startswith("python bench/stream_gaps.py")
+    assert [r["bytes"] for r in record["results"]] == [4096, 65536]
+    for r in record["results"]:
+        assert r["messages"] > 0 and r["msgs_per_s"] > 0 and r["gb_per_s"] > 0
+        assert 0 <= r["gap_ms_p50"] <= r["gap_ms_p99"] <= r["gap_ms_max"]
+        assert r["gaps_over_30ms"] <= r["gaps_over_10ms"] <= r["messages"]

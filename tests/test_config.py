@@ -6,14 +6,16 @@ distance cost (PCIe switch +1, root complex +100, NUMA +200), ties spread evenly
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
 
 import pytest
 
 import torch_reccl
 from torch_reccl import cli
+from torch_reccl.backend import Options
+from torch_reccl.settings import DOC_BEGIN, DOC_END, markdown, settings
 from torch_reccl.transport import ConfigError, Transport, _C
 
 from conftest import BACKUP, NICS, PRIMARY, reccl_env
@@ -22,28 +24,8 @@ pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                    "configuration.md")
-NAMES = [name for name, _default, _meaning in _C.config_vars()]
-
-
-def doc_table():
-    """{name: (default, meaning)} from the table in docs/configuration.md."""
-    rows = {}
-    with open(DOC) as f:
-        for line in f:
-            m = re.match(r"\|\s*`(RECCL_[A-Z0-9_]+)`\s*\|([^|]*)\|(.*)\|\s*$", line)
-            if m:
-                rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip())
-    return rows
-
-
-def doc_ranges():
-    """{name: (lo, hi)} for every variable whose documented meaning gives lo..hi."""
-    out = {}
-    for name, (_default, meaning) in doc_table().items():
-        m = re.search(r"(\d+)\.\.(\d+)", meaning)
-        if m:
-            out[name] = (int(m.group(1)), int(m.group(2)))
-    return out
+SETTINGS = {s["name"]: s for s in settings()}
+NAMES = list(SETTINGS)
 
 
 # --------------------------------------------------------------------------- names
@@ -212,31 +194,79 @@ def test_listen_and_connect_check_the_nic_index():
 # --------------------------------------------------------------------------- docs
 
 
-def test_config_vars_match_the_documentation():
-    table = doc_table()
-    code = {name: (default, meaning) for name, default, meaning in _C.config_vars()}
-    assert set(table) == set(code), (
-        f"documented only: {sorted(set(table) - set(code))}; "
-        f"in code only: {sorted(set(code) - set(table))}")
-    for name, (default, _meaning) in code.items():
-        if name == "RECCL_NICS":
-            continue
-        assert table[name][0].strip("`") == default, f"{name}: doc {table[name][0]} vs code {default}"
-        if not default.startswith("("):  # "(from PCI paths)" describes, it is no value
-            _C.validate_config({name: default})  # every default is itself valid
+def test_the_documented_table_is_the_generated_one():
+    with open(DOC) as f:
+        text = f.read()
+    assert DOC_BEGIN in text and DOC_END in text, f"{DOC} lost its settings-table markers"
+    documented = text.split(DOC_BEGIN, 1)[1].split(DOC_END, 1)[0].strip("\n") + "\n"
+    assert documented == markdown(), (
+        "docs/configuration.md's settings table differs from the code's; paste the output of "
+        "`python -m torch_reccl.settings --markdown` between its markers")
 
 
-def test_documented_ranges_are_the_enforced_ranges():
-    ranges = doc_ranges()
-    assert set(ranges) == set(INT_VARS), ranges
-    code_meaning = {name: meaning for name, _d, meaning in _C.config_vars()}
-    for name, (lo, hi) in ranges.items():
-        assert f"{lo}..{hi}" in code_meaning[name]
-        _C.validate_config({name: str(lo)})
-        _C.validate_config({name: str(hi)})
-        for bad in (lo - 1, hi + 1):
-            with pytest.raises(ConfigError):
-                _C.validate_config({name: str(bad)})
+def test_the_table_is_complete_and_every_default_valid():
+    assert INT_VARS == {name: s["range"] for name, s in SETTINGS.items()
+                        if s["range"] is not None and name != "RECCL_NIC_GPUS"}
+    for name, s in SETTINGS.items():
+        assert s["doc"] and s["valid"], name
+        # a default is either a value (valid: Config() parses it) or a description
+        assert (s["default"] is None) != (s["default_doc"] is None), name
+        if s["default"] is not None:
+            _C.validate_config({name: s["default"]})
+
+
+def test_settings_cli(capsys):
+    from torch_reccl import settings as module
+
+    assert module.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("RECCL_NICS=(") and len(lines) == len(SETTINGS)
+    assert "RECCL_CHUNK_BYTES=1048576  [an integer in 4096..67108864]" in lines
+    assert module.main(["--markdown"]) == 0
+    assert capsys.readouterr().out == markdown()
+
+
+# --------------------------------------------------------------------------- process-group options
+
+OPTIONS = {"channels": "RECCL_CHANNELS", "chunk_bytes": "RECCL_CHUNK_BYTES", "window": "RECCL_WINDOW"}
+
+
+def test_every_options_field_is_a_setting_and_back():
+    fields = {f.name for f in dataclasses.fields(Options)}
+    assert {s["option"]: name for name, s in SETTINGS.items() if s["option"]} == OPTIONS
+    assert fields == set(OPTIONS)
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_options_take_their_settings_range(option):
+    lo, hi = INT_VARS[OPTIONS[option]]
+    assert getattr(Options(**{option: lo}), option) == lo
+    assert getattr(Options(**{option: hi}), option) == hi
+    Options(**{option: None})
+    for bad in (lo - 1, hi + 1, -(1 << 70), 1 << 70):
+        with pytest.raises(ValueError) as info:
+            Options(**{option: bad})
+        assert str(info.value) == f"{option}={bad} is not valid: expected an integer in {lo}..{hi}"
+    for bad in (True, 1.0, "4", [4]):
+        with pytest.raises(ValueError) as info:
+            Options(**{option: bad})
+        assert f"{option}={bad!r} is not valid" in str(info.value) and OPTIONS[option] in str(info.value)
+
+
+def test_chunk_bytes_has_one_range_everywhere():
+    """The option overrides RECCL_CHUNK_BYTES, whose bound is the wire's (a frame
+    carries at most one 64 MiB chunk): the option cannot go past it."""
+    assert INT_VARS["RECCL_CHUNK_BYTES"] == (4096, 64 << 20)
+    Options(chunk_bytes=64 << 20)
+    with pytest.raises(ValueError, match="4096..67108864"):
+        Options(chunk_bytes=256 << 20)
+
+
+def test_unknown_option_names_the_options():
+    with pytest.raises(ConfigError) as info:
+        _C.check_option("chunks", "4096")
+    message = str(info.value)
+    assert "chunks" in message and all(option in message for option in OPTIONS)
 
 
 # --------------------------------------------------------------------------- backups

@@ -32,13 +32,13 @@ BACKEND_NAME = "reccl"
 @dataclasses.dataclass
 class Options:
     """Engine settings of one process group; every rank must pass the same values.
-    ``None`` takes the value of the ``RECCL_*`` variable named below.
+    ``None`` takes the value of the ``RECCL_*`` variable behind the field. Each field's
+    meaning and valid range are its variable's, from the settings table
+    (``python -m torch_reccl.settings``, docs/configuration.md):
 
-    channels: connections per peer pair and direction, channel ``c`` pinned to NIC
-        ``c % len(RECCL_NICS)`` (0: one per NIC); 0..64. ``RECCL_CHANNELS``.
-    chunk_bytes: pipelining unit of the ring algorithms; 4096..268435456.
-        ``RECCL_CHUNK_BYTES``.
-    window: chunks each channel receives ahead; 1..64. ``RECCL_WINDOW``.
+    channels: ``RECCL_CHANNELS``, connections per peer pair and direction (0: one per NIC).
+    chunk_bytes: ``RECCL_CHUNK_BYTES``, the pipelining unit of the rings.
+    window: ``RECCL_WINDOW``, chunks each channel receives ahead.
     """
 
     channels: Optional[int] = None
@@ -46,15 +46,17 @@ class Options:
     window: Optional[int] = None
 
     def __post_init__(self) -> None:
-        def check(name, value, lo, hi, what):
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
-                                          and lo <= value <= hi):
-                raise ValueError(f"{name}={value!r} is not valid: expected {what} (or None for "
-                                 f"the RECCL_{name.upper()} default)")
+        from torch_reccl._native import native
+        from torch_reccl.settings import option_setting
 
-        check("channels", self.channels, 0, 64, "0 (one per NIC) or 1..64")
-        check("chunk_bytes", self.chunk_bytes, 4096, 256 << 20, "4096..268435456")
-        check("window", self.window, 1, 64, "1..64")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{field.name}={value!r} is not valid: expected an integer, or None "
+                                 f"for the {option_setting(field.name)['name']} default")
+            native().check_option(field.name, str(value))
 
 
 def _pg_native():

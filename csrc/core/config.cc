@@ -1,212 +1,322 @@
 #include "core/config.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <type_traits>
 
 #include "core/error.h"
+#include "core/frame.h"
 #include "core/log.h"
 
 extern char** environ;
 
 namespace reccl {
 
-const std::vector<ConfigVar>& configVars() {
-  static const std::vector<ConfigVar> kVars = {
-      {"RECCL_NICS", "(all up non-loopback IPv4 interfaces)",
-       "comma list of interface names or local IPv4 addresses; order is the rail order"},
-      {"RECCL_HEARTBEAT_MS", "1000",
-       "silence on a path (ms) after which it is declared dead; 10..60000"},
-      {"RECCL_NO_PATH_TIMEOUT_MS", "10000",
-       "how long a connection with no usable path waits for one before its operations fail; 100..600000"},
-      {"RECCL_CONNECT_TIMEOUT_MS", "5000", "bound on one dial attempt (ms); 100..120000"},
-      {"RECCL_NSOCKS", "4", "data sockets per path; 1..16"},
-      {"RECCL_IO_THREADS", "0",
-       "TCP transport: I/O threads per NIC in use, in one pool serving every path of the process; "
-       "0..64 (0: 2 on hosts with 8 or more cores, else 1)"},
-      {"RECCL_CHUNK_BYTES", "1048576",
-       "striping and resync unit in bytes; 4096..67108864"},
-      {"RECCL_FAILBACK", "1", "return to the primary path when it heals; 0 or 1"},
-      {"RECCL_BACKUP", "1", "open a backup path per connection; 0 or 1 (0 disables failover)"},
-      {"RECCL_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE"},
-      {"RECCL_CHANNELS", "0",
-       "CPU engine: connections per peer pair and direction, channel c on NIC c % NICs; "
-       "0..64 (0: one per NIC)"},
-      {"RECCL_WINDOW", "4", "CPU engine: chunks each channel receives ahead; 1..64"},
-      {"RECCL_DCR", "1",
-       "CPU engine: move data off channels whose path runs over a backup NIC; 0 or 1"},
-      {"RECCL_DCR_PERIOD_MS", "1000",
-       "job-wide fault picture: while a rank is degraded it republishes its fault state this "
-       "often (ms); nothing is published while it is healthy; 10..60000"},
-      {"RECCL_DCR_OFFSET", "0",
-       "CPU engine: a new channel plan starts this many collectives after the one at which the "
-       "ranks agreed on the fault state (0: that same collective); 0..1000000"},
-      {"RECCL_SMALL_BYTES", "65536",
-       "CPU engine: a collective whose largest message is at most this many bytes runs by "
-       "recursive doubling (log2 N steps); larger ones by rings; 0..4194304"},
-      {"RECCL_HOST_ID", "(this kernel's boot id and network namespace)",
-       "CPU engine: which host this rank is on; ranks with equal values share a host, and groups "
-       "whose hosts hold several ranks use the two-level layout (docs/collectives.md); any "
-       "non-empty string, the same on every rank of a host (emulates hosts on one machine)"},
-      {"RECCL_TRANSPORT", "tcp",
-       "NCCL net plugin: tcp, auto or ib; auto = ib when libibverbs loads and lists RDMA "
-       "devices, else tcp (ib is verified only against the verbs emulation so far)"},
-      {"RECCL_IB_HCA", "(every RDMA device)",
-       "IB transport: comma list of RDMA device names; order is the rail order"},
-      {"RECCL_IB_BOOTSTRAP", "(the first RECCL_NICS NIC)",
-       "IB transport: interface name or local IPv4 address of the TCP bootstrap sockets that "
-       "set up queue pairs"},
-      {"RECCL_IB_TIMEOUT", "20",
-       "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try; 1..31"},
-      {"RECCL_IB_RETRY_CNT", "7",
-       "IB transport: QP retries before a request fails with retry-exceeded; 0..7"},
-      {"RECCL_IB_ZERO_COPY", "on",
-       "IB transport: on or off. on: registered buffers (the NCCL plugin's regMr/regMrDmaBuf) "
-       "are written straight into the peer's registered buffer (no CPU copy); off: nothing is "
-       "registered, every byte is staged and copied at both ends, and dma-buf is unsupported"},
-      {"RECCL_NVL", "off",
-       "NCCL plugin: off or on. on: NCCL hands the plugin its GPU buffers (cuMem allocations), "
-       "which the plugin stages to host memory in its own CUDA contexts, and a message whose "
-       "active NIC sits next to another GPU crosses NVLink to that GPU first (docs/nvl.md)"},
-      {"RECCL_NVL_MAX_BYTES", "33554432",
-       "NVL: transit GPU memory per registered GPU buffer and transit GPU in bytes (larger "
-       "messages go in pieces); 1048576..1073741824"},
-      {"RECCL_NIC_GPUS", "(from PCI paths)",
-       "NVL: comma list of CUDA device indices, the GPU next to each NIC in rail order, for "
-       "NICs without a PCI path (emulated fabrics)"},
-  };
-  return kVars;
+namespace {
+
+using Store = void (*)(Config&, SettingValue&&);
+
+template <auto Field>
+void storeNumber(Config& config, SettingValue&& value) {
+  using T = std::remove_reference_t<decltype(config.*Field)>;
+  config.*Field = static_cast<T>(value.number);
 }
 
-namespace {
+template <auto Field>
+void storeFlag(Config& config, SettingValue&& value) {
+  config.*Field = value.number != 0;
+}
+
+template <auto Field>
+void storeText(Config& config, SettingValue&& value) {
+  config.*Field = std::move(value.text);
+}
+
+template <auto Field>
+void storeItems(Config& config, SettingValue&& value) {
+  config.*Field = std::move(value.items);
+}
+
+template <auto Field>
+void storeNumbers(Config& config, SettingValue&& value) {
+  (config.*Field).assign(value.numbers.begin(), value.numbers.end());
+}
+
+void storeZeroCopy(Config& config, SettingValue&& value) { config.ibZeroCopy = value.text == "on"; }
+
+constexpr SettingSpec integer(const char* name, const char* defaultValue, int64_t lo, int64_t hi,
+                              Store store, const char* doc, const char* option = nullptr) {
+  return {name, SettingType::kInt, defaultValue, nullptr, lo, hi, nullptr, option, doc, store};
+}
+
+constexpr SettingSpec flag(const char* name, const char* defaultValue, Store store, const char* doc) {
+  return {name, SettingType::kBool, defaultValue, nullptr, 0, 1, nullptr, nullptr, doc, store};
+}
+
+constexpr SettingSpec choice(const char* name, const char* defaultValue, const char* choices,
+                             Store store, const char* doc) {
+  return {name, SettingType::kChoice, defaultValue, nullptr, 0, 0, choices, nullptr, doc, store};
+}
+
+// A setting whose default is found at run time (`defaultDoc` says how); its field stays empty.
+constexpr SettingSpec found(const char* name, SettingType type, const char* defaultDoc, Store store,
+                            const char* doc, int64_t lo = 0, int64_t hi = 0) {
+  return {name, type, nullptr, defaultDoc, lo, hi, nullptr, nullptr, doc, store};
+}
+
+constexpr SettingSpec kSettings[] = {
+    found("RECCL_NICS", SettingType::kList, "all up, non-loopback IPv4 interfaces",
+          storeItems<&Config::nics>,
+          "comma list of interface names or local IPv4 addresses; the order is the rail order. "
+          "Addresses in 127.0.0.0/8 may be listed to play several NICs on one host"),
+    integer("RECCL_HEARTBEAT_MS", "1000", 10, 60000, storeNumber<&Config::heartbeatMs>,
+            "silence on a path (ms) after which it is declared dead (catches silent drops)"),
+    integer("RECCL_NO_PATH_TIMEOUT_MS", "10000", 100, 600000, storeNumber<&Config::noPathTimeoutMs>,
+            "how long a connection with no usable path waits for one before its operations fail "
+            "with an error naming every path and why it is down (ms)"),
+    integer("RECCL_CONNECT_TIMEOUT_MS", "5000", 100, 120000, storeNumber<&Config::connectTimeoutMs>,
+            "bound on one dial attempt and on a handshake (ms)"),
+    integer("RECCL_NSOCKS", "4", 1, 16, storeNumber<&Config::socketsPerPath>, "data sockets per path"),
+    integer("RECCL_IO_THREADS", "0", 0, 64, storeNumber<&Config::ioThreads>,
+            "TCP transport: I/O threads per NIC in use, each an epoll loop in one process-wide pool "
+            "serving every path's sockets (the CPU engine's and the NCCL plugin's alike), so threads "
+            "do not grow with connections; 0 = 2 on hosts with 8 or more cores, else 1 "
+            "(docs/transport.md)"),
+    // The bound is the wire's (a data frame carries at most one chunk); the CPU
+    // engine's pipelining unit shares it, so one setting has one range.
+    integer("RECCL_CHUNK_BYTES", "1048576", 4096, kMaxChunkBytes, storeNumber<&Config::chunkBytes>,
+            "unit of striping over sockets and of resync; also the CPU engine's pipelining unit "
+            "of the rings",
+            "chunk_bytes"),
+    flag("RECCL_FAILBACK", "1", storeFlag<&Config::failback>,
+         "return to the primary path when it heals"),
+    flag("RECCL_BACKUP", "1", storeFlag<&Config::backup>,
+         "open a backup path per connection; 0 disables failover (baseline runs)"),
+    choice("RECCL_DEBUG", "WARN", "NONE|WARN|INFO|TRACE", storeText<&Config::debug>,
+           "log level on stderr"),
+    integer("RECCL_CHANNELS", "0", 0, 64, storeNumber<&Config::channels>,
+            "CPU engine: connections per peer pair and direction, channel `c` pinned to NIC "
+            "`c % NICs`; 0 = one per NIC",
+            "channels"),
+    integer("RECCL_WINDOW", "4", 1, 64, storeNumber<&Config::window>,
+            "CPU engine: chunks each channel receives ahead", "window"),
+    flag("RECCL_DCR", "1", storeFlag<&Config::dcr>,
+         "CPU engine: DCR, move a collective's data off every channel whose path runs over a "
+         "backup NIC on any rank (rank 0's setting decides for its group)"),
+    integer("RECCL_DCR_PERIOD_MS", "1000", 10, 60000, storeNumber<&Config::dcrPeriodMs>,
+            "job-wide fault picture: while a rank has a NIC down it republishes its fault state "
+            "(NICs down, NCCL collectives issued) to the job's store this often (ms); nothing is "
+            "published while it is healthy (docs/collectives.md, \"Fault picture\")"),
+    integer("RECCL_DCR_OFFSET", "0", 0, 1000000, storeNumber<&Config::dcrOffset>,
+            "CPU engine: a new channel plan starts this many collectives after the one at which "
+            "the ranks agreed on the fault state (0: that same collective)"),
+    integer("RECCL_SMALL_BYTES", "65536", 0, 4 << 20, storeNumber<&Config::smallBytes>,
+            "CPU engine: a collective whose largest message is at most this many bytes runs by "
+            "recursive doubling (log2 N steps, its data riding with the per-op agreement); larger "
+            "ones by rings and direct transfers; the same on every rank (docs/collectives.md)"),
+    found("RECCL_HOST_ID", SettingType::kText, "this kernel's boot id and network namespace",
+          storeText<&Config::hostId>,
+          "CPU engine: which host this rank is on. Ranks with equal values share a host; by "
+          "default processes that share a kernel and a network namespace do (so each of the "
+          "fabric emulator's namespaces is a host). When a group has 2 or more hosts and some "
+          "host holds 2 or more of its ranks it uses the two-level layout: rings visit a host's "
+          "ranks one after another, and small collectives reduce within the host, run recursive "
+          "doubling among the host leaders and hand back within the host (docs/collectives.md, "
+          "\"Which algorithm runs\"). The same on every rank of a host; set it to emulate hosts "
+          "on one machine, or to group ranks that the default splits"),
+    choice("RECCL_TRANSPORT", "tcp", "auto|tcp|ib", storeText<&Config::transport>,
+           "NCCL net plugin: `auto` runs over IB verbs when `libibverbs.so.1` loads and lists RDMA "
+           "devices, else over TCP; `ib` with no library or no devices is a `ConfigError` at the "
+           "plugin's init saying which is missing. The default stays `tcp` until the IB transport "
+           "has run on RDMA hardware (it is verified only against the in-process verbs "
+           "emulation). The `\"reccl\"` process group always uses TCP (it ignores this setting). "
+           "The plugin logs its choice (`RECCL_DEBUG=INFO`) and names the transport in its init "
+           "message. See docs/ib.md"),
+    found("RECCL_IB_HCA", SettingType::kList, "every RDMA device", storeItems<&Config::ibDevices>,
+          "IB transport: comma list of RDMA device names (`mlx5_0,mlx5_1`); the order is the "
+          "rail order"),
+    found("RECCL_IB_BOOTSTRAP", SettingType::kAddress,
+          "the first NIC `RECCL_NICS` selects, or the first up non-loopback IPv4 interface",
+          storeText<&Config::ibBootstrap>,
+          "IB transport: the interface for the TCP bootstrap sockets over which queue pairs are "
+          "set up (the HELLO and QP exchange; no data)"),
+    integer("RECCL_IB_TIMEOUT", "20", 1, 31, storeNumber<&Config::ibTimeout>,
+            "IB transport: QP ACK timeout exponent, 4.096 us * 2^n per try (20 = 4.3 s, as "
+            "`NCCL_IB_TIMEOUT`); a request unanswered for 2^n * 4.096 us * "
+            "(`RECCL_IB_RETRY_CNT` + 1) fails its path with retry-exceeded"),
+    integer("RECCL_IB_RETRY_CNT", "7", 0, 7, storeNumber<&Config::ibRetryCount>,
+            "IB transport: QP retries before a request fails with retry-exceeded (as "
+            "`NCCL_IB_RETRY_CNT`)"),
+    choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeZeroCopy,
+           "IB transport. on: buffers registered with the transport (the NCCL plugin's `regMr` / "
+           "`regMrDmaBuf`) are RDMA-written straight into the peer's registered receive buffer, "
+           "no CPU copy at either end (docs/ib.md, \"Direct placement\"); a message whose other "
+           "end is unregistered is staged as before. off: nothing is registered, every byte is "
+           "staged and copied at both ends, and dma-buf (GPUDirect) registration is unsupported"),
+    choice("RECCL_NVL", "off", "off|on", storeText<&Config::nvl>,
+           "NCCL plugin. on: NCCL hands the plugin its GPU buffers (cuMem allocations, NCCL's "
+           "default; set `NCCL_NET_GDR_LEVEL=SYS` where NICs have no PCI path), which the plugin "
+           "stages to host memory in its own CUDA contexts, and a message whose active NIC sits "
+           "next to another GPU crosses NVLink to that GPU first; off by default because staging "
+           "costs small messages speed when no fault happens (docs/nvl.md)"),
+    integer("RECCL_NVL_MAX_BYTES", "33554432", 1 << 20, 1 << 30, storeNumber<&Config::nvlMaxBytes>,
+            "NVL: transit GPU memory per registered GPU buffer and transit GPU in bytes, allocated "
+            "when NCCL registers the buffer, min(buffer size, this) (larger messages go in "
+            "pieces); `stats()[\"nvl_transit_bytes\"]` shows what is held"),
+    found("RECCL_NIC_GPUS", SettingType::kIntList, "from PCI paths", storeNumbers<&Config::nicGpus>,
+          "NVL: CUDA device indices, the GPU next to each NIC in rail order, for NICs without a "
+          "PCI path (loopback, veth, emulated fabrics)",
+          0, 1023),
+};
+
+const SettingSpec* findSetting(const std::string& name) {
+  for (const SettingSpec& spec : kSettings) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
 
 std::string validNames() {
   std::string out;
-  for (const auto& var : configVars()) {
+  for (const SettingSpec& spec : kSettings) {
     if (!out.empty()) out += ", ";
-    out += var.name;
+    out += spec.name;
   }
   return out;
 }
 
-int64_t parseInt(const std::string& name, const std::string& value, int64_t lo, int64_t hi) {
+std::vector<std::string> splitOn(const std::string& text, char separator) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (;;) {
+    size_t at = text.find(separator, start);
+    items.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
+    if (at == std::string::npos) return items;
+    start = at + 1;
+  }
+}
+
+[[noreturn]] void invalid(const SettingSpec& spec, const std::string& label, const std::string& value) {
+  throw ConfigError(label + "=" + value + " is not valid: expected " + describeValid(spec));
+}
+
+int64_t parseInt(const std::string& label, const std::string& value, int64_t lo, int64_t hi) {
   char* end = nullptr;
   errno = 0;
   // strtoll skips leading blanks; accept exactly what we print: digits, maybe a sign.
   bool clean = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
   long long parsed = std::strtoll(value.c_str(), &end, 10);
   if (!clean || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
-    throw ConfigError(name + "=" + value + " is not valid: expected an integer in " +
+    throw ConfigError(label + "=" + value + " is not valid: expected an integer in " +
                       std::to_string(lo) + ".." + std::to_string(hi));
   }
   return parsed;
 }
 
-bool parseBool(const std::string& name, const std::string& value) {
-  if (value == "1") return true;
-  if (value == "0") return false;
-  throw ConfigError(name + "=" + value + " is not valid: expected 0 or 1");
-}
-
-std::vector<std::string> splitList(const std::string& name, const std::string& value) {
-  // No iostreams here: this runs inside NCCL's dlopen of the library too.
-  std::vector<std::string> items;
-  size_t start = 0;
-  for (;;) {
-    size_t comma = value.find(',', start);
-    std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty()) {
-      throw ConfigError(name + "=" + value + " is not valid: expected a comma list without empty entries");
-    }
-    items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return items;
-}
-
 }  // namespace
+
+SettingTable settings() { return {kSettings, sizeof(kSettings) / sizeof(kSettings[0])}; }
+
+std::string describeValid(const SettingSpec& spec) {
+  const std::string range = std::to_string(spec.lo) + ".." + std::to_string(spec.hi);
+  switch (spec.type) {
+    case SettingType::kInt:
+      return "an integer in " + range;
+    case SettingType::kBool:
+      return "0 or 1";
+    case SettingType::kChoice: {
+      std::vector<std::string> choices = splitOn(spec.choices, '|');
+      std::string out;
+      for (size_t i = 0; i < choices.size(); ++i) {
+        out += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+      }
+      return out;
+    }
+    case SettingType::kList:
+      return "a comma list without empty entries";
+    case SettingType::kIntList:
+      return "a comma list of integers in " + range;
+    case SettingType::kAddress:
+      return "one interface name or local IPv4 address";
+    case SettingType::kText:
+      break;
+  }
+  return "a non-empty string";
+}
+
+SettingValue parseSetting(const SettingSpec& spec, const std::string& value, const std::string& label) {
+  SettingValue out;
+  switch (spec.type) {
+    case SettingType::kInt:
+      out.number = parseInt(label, value, spec.lo, spec.hi);
+      break;
+    case SettingType::kBool:
+      if (value != "0" && value != "1") invalid(spec, label, value);
+      out.number = value == "1";
+      break;
+    case SettingType::kChoice: {
+      bool known = false;
+      for (const std::string& choice : splitOn(spec.choices, '|')) known = known || choice == value;
+      if (!known) invalid(spec, label, value);
+      out.text = value;
+      break;
+    }
+    case SettingType::kList:
+    case SettingType::kIntList:
+      // No iostreams here: this runs inside NCCL's dlopen of the library too.
+      out.items = splitOn(value, ',');
+      for (const std::string& item : out.items) {
+        if (item.empty()) invalid(spec, label, value);
+      }
+      if (spec.type == SettingType::kIntList) {
+        for (const std::string& item : out.items) {
+          out.numbers.push_back(parseInt(label + " entry", item, spec.lo, spec.hi));
+        }
+        out.items.clear();
+      }
+      break;
+    case SettingType::kAddress:
+      if (value.empty() || value.find(',') != std::string::npos) invalid(spec, label, value);
+      out.text = value;
+      break;
+    case SettingType::kText:
+      if (value.empty()) invalid(spec, label, value);
+      out.text = value;
+      break;
+  }
+  return out;
+}
+
+const SettingSpec& optionSpec(const std::string& option) {
+  std::string options;
+  for (const SettingSpec& spec : kSettings) {
+    if (spec.option == nullptr) continue;
+    if (option == spec.option) return spec;
+    options += (options.empty() ? "" : ", ") + std::string(spec.option);
+  }
+  throw ConfigError("unknown process-group option " + option + "; valid options are: " + options);
+}
+
+void checkOption(const std::string& option, const std::string& value) {
+  parseSetting(optionSpec(option), value, option);
+}
+
+Config::Config() {
+  for (const SettingSpec& spec : kSettings) {
+    if (spec.defaultValue != nullptr) spec.store(*this, parseSetting(spec, spec.defaultValue, spec.name));
+  }
+}
 
 Config Config::fromEnv(const std::map<std::string, std::string>& env) {
   Config config;
   for (const auto& [name, value] : env) {
     if (name.rfind("RECCL_", 0) != 0) continue;
-    if (name == "RECCL_NICS") {
-      config.nics = splitList(name, value);
-    } else if (name == "RECCL_HEARTBEAT_MS") {
-      config.heartbeatMs = static_cast<int>(parseInt(name, value, 10, 60000));
-    } else if (name == "RECCL_NO_PATH_TIMEOUT_MS") {
-      config.noPathTimeoutMs = static_cast<int>(parseInt(name, value, 100, 600000));
-    } else if (name == "RECCL_CONNECT_TIMEOUT_MS") {
-      config.connectTimeoutMs = static_cast<int>(parseInt(name, value, 100, 120000));
-    } else if (name == "RECCL_NSOCKS") {
-      config.socketsPerPath = static_cast<int>(parseInt(name, value, 1, 16));
-    } else if (name == "RECCL_IO_THREADS") {
-      config.ioThreads = static_cast<int>(parseInt(name, value, 0, 64));
-    } else if (name == "RECCL_CHUNK_BYTES") {
-      config.chunkBytes = parseInt(name, value, 4096, 64 << 20);
-    } else if (name == "RECCL_FAILBACK") {
-      config.failback = parseBool(name, value);
-    } else if (name == "RECCL_BACKUP") {
-      config.backup = parseBool(name, value);
-    } else if (name == "RECCL_CHANNELS") {
-      config.channels = static_cast<int>(parseInt(name, value, 0, 64));
-    } else if (name == "RECCL_WINDOW") {
-      config.window = static_cast<int>(parseInt(name, value, 1, 64));
-    } else if (name == "RECCL_DCR") {
-      config.dcr = parseBool(name, value);
-    } else if (name == "RECCL_DCR_PERIOD_MS") {
-      config.dcrPeriodMs = static_cast<int>(parseInt(name, value, 10, 60000));
-    } else if (name == "RECCL_DCR_OFFSET") {
-      config.dcrOffset = static_cast<int>(parseInt(name, value, 0, 1000000));
-    } else if (name == "RECCL_SMALL_BYTES") {
-      config.smallBytes = parseInt(name, value, 0, 4 << 20);
-    } else if (name == "RECCL_HOST_ID") {
-      if (value.empty()) throw ConfigError(name + " is not valid: expected a non-empty string");
-      config.hostId = value;
-    } else if (name == "RECCL_TRANSPORT") {
-      if (value != "auto" && value != "tcp" && value != "ib") {
-        throw ConfigError(name + "=" + value + " is not valid: expected auto, tcp or ib");
-      }
-      config.transport = value;
-    } else if (name == "RECCL_IB_BOOTSTRAP") {
-      if (value.empty() || value.find(',') != std::string::npos) {
-        throw ConfigError(name + "=" + value +
-                          " is not valid: expected one interface name or local IPv4 address");
-      }
-      config.ibBootstrap = value;
-    } else if (name == "RECCL_IB_HCA") {
-      config.ibDevices = splitList(name, value);
-    } else if (name == "RECCL_IB_TIMEOUT") {
-      config.ibTimeout = static_cast<int>(parseInt(name, value, 1, 31));
-    } else if (name == "RECCL_IB_RETRY_CNT") {
-      config.ibRetryCount = static_cast<int>(parseInt(name, value, 0, 7));
-    } else if (name == "RECCL_IB_ZERO_COPY") {
-      if (value != "on" && value != "off") {
-        throw ConfigError(name + "=" + value + " is not valid: expected on or off");
-      }
-      config.ibZeroCopy = value == "on";
-    } else if (name == "RECCL_NVL") {
-      if (value != "off" && value != "on") {
-        throw ConfigError(name + "=" + value + " is not valid: expected off or on");
-      }
-      config.nvl = value;
-    } else if (name == "RECCL_NVL_MAX_BYTES") {
-      config.nvlMaxBytes = parseInt(name, value, 1 << 20, 1 << 30);
-    } else if (name == "RECCL_NIC_GPUS") {
-      config.nicGpus.clear();
-      for (const auto& item : splitList(name, value)) {
-        config.nicGpus.push_back(static_cast<int>(parseInt(name + " entry", item, 0, 1023)));
-      }
-    } else if (name == "RECCL_DEBUG") {
-      if (value != "NONE" && value != "WARN" && value != "INFO" && value != "TRACE") {
-        throw ConfigError(name + "=" + value +
-                          " is not valid: expected NONE, WARN, INFO or TRACE");
-      }
-      config.debug = value;
-    } else {
-      throw ConfigError("unknown setting " + name + "; valid RECCL_* variables are: " +
-                        validNames());
+    const SettingSpec* spec = findSetting(name);
+    if (spec == nullptr) {
+      throw ConfigError("unknown setting " + name + "; valid RECCL_* variables are: " + validNames());
     }
+    spec->store(config, parseSetting(*spec, value, name));
   }
   return config;
 }

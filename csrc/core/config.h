@@ -1,7 +1,12 @@
-// RECCL_* settings. Every variable has a default, a meaning and a valid range;
-// an unknown RECCL_* name or a bad value is a ConfigError naming what is valid.
+// RECCL_* settings. Each one is declared once, in the table behind settings()
+// (config.cc): name, type, default, valid range or choices, one-line doc, and
+// the process-group option that overrides it. The parser, the defaults of
+// Config, the engine's option checks, Python's backend.Options and
+// docs/configuration.md all read that table. An unknown RECCL_* name or a bad
+// value is a ConfigError naming what is valid.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -9,37 +14,40 @@
 
 namespace reccl {
 
+// The fields have no initializers: Config() sets each from its setting's default.
 struct Config {
   std::vector<std::string> nics;   // RECCL_NICS; empty = auto-detect
-  int heartbeatMs = 1000;          // RECCL_HEARTBEAT_MS: silence that fails a path
-  int noPathTimeoutMs = 10000;     // RECCL_NO_PATH_TIMEOUT_MS: no path -> ops fail
-  int connectTimeoutMs = 5000;     // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
-  int socketsPerPath = 4;          // RECCL_NSOCKS: data sockets per path
-  int ioThreads = 0;               // RECCL_IO_THREADS: I/O threads per NIC; 0 = by cores
-  int64_t chunkBytes = 1 << 20;    // RECCL_CHUNK_BYTES: unit of striping and resync
-  bool failback = true;            // RECCL_FAILBACK
-  bool backup = true;              // RECCL_BACKUP: 0 = no backup path (baseline runs)
-  std::string debug = "WARN";      // RECCL_DEBUG: NONE | WARN | INFO | TRACE
+  int heartbeatMs;                 // RECCL_HEARTBEAT_MS: silence that fails a path
+  int noPathTimeoutMs;             // RECCL_NO_PATH_TIMEOUT_MS: no path -> ops fail
+  int connectTimeoutMs;            // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
+  int socketsPerPath;              // RECCL_NSOCKS: data sockets per path
+  int ioThreads;                   // RECCL_IO_THREADS: I/O threads per NIC; 0 = by cores
+  int64_t chunkBytes;              // RECCL_CHUNK_BYTES: unit of striping and resync
+  bool failback;                   // RECCL_FAILBACK
+  bool backup;                     // RECCL_BACKUP: false = no backup path (baseline runs)
+  std::string debug;               // RECCL_DEBUG: NONE | WARN | INFO | TRACE
   // The CPU engine (defaults of a process group's options; pg_options override them).
-  int channels = 0;                // RECCL_CHANNELS: connections per peer pair; 0 = one per NIC
-  int window = 4;                  // RECCL_WINDOW: chunks a channel receives ahead
+  int channels;                    // RECCL_CHANNELS: connections per peer pair; 0 = one per NIC
+  int window;                      // RECCL_WINDOW: chunks a channel receives ahead
   // The control plane and DCR.
-  bool dcr = true;                 // RECCL_DCR: rebalance channels away from backup NICs
-  int dcrPeriodMs = 1000;          // RECCL_DCR_PERIOD_MS: republish period while degraded
-  int dcrOffset = 0;               // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
-  int64_t smallBytes = 65536;      // RECCL_SMALL_BYTES: recursive doubling up to this size
+  bool dcr;                        // RECCL_DCR: rebalance channels away from backup NICs
+  int dcrPeriodMs;                 // RECCL_DCR_PERIOD_MS: republish period while degraded
+  int dcrOffset;                   // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
+  int64_t smallBytes;              // RECCL_SMALL_BYTES: recursive doubling up to this size
   std::string hostId;              // RECCL_HOST_ID; empty = this kernel and network namespace
-  std::string transport = "tcp";   // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
+  std::string transport;           // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
-  int ibTimeout = 20;              // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
-  int ibRetryCount = 7;            // RECCL_IB_RETRY_CNT: retries before a QP errors out
-  bool ibZeroCopy = true;          // RECCL_IB_ZERO_COPY: registered buffers placed directly
+  int ibTimeout;                   // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
+  int ibRetryCount;                // RECCL_IB_RETRY_CNT: retries before a QP errors out
+  bool ibZeroCopy;                 // RECCL_IB_ZERO_COPY: registered buffers placed directly
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
-  std::string nvl = "off";         // RECCL_NVL: off | on (docs/nvl.md)
-  int64_t nvlMaxBytes = 32 << 20;  // RECCL_NVL_MAX_BYTES: transit memory per connection
+  std::string nvl;                 // RECCL_NVL: off | on (docs/nvl.md)
+  int64_t nvlMaxBytes;             // RECCL_NVL_MAX_BYTES: transit memory per connection
   std::vector<int> nicGpus;        // RECCL_NIC_GPUS: GPU next to each NIC; empty = PCI paths
 
+  // Every setting at its default.
+  Config();
   // Reads every RECCL_* variable from `env` (name -> value).
   static Config fromEnv(const std::map<std::string, std::string>& env);
   // Reads the process environment.
@@ -48,13 +56,56 @@ struct Config {
   void applyLogLevel() const;
 };
 
-// The documented variables: name, default, meaning. Used by error messages and
-// by the Python docs helper.
-struct ConfigVar {
-  const char* name;
-  const char* defaultValue;
-  const char* meaning;
+enum class SettingType {
+  kInt,      // an integer in lo..hi
+  kBool,     // 0 or 1
+  kChoice,   // one of `choices`
+  kList,     // a comma list of non-empty names
+  kIntList,  // a comma list of integers, each in lo..hi
+  kAddress,  // one interface name or local IPv4 address (no commas)
+  kText,     // any non-empty string
 };
-const std::vector<ConfigVar>& configVars();
+
+// The value of a setting once checked against its spec, in the field its type fills.
+struct SettingValue {
+  int64_t number = 0;               // kInt; kBool (0 or 1)
+  std::string text;                 // kChoice, kAddress, kText
+  std::vector<std::string> items;   // kList
+  std::vector<int64_t> numbers;     // kIntList
+};
+
+struct SettingSpec {
+  const char* name;           // the environment variable
+  SettingType type;
+  const char* defaultValue;   // text the parser accepts; nullptr: found at run time
+  const char* defaultDoc;     // what a run-time default is (nullptr with a defaultValue)
+  int64_t lo, hi;             // kInt, kIntList
+  const char* choices;        // kChoice: "a|b|c"
+  const char* option;         // the process-group option overriding it (backend.Options), or nullptr
+  const char* doc;            // one line for docs/configuration.md
+  void (*store)(Config&, SettingValue&&);  // puts a checked value into its Config field
+};
+
+// The table, in documentation order.
+struct SettingTable {
+  const SettingSpec* first;
+  size_t count;
+  const SettingSpec* begin() const { return first; }
+  const SettingSpec* end() const { return first + count; }
+};
+SettingTable settings();
+
+// What the setting accepts, in words: "4096..67108864", "0 or 1", "NONE, WARN, INFO or TRACE".
+std::string describeValid(const SettingSpec& spec);
+
+// Checks `value` against `spec`; ConfigError "<label>=<value> is not valid: expected ...".
+SettingValue parseSetting(const SettingSpec& spec, const std::string& value, const std::string& label);
+
+// The setting behind process-group option `option` (channels, chunk_bytes, window);
+// ConfigError naming the options there are.
+const SettingSpec& optionSpec(const std::string& option);
+// ConfigError "<option>=<value> is not valid: expected an integer in lo..hi" unless
+// `value` (as text, so Python's unbounded ints check like environment values) is.
+void checkOption(const std::string& option, const std::string& value);
 
 }  // namespace reccl

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/config.h"
 #include "core/health.h"
 #include "core/log.h"
 
@@ -18,6 +19,14 @@ uint64_t fnv1a(const std::string& text) {
 
 }  // namespace
 
+CommOptions::CommOptions(const Config& config)
+    : channels(config.channels),
+      chunkBytes(static_cast<size_t>(config.chunkBytes)),
+      window(config.window),
+      smallBytes(static_cast<size_t>(config.smallBytes)),
+      rebalance(config.dcr),
+      dcrOffset(static_cast<uint64_t>(config.dcrOffset)) {}
+
 Communicator::Communicator(std::shared_ptr<Transport> transport,
                            std::shared_ptr<Rendezvous> rendezvous, const std::string& prefix,
                            int rank, int size, CommOptions options)
@@ -26,17 +35,10 @@ Communicator::Communicator(std::shared_ptr<Transport> transport,
       options_(std::move(options)),
       plan_(options_.channels > 0 ? options_.channels
                                   : std::max<int>(1, static_cast<int>(transport->nics().size()))) {
-  if (options_.chunkBytes < 4096 || options_.chunkBytes > (256u << 20)) {
-    throw ConfigError("chunk_bytes=" + std::to_string(options_.chunkBytes) +
-                      " is not valid: expected 4096..268435456");
-  }
-  if (plan_.channels() > 64) {
-    throw ConfigError("channels=" + std::to_string(plan_.channels()) +
-                      " is not valid: expected 1..64");
-  }
-  if (options_.window < 1 || options_.window > 64) {
-    throw ConfigError("window=" + std::to_string(options_.window) + " is not valid: expected 1..64");
-  }
+  // The ranges are the settings table's (core/config.cc), as for RECCL_* values.
+  checkOption("chunk_bytes", std::to_string(options_.chunkBytes));
+  checkOption("channels", std::to_string(options_.channels));
+  checkOption("window", std::to_string(options_.window));
   links_ = std::make_shared<Links>(std::move(transport), std::move(rendezvous), prefix, rank, size,
                                    plan_.channels(), options_.rendezvousTimeout);
   std::vector<int> ranks(size), units(size + 1);

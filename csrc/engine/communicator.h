@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "engine/channel_job.h"
 #include "engine/channel_plan.h"
 #include "engine/agreement.h"
@@ -49,14 +50,17 @@
 namespace reccl {
 
 struct CommOptions {
-  int channels = 0;                  // 0: one per NIC
-  size_t chunkBytes = 1 << 20;       // pipelining unit of the rings
-  int window = 4;                    // chunks received ahead per channel
+  // The RECCL_* settings of `config`; a process group's options then override
+  // channels, chunkBytes and window.
+  explicit CommOptions(const Config& config);
+  int channels;                      // 0: one per NIC
+  size_t chunkBytes;                 // pipelining unit of the rings
+  int window;                        // chunks received ahead per channel
   std::string group = "";            // process group name, for errors
   Millis rendezvousTimeout{300000};  // bound on reading peers' handles
-  size_t smallBytes = 65536;         // recursive doubling up to this largest message
-  bool rebalance = true;             // DCR
-  uint64_t dcrOffset = 0;            // ops between the agreement and a new plan
+  size_t smallBytes;                 // recursive doubling up to this largest message
+  bool rebalance;                    // DCR
+  uint64_t dcrOffset;                // ops between the agreement and a new plan
   std::string host = "";             // host identity (core/topology.h): equal = same host
 };
 

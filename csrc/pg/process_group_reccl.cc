@@ -154,13 +154,10 @@ void ProcessGroupReccl::startEngine() {
     if (options_.channels < 0) options_.channels = config.channels;
     if (options_.chunkBytes == 0) options_.chunkBytes = static_cast<size_t>(config.chunkBytes);
     if (options_.window == 0) options_.window = config.window;
-    CommOptions commOptions;
+    CommOptions commOptions(config);
     commOptions.channels = options_.channels;
     commOptions.chunkBytes = options_.chunkBytes;
     commOptions.window = options_.window;
-    commOptions.rebalance = config.dcr;
-    commOptions.dcrOffset = static_cast<uint64_t>(config.dcrOffset);
-    commOptions.smallBytes = static_cast<size_t>(config.smallBytes);
     commOptions.group = options_.group;
     commOptions.host = hostIdentity(config.hostId);
     commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));

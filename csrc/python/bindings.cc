@@ -298,11 +298,26 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
         py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
-  m.def("config_vars", [] {
+  m.def("settings", [] {
     py::list out;
-    for (const auto& var : configVars()) out.append(py::make_tuple(var.name, var.defaultValue, var.meaning));
+    for (const SettingSpec& spec : settings()) {
+      py::dict d;
+      d["name"] = spec.name;
+      d["default"] = spec.defaultValue ? py::object(py::str(spec.defaultValue)) : py::object(py::none());
+      d["default_doc"] = spec.defaultDoc ? py::object(py::str(spec.defaultDoc)) : py::object(py::none());
+      d["valid"] = describeValid(spec);
+      d["range"] = spec.type == SettingType::kInt || spec.type == SettingType::kIntList
+                       ? py::object(py::make_tuple(spec.lo, spec.hi)) : py::object(py::none());
+      d["option"] = spec.option ? py::object(py::str(spec.option)) : py::object(py::none());
+      d["doc"] = spec.doc;
+      out.append(d);
+    }
     return out;
-  });
+  }, "Every RECCL_* setting from the table in core/config.cc, in documentation order: name, "
+     "default (None: found at run time, see default_doc), valid (in words), range "
+     "(integers), option (the backend.Options field overriding it) and doc.");
+  m.def("check_option", &checkOption, py::arg("option"), py::arg("value"),
+        "Raises ConfigError unless `value` (text) is valid for process-group option `option`.");
   m.def("discover_nics", [](py::object env) {
     Config config = Config::fromEnv(envFrom(env));
     std::vector<NicInfo> nics = discoverNics(config.nics);
