@@ -17,8 +17,10 @@ from torch_reccl.sim import (
     POLICIES,
     ProgressBar,
     SimParams,
+    SimResult,
     analytic,
     expected_restart_cost_h,
+    format_table,
     simulate,
     simulate_wall_hours,
 )
@@ -176,6 +178,18 @@ def test_restart_and_eq_2_match_the_closed_form_model():
         expected.failover_hours - expected.fault_free_hours, rel=0.1)
 
 
+def test_goodput_is_fault_free_over_mean_gpu_hours():
+    fault_free = CASE_STUDY.gpus * CASE_STUDY.fault_free_hours
+    # two runs: one without faults, one 50% longer; mean 1.25x, so goodput 0.8
+    result = SimResult(params=CASE_STUDY, runs=2, seed=0,
+                       gpu_hours={"restart": np.array([fault_free, 1.5 * fault_free])})
+    stats = result.summary()["restart"]
+    assert stats["goodput"] == pytest.approx(0.8)
+    assert stats["mean_extra_gpu_hours"] == pytest.approx(0.25 * fault_free)
+    row = format_table(result).splitlines()[3].split()
+    assert row[0] == "restart" and "80.00%" in row
+
+
 def test_restart_costs_downtime_and_the_lost_work():
     # one fault at most: the job is short and faults are rare, so E[extra] = rate * work * cost
     params = replace(CASE_STUDY, fault_free_hours=10.0, link_failure_pct_per_month=0.05,
@@ -220,7 +234,7 @@ def test_cli_json_round_trip(sim_only_cli, tmp_path, capsys):
     assert set(document["policies"]) == set(POLICIES)
     for stats in document["policies"].values():
         assert {"median_gpu_hours", "p99_gpu_hours", "median_extra_gpu_hours",
-                "p99_extra_gpu_hours"} <= set(stats)
+                "p99_extra_gpu_hours", "mean_extra_gpu_hours", "goodput"} <= set(stats)
     params = document["params"]
     assert (params["runs"], params["seed"]) == (300, 11)
     model = SimParams(**{f.name: params[f.name] for f in fields(SimParams)})

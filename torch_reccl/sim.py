@@ -316,8 +316,9 @@ class SimResult:
         return self.params.gpus * self.params.fault_free_hours
 
     def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per policy: median, p99 and mean of total and extra GPU hours, and the
-        savings in percent of a baseline's median extra GPU hours."""
+        """Per policy: median, p99 and mean of total and extra GPU hours, goodput
+        (fault-free over mean GPU hours: the share of GPU hours spent on the job's
+        work), and the savings in percent of a baseline's median extra GPU hours."""
         summary: dict[str, dict[str, float | None]] = {}
         for name, total in self.gpu_hours.items():
             extra = total - self.fault_free_gpu_hours
@@ -328,6 +329,7 @@ class SimResult:
                 "median_extra_gpu_hours": float(np.median(extra)),
                 "p99_extra_gpu_hours": float(np.percentile(extra, 99)),
                 "mean_extra_gpu_hours": float(extra.mean()),
+                "goodput": self.fault_free_gpu_hours / float(total.mean()),
             }
         for baseline in BASELINES:
             if baseline not in summary:
@@ -382,13 +384,16 @@ def format_table(result: SimResult) -> str:
               f"{p.fault_free_hours:g} h fault-free = "
               f"{result.fault_free_gpu_hours:,.0f} GPU hours; "
               f"{p.fault_rate_per_h * p.fault_free_hours:.1f} faults expected")
-    columns = ["policy", "median GPU-h", "p99 GPU-h", "median extra", "p99 extra"]
+    columns = ["policy", "median GPU-h", "p99 GPU-h", "median extra", "p99 extra", "mean extra",
+               "goodput"]
     baselines = [b for b in BASELINES if b in summary]
     columns += [f"saved vs {b}" for b in baselines]
     rows = [columns]
     for name, stats in summary.items():
         rows.append([name] + [_gpu_hours_text(stats[key]) for key in (
-            "median_gpu_hours", "p99_gpu_hours", "median_extra_gpu_hours", "p99_extra_gpu_hours")]
+            "median_gpu_hours", "p99_gpu_hours", "median_extra_gpu_hours", "p99_extra_gpu_hours",
+            "mean_extra_gpu_hours")]
+            + [f"{100 * stats['goodput']:.2f}%"]
             + [_pct_text(stats[f"savings_vs_{b}_pct"]) for b in baselines])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [header, ""]
@@ -396,7 +401,7 @@ def format_table(result: SimResult) -> str:
         lines.append("  ".join([row[0].ljust(widths[0])]
                                + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]))
     lines.append("")
-    lines.append("extra: GPU hours above fault-free; "
+    lines.append("extra: GPU hours above fault-free; goodput: fault-free over mean GPU hours; "
                  "saved: share of the baseline's median extra GPU hours")
     return "\n".join(lines)
 
