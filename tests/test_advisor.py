@@ -111,6 +111,22 @@ def test_decide_applies_the_rule_with_the_measured_k():
     assert late.reason.startswith("keep going")
 
 
+@pytest.mark.parametrize("t_elapsed_s, action, t_restart_s, t_failover_s", [
+    # k = 1.5, T_detect = 0, T_reload = 600 s: eq. 4 puts the threshold at 1200 s.
+    # eq. 1: 0 + 0 + 600 + 3600 = 4200 s; eq. 2 at 1080 s: 1.5 * 2520 + 600 = 4380 s
+    (1080.0, RESTART_NOW, 4200.0, 4380.0),
+    # eq. 2 at 1296 s: 1.5 * 2304 + 600 = 4056 s, cheaper than restarting
+    (1296.0, KEEP_GOING, 4200.0, 4056.0),
+])
+def test_decide_restarts_exactly_where_eq_4_says_with_eq_1_and_2_costs(
+        t_elapsed_s, action, t_restart_s, t_failover_s):
+    decision = _advisor_with_k(1.5).decide(t_elapsed_s)
+    assert decision.action == action
+    assert decision.threshold_s == pytest.approx(1200.0)
+    assert decision.t_restart_s == pytest.approx(t_restart_s)
+    assert decision.t_failover_s == pytest.approx(t_failover_s)
+
+
 def test_decide_uses_the_assumed_k_until_measured():
     advisor = Advisor(checkpoint_interval_s=HOUR, t_detect_s=0.5 * HOUR, assumed_k=1.03)
     decision = advisor.decide(0.0)

@@ -5,11 +5,26 @@
     reccl sim --analytic [--json PATH] [model flags]
 
 A Monte-Carlo model of DESIGN.md §6, vectorised over runs with numpy, comparing
-the policies fault_free, restart, restart_scaling, failover and advised (the
-advisor picks restart or failover per fault); and a closed-form model of the
-expected completion time under restart and under failover against job size.
-Every model parameter is a flag; the defaults are the paper's case study
-(Llama3-405B on 16,384 GPUs). docs/simulation.md describes the model.
+these policies (--policies; all by default):
+
+  fault_free                no faults
+  restart                   every fault restarts the job from its last checkpoint
+  restart_scaling           restart without a spare: fewer data-parallel replicas
+                            until the node comes back
+  degrade_until_checkpoint  ReCCL as the paper models it (eq. 2), the default
+                            failover policy: fail over, run at slowdown k until the
+                            next checkpoint, reload there onto healthy hardware;
+                            restart at once where eq. 4 says that is cheaper
+  advised                   as degrade_until_checkpoint, but reload at the next
+                            checkpoint only if running on until the repair wastes
+                            more than the reload (the online advisor's look-ahead)
+  degrade_until_repair      fail over and run at slowdown k until the repair,
+                            never restarting
+
+and a closed-form model of the expected completion time under restart and under
+failover against job size. Every model parameter is a flag; the defaults are the
+paper's case study (Llama3-405B on 16,384 GPUs). docs/simulation.md describes the
+model.
 """
 from __future__ import annotations
 
@@ -25,8 +40,11 @@ from torch_reccl.advisor import failover_threshold, reload_beats_degraded
 from torch_reccl.progress import ProgressBar
 
 HOURS_PER_MONTH = 365 * 24 / 12
-POLICIES = ("fault_free", "restart", "restart_scaling", "failover", "advised")
+POLICIES = ("fault_free", "restart", "restart_scaling", "degrade_until_checkpoint", "advised",
+            "degrade_until_repair")
 BASELINES = ("restart", "restart_scaling")  # the policies savings are measured against
+# the policies that choose per fault between restarting and failing over (eq. 4)
+ADVISED = ("degrade_until_checkpoint", "advised")
 ANALYTIC_GPUS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_PLOT = "reccl-sim-cdf.png"
 
@@ -130,11 +148,12 @@ class SimParams:
 
 
 class _ActiveFaults:
-    """Per run, the faults that still act on the job: when each ends, and its weight
-    (1 per fault under failover, DP replicas out under restart_scaling)."""
+    """Per run, the faults that still act on the job: when each ends (inf: only a
+    reload or restart ends it), and its weight (1 per failed-over fault, DP replicas
+    out under restart_scaling; 0: a free slot)."""
 
     def __init__(self, runs: int) -> None:
-        self.ends = np.full((runs, 2), np.inf)  # inf: a free slot
+        self.ends = np.full((runs, 2), np.inf)
         self.weights = np.zeros((runs, 2))
 
     def load(self) -> np.ndarray:
@@ -145,15 +164,15 @@ class _ActiveFaults:
 
     def last_end(self, rows: np.ndarray) -> np.ndarray:
         ends = self.ends[rows]
-        return np.where(np.isfinite(ends), ends, -np.inf).max(1)
+        return np.where(self.weights[rows] > 0, ends, -np.inf).max(1)
 
     def add(self, rows: np.ndarray, ends: np.ndarray, weights: np.ndarray) -> None:
         """One new fault for each run where rows is true (ends, weights: per run)."""
-        free = np.isinf(self.ends)
+        free = self.weights == 0
         if not free[rows].any(1).all():
             self.ends = np.hstack([self.ends, np.full_like(self.ends, np.inf)])
             self.weights = np.hstack([self.weights, np.zeros_like(self.weights)])
-            free = np.isinf(self.ends)
+            free = self.weights == 0
         index = np.flatnonzero(rows)
         slot = free[index].argmax(1)
         self.ends[index, slot] = ends[index]
@@ -194,7 +213,7 @@ def simulate_wall_hours(policy: str, params: SimParams, runs: int,
     progress = np.zeros(runs)  # hours of fault-free work done
     running = np.ones(runs, dtype=bool)
     active = _ActiveFaults(runs)
-    reload_at = np.full(runs, np.inf)  # advised: the checkpoint (as progress) where a reload is due
+    reload_at = np.full(runs, np.inf)  # the checkpoint (as progress) where a planned reload is due
     switch_share = p.switch_fault_rate_per_h / p.fault_rate_per_h if p.fault_rate_per_h else 0.0
 
     for _ in range(MAX_EVENTS):
@@ -233,7 +252,7 @@ def simulate_wall_hours(policy: str, params: SimParams, runs: int,
 
         fault = running & (event == _FAULT)
         elapsed = progress % interval  # work since the last checkpoint
-        if policy == "advised":
+        if policy in ADVISED:
             k_if_failed_over = p.slowdown(load + 1)
             threshold = failover_threshold(interval, k_if_failed_over, p.t_detect_h)
             restart = fault & (elapsed <= threshold)
@@ -253,28 +272,34 @@ def simulate_wall_hours(policy: str, params: SimParams, runs: int,
         wall[restart] += p.restart_downtime_h
         reload_at[restart] = np.inf
 
-        active.add(fail_over, wall + p.repair_h, np.ones(runs))
+        # Eq. 2 swaps the faulty hardware out at the planned reload, so under
+        # degrade_until_checkpoint a repair never ends a fault.
+        repaired_at = (np.full(runs, np.inf) if policy == "degrade_until_checkpoint"
+                       else wall + p.repair_h)
+        active.add(fail_over, repaired_at, np.ones(runs))
         wall[fail_over] += p.t_timeout_h
-        if policy == "advised" and fail_over.any():
-            _plan_reload(p, fail_over, wall, progress, active, reload_at)
+        if policy in ADVISED and fail_over.any():
+            _plan_reload(p, policy, fail_over, wall, progress, active, reload_at)
     raise RuntimeError(
         f"runs still unfinished after {MAX_EVENTS} events: faults come too often for "
         f"the job to make progress under {policy}")
 
 
-def _plan_reload(p: SimParams, fail_over: np.ndarray, wall: np.ndarray, progress: np.ndarray,
-                 active: _ActiveFaults, reload_at: np.ndarray) -> None:
-    """Advised: after a failover, reload at the next checkpoint when that is cheaper
-    than running degraded until the last active fault is repaired."""
+def _plan_reload(p: SimParams, policy: str, fail_over: np.ndarray, wall: np.ndarray,
+                 progress: np.ndarray, active: _ActiveFaults, reload_at: np.ndarray) -> None:
+    """After a failover, plan a reload at the next checkpoint unless the job ends
+    first: always under degrade_until_checkpoint (eq. 2); under advised only when
+    that is cheaper than running degraded until the last active fault is repaired."""
     rows = np.flatnonzero(fail_over)
     interval = p.checkpoint_interval_h
     next_checkpoint = (np.floor(progress[rows] / interval) + 1) * interval
-    k = p.slowdown(active.load()[rows])
-    at_checkpoint = wall[rows] + k * (next_checkpoint - progress[rows])
-    degraded_after = active.last_end(rows) - at_checkpoint
-    worth_it = (next_checkpoint < p.fault_free_hours) & reload_beats_degraded(
-        k, degraded_after, p.t_reload_h)
-    reload_at[rows] = np.where(worth_it, next_checkpoint, np.inf)
+    due = next_checkpoint < p.fault_free_hours
+    if policy == "advised":
+        k = p.slowdown(active.load()[rows])
+        at_checkpoint = wall[rows] + k * (next_checkpoint - progress[rows])
+        degraded_after = active.last_end(rows) - at_checkpoint
+        due &= reload_beats_degraded(k, degraded_after, p.t_reload_h)
+    reload_at[rows] = np.where(due, next_checkpoint, np.inf)
 
 
 @dataclass
@@ -291,8 +316,9 @@ class SimResult:
         return self.params.gpus * self.params.fault_free_hours
 
     def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per policy: median, p99 and mean of total and extra GPU hours, and the
-        savings in percent of a baseline's median extra GPU hours."""
+        """Per policy: median, p99 and mean of total and extra GPU hours, goodput
+        (fault-free over mean GPU hours: the share of GPU hours spent on the job's
+        work), and the savings in percent of a baseline's median extra GPU hours."""
         summary: dict[str, dict[str, float | None]] = {}
         for name, total in self.gpu_hours.items():
             extra = total - self.fault_free_gpu_hours
@@ -303,6 +329,7 @@ class SimResult:
                 "median_extra_gpu_hours": float(np.median(extra)),
                 "p99_extra_gpu_hours": float(np.percentile(extra, 99)),
                 "mean_extra_gpu_hours": float(extra.mean()),
+                "goodput": self.fault_free_gpu_hours / float(total.mean()),
             }
         for baseline in BASELINES:
             if baseline not in summary:
@@ -357,13 +384,16 @@ def format_table(result: SimResult) -> str:
               f"{p.fault_free_hours:g} h fault-free = "
               f"{result.fault_free_gpu_hours:,.0f} GPU hours; "
               f"{p.fault_rate_per_h * p.fault_free_hours:.1f} faults expected")
-    columns = ["policy", "median GPU-h", "p99 GPU-h", "median extra", "p99 extra"]
+    columns = ["policy", "median GPU-h", "p99 GPU-h", "median extra", "p99 extra", "mean extra",
+               "goodput"]
     baselines = [b for b in BASELINES if b in summary]
     columns += [f"saved vs {b}" for b in baselines]
     rows = [columns]
     for name, stats in summary.items():
         rows.append([name] + [_gpu_hours_text(stats[key]) for key in (
-            "median_gpu_hours", "p99_gpu_hours", "median_extra_gpu_hours", "p99_extra_gpu_hours")]
+            "median_gpu_hours", "p99_gpu_hours", "median_extra_gpu_hours", "p99_extra_gpu_hours",
+            "mean_extra_gpu_hours")]
+            + [f"{100 * stats['goodput']:.2f}%"]
             + [_pct_text(stats[f"savings_vs_{b}_pct"]) for b in baselines])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [header, ""]
@@ -371,7 +401,7 @@ def format_table(result: SimResult) -> str:
         lines.append("  ".join([row[0].ljust(widths[0])]
                                + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]))
     lines.append("")
-    lines.append("extra: GPU hours above fault-free; "
+    lines.append("extra: GPU hours above fault-free; goodput: fault-free over mean GPU hours; "
                  "saved: share of the baseline's median extra GPU hours")
     return "\n".join(lines)
 
@@ -486,8 +516,8 @@ def format_analytic_table(points: list[AnalyticPoint]) -> str:
             f"{point.restart_hours:>10.1f}  "
             f"{point.failover_hours:>10.1f}  {point.improvement_pct:>10.2f}%")
     lines.append("")
-    lines.append("expected completion time; same compute at every size; failover may still "
-                 "restart when that is cheaper")
+    lines.append("expected completion time; same compute at every size; failover: "
+                 "degrade_until_checkpoint (eq. 2), restarting where eq. 4 says that is cheaper")
     return "\n".join(lines)
 
 
@@ -544,7 +574,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         metavar="POLICY",
-                        help=f"policies to simulate: {', '.join(POLICIES)} (default: all)")
+                        help=f"policies to simulate, described above: {', '.join(POLICIES)} "
+                             "(default: all)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="PATH", default=DEFAULT_PLOT,
                         help="PNG for the CDF of extra GPU hours (default: %(default)s)")
