@@ -36,6 +36,15 @@ void Supervisor::poke() {
   cv_.notify_all();
 }
 
+void Supervisor::wakeBy(Clock::time_point when) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (when >= wakeBy_) return;
+    wakeBy_ = when;
+  }
+  cv_.notify_all();  // the round waits for an earlier time now
+}
+
 std::vector<std::shared_ptr<Serviced>> Supervisor::live() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::shared_ptr<Serviced>> out;
@@ -61,9 +70,15 @@ void Supervisor::run() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       // Healthy connections have no deadlines: an idle process does not tick.
-      cv_.wait_for(lock, quiet ? quietTick_ : tick_, [&] { return poked_ || stopping_; });
+      const Clock::time_point tickEnd = Clock::now() + (quiet ? quietTick_ : tick_);
+      while (!poked_ && !stopping_) {
+        const Clock::time_point until = std::min(tickEnd, wakeBy_);
+        if (Clock::now() >= until) break;
+        cv_.wait_until(lock, until);
+      }
       if (stopping_) return;
       poked_ = false;
+      wakeBy_ = Clock::time_point::max();  // items due later ask again in this round
     }
     quiet = true;
     for (auto& item : live()) {

@@ -35,6 +35,9 @@ class Supervisor {
 
   void add(std::weak_ptr<Serviced> item);
   void poke();
+  // Any thread: the next round starts at `when` at the latest, however long
+  // the items are quiet. For an item's own deadline (e.g. a resync fence).
+  void wakeBy(Clock::time_point when);
   // Runs `fn` on every live item (from the caller's thread).
   void forEach(const std::function<void(Serviced&)>& fn);
 
@@ -48,6 +51,7 @@ class Supervisor {
   std::condition_variable cv_;
   std::vector<std::weak_ptr<Serviced>> items_;
   bool poked_ = false;
+  Clock::time_point wakeBy_ = Clock::time_point::max();  // the earliest wakeBy() pending
   bool stopping_ = false;
   std::thread thread_;
 };
