@@ -31,7 +31,8 @@ class PathOwner {
  public:
   virtual ~PathOwner() = default;
   // Called from the path's I/O threads, which may serve other paths too. None
-  // of them may block for long.
+  // of them may block for long, nor wait for anything another callback does
+  // (that callback may be queued behind it on the same thread).
   virtual void onControl(uint64_t pathId, const ControlFrame& frame) = 0;
   // Where the payload of `header` goes; nullptr discards it. Throws ProtocolError
   // for a frame that breaks the protocol (the path then fails). `placed`: the

@@ -71,79 +71,123 @@ uint64_t RecvConnection::resumeOffsetLocked(const PostedRecv& recv) const {
   return offset;
 }
 
-void RecvConnection::activate(int index, const ActivateBody& body, Lock& lock) {
+namespace {
+// How long copies of the old epoch get before their paths are stopped. A
+// failback's old path is healthy and finishes the chunk it is in within this;
+// a failover's old path is stopped at once anyway.
+constexpr Millis kFenceGrace{50};
+}  // namespace
+
+void RecvConnection::ResyncAnswer::send() const {
+  if (!path) return;
+  for (const auto& frame : frames) path->sendControl(frame);
+}
+
+void RecvConnection::activateLocked(int index, const ActivateBody& body) {
   epoch_ = body.epoch;
-  int previous = active_;
+  const int previous = active_;
   active_ = index;
-  // Fence: no copy of the old epoch may land after we report what we have. A
-  // copy stuck on a dead socket is cut short by stopping that path.
   // A failover means the sender has already dropped the old path: stop it now,
-  // so a copy stuck on its dead socket ends at once instead of after the grace
-  // period below (50 ms per failover, measured). A failback leaves it healthy.
+  // so a copy stuck on its dead socket ends at once instead of at the fence's
+  // deadline (50 ms per failover, measured). A failback leaves it healthy.
   if (previous >= 0 && previous != index && static_cast<Reason>(body.reason) != Reason::kHealed) {
     failPathLocked(previous, Reason::kPeer, "the sender failed over away from it");
   }
-  const uint64_t activeId = slots_.at(index).pathId;
-  auto quiet = [&] {
-    for (const auto& [pathId, copies] : copying_) {
-      if (pathId != activeId && copies > 0) return false;
-    }
-    return true;
-  };
-  if (!copiesDone_.wait_for(lock, Millis(50), quiet)) {
-    for (const auto& [pathId, copies] : copying_) {
-      int slot = slotOf(pathId);
-      if (pathId != activeId && copies > 0 && slot >= 0) {
-        failPathLocked(slot, Reason::kError, "fenced during resync");
-      }
-    }
-    if (!copiesDone_.wait_for(lock, Millis(env_.config.heartbeatMs), quiet)) {
-      RECCL_LOG(kWarn, "resync fence: copies of the old epoch still running");
-    }
+  // A newer ACTIVATE replaces one still waiting: the sender ignores answers to
+  // older epochs, and this fence covers their copies too.
+  const Clock::time_point now = Clock::now();
+  PendingResync pending;
+  pending.index = index;
+  pending.body = body;
+  pending.previous = previous;
+  pending.cutAt = now + kFenceGrace;
+  pending.giveUpAt = pending.cutAt + Millis(env_.config.heartbeatMs);
+  pendingResync_ = pending;
+}
+
+bool RecvConnection::olderEpochCopyingLocked() const {
+  // Ordered by epoch: the first entry is the oldest copy in progress.
+  return !copying_.empty() && copying_.begin()->first.first < epoch_;
+}
+
+RecvConnection::ResyncAnswer RecvConnection::answerIfFencedLocked() {
+  if (!pendingResync_) return {};
+  if (closed_ || !error_.empty()) {
+    pendingResync_.reset();
+    return {};
   }
+  if (olderEpochCopyingLocked()) {
+    const Clock::time_point now = Clock::now();
+    if (!pendingResync_->cut && now >= pendingResync_->cutAt) {
+      pendingResync_->cut = true;
+      // A copy that does not end (stuck on a dead socket, or a healthy path
+      // that stopped sending mid-chunk) is cut short by stopping its path.
+      std::vector<int> straggling;
+      for (const auto& [key, copies] : copying_) {
+        int slot = slotOf(key.second);
+        if (key.first < epoch_ && slot >= 0) straggling.push_back(slot);
+      }
+      // May be the activating path itself (its copies of an older epoch):
+      // losing it drops the pending answer, and the sender activates anew.
+      for (int slot : straggling) failPathLocked(slot, Reason::kError, "fenced during resync");
+      if (!pendingResync_) return {};
+    }
+    if (now < pendingResync_->giveUpAt) {
+      env_.supervisor->wakeBy(pendingResync_->cut ? pendingResync_->giveUpAt
+                                                  : pendingResync_->cutAt);
+      return {};
+    }
+    RECCL_LOG(kWarn, "resync fence: copies of the old epoch still running; answering anyway");
+  }
+  const PendingResync pending = *pendingResync_;
+  pendingResync_.reset();
+  const int index = pending.index;
+  ResyncAnswer answer;
+  answer.path = slots_.at(index).path;
   std::vector<ResyncEntry> entries;
-  std::vector<std::vector<uint8_t>> places;  // re-sent: the first may have died with a path
   for (const auto& [seq, recv] : recvs_) {
     entries.push_back({seq, recv.request->capacity(), resumeOffsetLocked(recv)});
-    if (!recv.place.empty()) places.push_back(recv.place);
+    // Re-sent before the RESYNC that posts them: the first may have died with a path.
+    if (!recv.place.empty()) answer.frames.push_back(recv.place);
   }
-  std::vector<uint8_t> frame = encodeResync(body.epoch, nextSeq_, entries);
-  // The wait above released the lock: the path this ACTIVATE came on may have
-  // failed (a second fault) and been reaped meanwhile. Then there is nobody to
-  // answer; the sender will activate another path.
-  if (slots_.at(index).state != SlotState::kUp || slots_.at(index).pathId != activeId) return;
-  std::shared_ptr<Path> path = slots_.at(index).path;
+  answer.frames.push_back(encodeResync(pending.body.epoch, nextSeq_, entries));
   // Name the root cause (a link event, a drill, silence) whichever side saw it:
   // a socket error or a peer notice is only its echo on the other side.
   auto rootCause = [](Reason r) {
     return r == Reason::kLinkDown || r == Reason::kInjected || r == Reason::kTimeout;
   };
-  const Reason carried = static_cast<Reason>(body.reason);
+  const Reason carried = static_cast<Reason>(pending.body.reason);
   const bool lostFirst = lostActiveFrom_ >= 0 && carried != Reason::kHealed;
   Reason reason = carried;
   if (lostFirst && (rootCause(lostActiveReason_) || !rootCause(carried))) reason = lostActiveReason_;
-  bool isSwitch = previous != index && (previous >= 0 || lostActiveFrom_ >= 0);
-  int from = previous >= 0 ? previous : lostActiveFrom_;
-  int64_t duration = lostActiveNs_ > 0 ? nowNs() - lostActiveNs_ : -1;
+  const int previous = pending.previous;
+  const bool isSwitch = previous != index && (previous >= 0 || lostActiveFrom_ >= 0);
+  const int from = previous >= 0 ? previous : lostActiveFrom_;
+  const int64_t duration = lostActiveNs_ > 0 ? nowNs() - lostActiveNs_ : -1;
   lostActiveFrom_ = -1;
   lostActiveNs_ = 0;
-  lock.unlock();
-  for (const auto& place : places) path->sendControl(place);  // before the RESYNC that posts them
-  path->sendControl(frame);
   if (isSwitch) {
     emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover,
                     from, index, reason, duration,
                     -1, "receiver: " + slotName(from) + " => " + slotName(index));
   }
-  lock.lock();
+  return answer;
 }
 
 void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) {
   int index = slotOf(pathId);
   switch (frame.type) {
-    case FrameType::kActivate:
-      if (index >= 0 && frame.activate.epoch > epoch_) activate(index, frame.activate, lock);
+    case FrameType::kActivate: {
+      if (index < 0 || frame.activate.epoch <= epoch_) return;
+      activateLocked(index, frame.activate);
+      // Usually no copy of the old epoch is in progress and this answers at once.
+      ResyncAnswer answer = answerIfFencedLocked();
+      if (!answer.path) return;
+      lock.unlock();
+      answer.send();
+      lock.lock();
       return;
+    }
     case FrameType::kCancel: {
       auto it = recvs_.find(frame.cancel.seq);
       if (it == recvs_.end()) return;
@@ -214,42 +258,53 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
                         ", whose receive buffer is device memory (direct placement only)");
   }
   if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
-  ++copying_[pathId];
+  ++copying_[{header.epoch, pathId}];
   return recv.request->data() + header.offset;
 }
 
 void RecvConnection::endData(uint64_t pathId, const DataHeader& header, bool landed) {
   std::shared_ptr<Path> ackPath;
   uint64_t ackBytes = 0;
+  ResyncAnswer answer;
   {
     Lock lock(mutex_);
-    auto copies = copying_.find(pathId);
+    auto copies = copying_.find({header.epoch, pathId});
     if (copies != copying_.end() && --copies->second == 0) copying_.erase(copies);
-    copiesDone_.notify_all();
-    int index = slotOf(pathId);  // -1 if the path was retired meanwhile
-    if (!landed) return;
-    auto it = recvs_.find(header.seq);
-    if (it == recvs_.end()) return;
-    PostedRecv& recv = it->second;
-    size_t chunk = header.offset / chunkBytes_;
-    if (chunk >= recv.landed.size() || recv.landed[chunk]) return;
-    recv.landed[chunk] = 1;
-    ++recv.landedCount;
-    if (index >= 0) {
-      NicHealth::instance()
-          .counters(env_.localHealthIds.at(slots_[index].nics.localNic))
-          .bytesReceived.fetch_add(header.bytes);
-    }
-    if (recv.landedCount < recv.landed.size()) return;
-    ackBytes = static_cast<uint64_t>(recv.messageBytes);
-    recv.request->complete(ackBytes);
-    recvs_.erase(it);
-    ackPath = activePathLocked();
+    if (landed) ackPath = landLocked(pathId, header, &ackBytes);
+    // The last copy of an older epoch releases a pending RESYNC, built after
+    // this chunk was counted, so it reports the chunk as landed.
+    answer = answerIfFencedLocked();
   }
   if (ackPath) ackPath->sendControl(encodeAck(header.seq, ackBytes));
+  answer.send();
+}
+
+std::shared_ptr<Path> RecvConnection::landLocked(uint64_t pathId, const DataHeader& header,
+                                                 uint64_t* ackBytes) {
+  auto it = recvs_.find(header.seq);
+  if (it == recvs_.end()) return nullptr;
+  PostedRecv& recv = it->second;
+  size_t chunk = header.offset / chunkBytes_;
+  if (chunk >= recv.landed.size() || recv.landed[chunk]) return nullptr;
+  recv.landed[chunk] = 1;
+  ++recv.landedCount;
+  int index = slotOf(pathId);  // -1 if the path was retired meanwhile
+  if (index >= 0) {
+    NicHealth::instance()
+        .counters(env_.localHealthIds.at(slots_[index].nics.localNic))
+        .bytesReceived.fetch_add(header.bytes);
+  }
+  if (recv.landedCount < recv.landed.size()) return nullptr;
+  *ackBytes = static_cast<uint64_t>(recv.messageBytes);
+  recv.request->complete(*ackBytes);
+  recvs_.erase(it);
+  return activePathLocked();
 }
 
 void RecvConnection::onActiveLostLocked(int index, Reason reason) {
+  // The path an ACTIVATE came on is gone before its answer: nobody to answer
+  // (the sender activates another path, with a newer epoch).
+  pendingResync_.reset();
   lostActiveNs_ = nowNs();
   lostActiveFrom_ = index;
   lostActiveReason_ = reason;
@@ -259,10 +314,12 @@ void RecvConnection::onActiveLostLocked(int index, Reason reason) {
 void RecvConnection::failPendingLocked(const std::string& why) {
   for (auto& [seq, recv] : recvs_) recv.request->fail(why);
   recvs_.clear();
+  pendingResync_.reset();
 }
 
 void RecvConnection::service() {
   std::vector<std::pair<std::shared_ptr<Path>, std::vector<uint8_t>>> notices;
+  ResyncAnswer answer;
   {
     Lock lock(mutex_);
     reapLocked();
@@ -271,6 +328,8 @@ void RecvConnection::service() {
       destroyRetired();
       return;
     }
+    // The fence's deadlines: the supervisor comes back when one is due.
+    answer = answerIfFencedLocked();
     // Tell the sender about a lost active path over any path still up, so it
     // fails over now rather than at its own timeout.
     if (!notifyQueue_.empty()) {
@@ -288,6 +347,8 @@ void RecvConnection::service() {
     if (peerClosed_ && active_ < 0) failPendingLocked("the sender closed the connection");
     checkStalledLocked(active_ < 0 && !peerClosed_, "no usable path");
   }
+  answer.send();
+  answer = {};
   for (auto& [path, frame] : notices) path->sendControl(frame);
   notices.clear();
   destroyRetired();

@@ -1,10 +1,16 @@
 // The receiving end. It posts buffers (CTS), places arriving chunks, and on
 // ACTIVATE fences the old epoch and reports, per buffer still outstanding, the
 // first byte it does not have, so the sender resumes exactly there.
+//
+// The fence never blocks a callback (they run on event-loop threads shared by
+// every socket of the process): ACTIVATE only records the answer it owes, and
+// the RESYNC goes out from whichever callback ends the last copy of an older
+// epoch, or from service() once the fence's deadline has passed.
 #pragma once
 
-#include <condition_variable>
 #include <map>
+#include <optional>
+#include <utility>
 
 #include "core/connection.h"
 
@@ -34,7 +40,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
-  bool roleQuietLocked() const override { return notifyQueue_.empty(); }
+  bool roleQuietLocked() const override { return notifyQueue_.empty() && !pendingResync_; }
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:
@@ -46,15 +52,44 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
     std::vector<uint8_t> place;    // the PLACE frame of a registered receive; empty if none
     bool hostAccessible = true;    // false: device memory, direct placement only
   };
-  void activate(int index, const ActivateBody& body, Lock& lock);
+  // An ACTIVATE adopted but not answered yet: its RESYNC waits until no copy
+  // of an older epoch is in progress.
+  struct PendingResync {
+    int index = -1;        // the slot it came on, active since (a loss drops it)
+    ActivateBody body{};
+    int previous = -1;     // the slot active before, for the switch event
+    Clock::time_point cutAt;     // older copies still running then: their paths are failed
+    Clock::time_point giveUpAt;  // and still running then: answered anyway (logged)
+    bool cut = false;
+  };
+  // What answers an ACTIVATE; sent unlocked, PLACE frames first.
+  struct ResyncAnswer {
+    std::shared_ptr<Path> path;  // null: nothing to send
+    std::vector<std::vector<uint8_t>> frames;
+    void send() const;
+  };
+  // Adopts the epoch and records the answer owed; never waits.
+  void activateLocked(int index, const ActivateBody& body);
+  // The answer to the pending ACTIVATE once the fence holds or its last
+  // deadline has passed, else nothing (and the supervisor is asked to come
+  // back at the next deadline). Past the first deadline it fails the paths
+  // whose copies still run, which ends them within a turn of their loops.
+  ResyncAnswer answerIfFencedLocked();
+  bool olderEpochCopyingLocked() const;
+  // Counts a chunk that landed; when it completes its receive, returns the
+  // path to ACK it on (with the message's size in `ackBytes`).
+  std::shared_ptr<Path> landLocked(uint64_t pathId, const DataHeader& header, uint64_t* ackBytes);
   uint64_t resumeOffsetLocked(const PostedRecv& recv) const;
 
   const uint64_t chunkBytes_;
   std::map<uint64_t, PostedRecv> recvs_;
   uint64_t nextSeq_ = 0;
-  // Payload copies in progress, per path id: ACTIVATE waits for the old epoch's.
-  std::map<uint64_t, int> copying_;
-  std::condition_variable copiesDone_;
+  // Payload copies in progress per (epoch, path id). Keyed by epoch, not path:
+  // a path active in an older epoch may be activated again while its copies
+  // of that epoch still run (a failback superseded at once), and those must
+  // be fenced too.
+  std::map<std::pair<uint64_t, uint64_t>, int> copying_;
+  std::optional<PendingResync> pendingResync_;
   // Paths that failed while active, to tell the sender about over another path.
   std::vector<std::pair<int, Reason>> notifyQueue_;
   int64_t lostActiveNs_ = 0;
