@@ -455,6 +455,13 @@ struct VerbsEmulation::State {
     wire = std::move(kept);
   }
 
+  bool retrying() const {
+    for (const auto& [number, qp] : qps) {
+      if (qp->state == QpState::kReadyToSend && !qp->sends.empty()) return true;
+    }
+    return false;
+  }
+
   bool step(int64_t now) {
     bool progressed = false;
     for (auto& [number, qp] : qps) {
@@ -862,8 +869,15 @@ void VerbsEmulation::run() {
   nameThisThread("reccl-ibemu");
   Lock lock(state_->mutex);
   while (!state_->stopping) {
-    // Timeouts are checked every millisecond; new work wakes us at once.
-    if (!state_->step(nowNs())) state_->work.wait_for(lock, Millis(1));
+    if (state_->step(nowNs())) continue;
+    // Requests waiting (a route, a receive, their retry budget) are retried
+    // every millisecond; with none, only new work (which notifies) can change
+    // anything, so an idle fabric sleeps.
+    if (state_->retrying()) {
+      state_->work.wait_for(lock, Millis(1));
+    } else {
+      state_->work.wait(lock);
+    }
   }
 }
 
