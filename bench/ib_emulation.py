@@ -6,8 +6,8 @@ failover interruption per fault kind.
     python bench/ib_emulation.py --faults 20 --json out.json
 
 THESE ARE NOT RDMA NUMBERS. The emulation moves bytes with memcpy on one
-progress thread and polls; throughput here says how much CPU the transport's
-staging copies and polling cost on this machine, nothing about an HCA. The
+progress thread; throughput here says how much CPU the transport's staging
+copies and its event loops cost on this machine, nothing about an HCA. The
 interruption times do reflect the detection logic (port event, retry budget,
 heartbeat) and the resync, which are the transport's own.
 

@@ -4,11 +4,14 @@ Raw QPs, CQs and MRs of ``_C.IbEmulation`` (``emu.open(device)``), driven
 directly: the QP state machine, in-order RDMA writes and write-with-immediate
 completions, SEND into posted receives, lkey/rkey and bounds checks, the error
 state and its flushes, retry-exceeded after 4.096 us * 2^timeout * (retry + 1)
-when a port is down or blackholed, and port events with the GID table rebuilt on
-a flap. If these did not hold, test_ib_transport.py would prove little.
+when a port is down or blackholed, port events with the GID table rebuilt on
+a flap, and completion channels (one event per arm). If these did not hold,
+test_ib_transport.py would prove little.
 """
 from __future__ import annotations
 
+import gc
+import select
 import time
 
 import numpy as np
@@ -29,14 +32,17 @@ class Pair:
     """Two connected RC QPs on devices x and y, each with send/recv CQs and a
     64 KiB buffer registered for remote write."""
 
-    def __init__(self, timeout=10, retry=1, max_send=16):
+    def __init__(self, timeout=10, retry=1, max_send=16, channel=False):
         self.emu = _C.IbEmulation(["x", "y"])
         self.x, self.y = self.emu.open("x"), self.emu.open("y")
         self.bx, self.by = bytearray(65536), bytearray(65536)
         self.mx = self.x.register(self.bx, remote_write=True)
         self.my = self.y.register(self.by, remote_write=True)
+        # With `channel`, y's two CQs announce completions on one channel, as
+        # an IB path's do.
+        self.channel = self.y.create_channel() if channel else None
         self.sx, self.rx = self.x.create_cq(), self.x.create_cq()
-        self.sy, self.ry = self.y.create_cq(), self.y.create_cq()
+        self.sy, self.ry = self.y.create_cq(self.channel), self.y.create_cq(self.channel)
         self.qx = self.x.create_qp(self.sx, self.rx, max_send=max_send)
         self.qy = self.y.create_qp(self.sy, self.ry, max_send=max_send)
         gx, gy = roce_v2_ipv4_index(self.x), roce_v2_ipv4_index(self.y)
@@ -301,3 +307,78 @@ def test_rdma_read_needs_remote_read_rights():
     p.qx.post_send("read", p.mx, 0, 16, p.my.address(0), p.my.rkey, wr_id=2)
     assert poll_until(p.sx, 1)[0]["status"] == "remote access error"
     assert p.emu.counters()["reads"] == 1
+
+
+def readable(fd, timeout):
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_a_completion_channel_raises_one_event_per_arm():
+    """What an IB path sleeps on (docs/ib.md): an armed CQ raises one event on
+    its channel at its next completion and then stays quiet until re-armed; an
+    unarmed CQ raises none, nor do completions already in it when it is armed.
+    So a path must take the event, re-arm, and only then poll."""
+    p = Pair(channel=True)
+    fd = p.channel.fd
+    for i in range(6):
+        p.qy.post_recv(p.my, i * 64, 64, wr_id=i)
+
+    def send_to_y(wr_id):
+        p.qx.post_send("send", p.mx, 0, 8, wr_id=wr_id)
+        assert poll_until(p.sx, 1)[0]["status"] == "success"
+
+    send_to_y(1)  # unarmed: the completion is there, no event
+    assert not readable(fd, 0.1)
+    assert p.channel.take_event() is None  # non-blocking: nothing waits
+    p.ry.arm()
+    assert not readable(fd, 0.1)  # what was in the CQ before the arm raises nothing
+    send_to_y(2)
+    assert readable(fd, 2.0)
+    assert p.channel.take_event() is p.ry
+    assert not readable(fd, 0.05) and p.channel.take_event() is None
+    assert [c["wr_id"] for c in poll_until(p.ry, 2)] == [0, 1]
+    send_to_y(3)  # not re-armed: no event, though the completion is there
+    assert not readable(fd, 0.1)
+    assert [c["wr_id"] for c in poll_until(p.ry, 1)] == [2]
+    p.ry.arm()
+    p.ry.arm()  # arming an armed CQ changes nothing: still one event
+    send_to_y(4)
+    send_to_y(5)
+    assert readable(fd, 2.0)
+    assert p.channel.take_event() is p.ry
+    assert p.channel.take_event() is None
+    assert [c["wr_id"] for c in poll_until(p.ry, 2)] == [3, 4]
+
+    # Both CQs on one channel: each event names its CQ.
+    p.ry.arm()
+    p.sy.arm()
+    p.qx.post_recv(p.mx, 0, 64, wr_id=9)
+    p.qy.post_send("send", p.my, 0, 8, wr_id=8)
+    assert poll_until(p.sy, 1)[0]["wr_id"] == 8
+    assert readable(fd, 2.0)
+    assert p.channel.take_event() is p.sy
+    assert p.channel.take_event() is None  # the armed ry saw nothing
+
+    # Moving the QP to ERR flushes its receives: completions like any other.
+    p.qy.to_error()
+    assert readable(fd, 2.0)
+    assert p.channel.take_event() is p.ry
+    assert [c["status"] for c in poll_until(p.ry, 1)] == ["work request flushed"]
+
+
+def test_events_of_a_destroyed_cq_go_with_it():
+    p = Pair(channel=True)
+    p.qy.post_recv(p.my, 0, 64, wr_id=1)
+    p.ry.arm()
+    p.qx.post_send("send", p.mx, 0, 8, wr_id=1)
+    assert readable(p.channel.fd, 2.0)
+    del p.qy, p.ry  # the QP keeps its CQs alive
+    gc.collect()
+    assert not readable(p.channel.fd, 0.05)
+    assert p.channel.take_event() is None
+
+
+def test_arming_needs_a_completion_channel():
+    p = Pair()
+    with pytest.raises(RecclError, match="without a completion channel"):
+        p.ry.arm()

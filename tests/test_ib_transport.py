@@ -23,14 +23,15 @@ import ctypes
 import os
 import socket
 import struct
+import time
 
 import pytest
 
 import torch_reccl
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import (A0, A1, B0, IB_CHUNK, ib_env, in_thread, message, plan_sizes, stream,
-                      wait_until)
+from conftest import (A0, A1, B0, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
+                      stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -123,6 +124,35 @@ def test_corrupted_delivery_fails_the_path_not_the_data(fabric, events, kind):
     assert f.emu.counters()["corrupted"] == before + 1
     downs = events.wait_for(3, "path_down", connection=recv.id)
     assert any("protocol error" in e.detail for e in downs), [e.detail for e in downs]
+
+
+def test_control_frames_beyond_the_send_buffers_wait_in_order_without_blocking(fabric, events):
+    """sendControl never waits (its caller may hold its connection's lock, and a
+    path's event loop serves other paths): while every control send buffer is in
+    flight (the receiver's NIC drops everything for a second, so no send
+    completes), further frames (48 CTS for 32 buffers) wait in the path's
+    backlog and go out in order once completions free buffers. Nothing is lost,
+    no path fails, and irecv returns at once."""
+    f = fabric(RECCL_HEARTBEAT_MS=5000, RECCL_IB_TIMEOUT=16)  # retry budget ~2.1 s
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(90, 5, CHUNK), 90)
+    sizes = plan_sizes(91, 48, CHUNK)
+    buffers = [bytearray(size) for size in sizes]
+    f.emu.drop(B0, True)
+    try:
+        start = time.monotonic()
+        receives = [recv.irecv(buf) for buf in buffers]
+        posting = time.monotonic() - start
+        time.sleep(1.0)
+    finally:
+        f.emu.drop(B0, False)
+    assert posting < 0.5, posting  # a caller waiting for a buffer would take the whole second
+    assert run_sender(send, sizes, 91, window=8) == sum(sizes)
+    for i, (request, buf) in enumerate(zip(receives, buffers)):
+        assert request.wait(10) == sizes[i]
+        assert bytes(buf) == message(91, i, sizes[i]), f"message {i} differs"
+    assert events.of("path_down", connection=recv.id) == []
+    assert send.active_path == recv.active_path == 0
 
 
 # ------------------------------------------------------------------ direct placement
@@ -360,7 +390,7 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=3, role=1, mtu=3, qpn=0x101, psn=7, lid=0, glob=1,
+    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, glob=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)

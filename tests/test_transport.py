@@ -274,8 +274,8 @@ def test_threads_do_not_grow_with_connections():
     """TCP paths have no threads of their own: every connection's sockets share
     the NICs' I/O threads, so three connections cost what one does, and closing
     everything gives every thread back (I/O threads retire after 1 s idle). The
-    contract suite checks closing for every transport; IB paths still have a
-    thread each."""
+    contract suite checks, for TCP and IB alike, that 32 connections add no
+    thread and that idle ones wake nothing but their heartbeats."""
     gc.collect()
     # Threads of earlier tests may still be exiting: count from a settled baseline.
     assert wait_until(lambda: torch_reccl.stats()["io_threads"] == 0, 5)

@@ -397,7 +397,7 @@ def test_both_nics_down_fails_pending_requests_within_the_bound(bed, events):
         send.wait_ready(1)
 
 
-# --------------------------------------------------------------------------- close
+# --------------------------------------------------------------------------- scale
 
 
 def thread_ids():
@@ -415,6 +415,89 @@ def thread_names(tids):
     return names
 
 
+def all_paths_up(pairs):
+    return all(len(c.paths()) == 2 and all(" up" in p for p in c.paths())
+               for pair in pairs for c in pair)
+
+
+def io_pool_bound():
+    """The most I/O threads the process may run: RECCL_IO_THREADS by cores (1 or
+    2) per NIC it has seen, whatever its connections."""
+    return 2 * len(torch_reccl.stats()["nics"])
+
+
+@pytest.mark.timeout(90)
+def test_threads_do_not_grow_with_connections(bed):
+    """Paths have no threads of their own on either transport: their sockets or
+    completion channels are served by the process's I/O loops, a fixed pool per
+    NIC, so 32 connections cost the threads one does. (IB paths used to have a
+    polling thread each: 64 per 32 connections, at each end.)"""
+    f = bed()
+    first = f.pair()
+    stream(*first, plan_sizes(81, 5, 256 << 10), 81)
+    assert wait_until(lambda: all_paths_up([first]), 5)
+
+    def others():  # dial threads come and go: what is not an I/O loop must settle
+        return sorted(n for n in thread_names(thread_ids()) if n != "reccl-io")
+
+    time.sleep(0.3)
+    with_one = others()
+    pairs = [first] + [f.pair() for _ in range(31)]
+    stream(*pairs[-1], plan_sizes(82, 5, 256 << 10), 82)
+    assert wait_until(lambda: all_paths_up(pairs), 20)
+    assert wait_until(lambda: others() == with_one, 5), (others(), with_one)
+    io_threads = torch_reccl.stats()["io_threads"]
+    assert 1 <= io_threads <= io_pool_bound(), io_threads
+    assert thread_names(thread_ids()).count("reccl-io") <= io_pool_bound()
+
+
+def voluntary_switches(seconds):
+    """How often reccl's threads blocked over `seconds` (one voluntary context
+    switch per sleep, so per wake-up), over the threads alive throughout."""
+    def sample():
+        counts = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/status") as status:
+                    fields = dict(line.split(":", 1) for line in status if ":" in line)
+            except OSError:
+                continue  # exited meanwhile
+            if fields["Name"].strip().startswith("reccl-"):
+                counts[tid] = int(fields["voluntary_ctxt_switches"])
+        return counts
+
+    before = sample()
+    time.sleep(seconds)
+    after = sample()
+    return sum(after[tid] - before[tid] for tid in after if tid in before)
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_wake_nothing_but_their_heartbeats(bed):
+    """An idle path is woken by its heartbeats only (sending one, hearing one,
+    its completion): a few wake-ups per beat, here one beat a second. Nothing
+    polls it. (An IB path's own thread used to poll with a backoff of at most
+    1 ms: ~1000 wake-ups a second per path end.)"""
+    f = bed(RECCL_HEARTBEAT_MS=4000)  # a beat every second
+    time.sleep(0.5)
+    transports_alone = voluntary_switches(2.0)  # accept, port events, supervision
+    pairs = [f.pair() for _ in range(8)]
+    stream(*pairs[0], plan_sizes(83, 5, 256 << 10), 83)
+    assert wait_until(lambda: all_paths_up(pairs), 10)
+    time.sleep(0.5)
+    seconds = 2.0
+    idle = voluntary_switches(seconds)
+    path_ends = 2 * 2 * len(pairs)
+    per_path_end = (idle - transports_alone) / seconds / path_ends
+    assert per_path_end < 8, (idle, transports_alone, per_path_end)
+    for send, recv in pairs:
+        assert send.error == recv.error == ""
+        assert send.active_path == recv.active_path == 0
+
+
+# --------------------------------------------------------------------------- close
+
+
 @pytest.mark.timeout(40)
 def test_close_leaves_no_thread_behind(bed):
     """After every connection, listener and transport is closed and dropped, each
@@ -429,8 +512,7 @@ def test_close_leaves_no_thread_behind(bed):
     backward = f.pair(1, reverse=True)
     for i, (send, recv) in enumerate((forward, backward)):
         stream(send, recv, plan_sizes(71 + i, 10, 256 << 10), 71 + i)
-    assert wait_until(lambda: all(len(c.paths()) == 2 and all(" up" in p for p in c.paths())
-                                  for pair in (forward, backward) for c in pair), 5)
+    assert wait_until(lambda: all_paths_up((forward, backward)), 5)
     started = thread_ids() - baseline
     assert started, "no thread started for two transports and two connections?"
     start = time.monotonic()

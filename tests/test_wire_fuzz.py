@@ -37,9 +37,9 @@ FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True
 
 MAGIC = 0x4C434552
 HEADER = struct.Struct("<IB3xI")               # FrameHeader
-HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQ")    # HelloBody (version 3: with the dialer's transport)
+HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQ")    # HelloBody (version 3 on: with the dialer's transport)
 HELLO_ACK = struct.Struct("<BQ")                # HelloAckBody: accepted, the acceptor's transport
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 CTS = ACK = struct.Struct("<QQ")
 ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")

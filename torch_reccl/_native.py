@@ -40,7 +40,8 @@ def nics(env: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
 
 def stats() -> Dict[str, Any]:
     """Per-NIC bytes, state and failover counts, plus process-wide counters
-    (``io_threads``: the TCP transport's I/O threads running now; ``control``: store
+    (``io_threads``: the I/O threads serving the transports' paths, TCP
+    sockets and IB completion channels alike, running now; ``control``: store
     requests of the rendezvous and the fault board, agreements run)."""
     c = native()
     out: Dict[str, Any] = {"nics": c.nic_stats()}

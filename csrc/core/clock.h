@@ -14,6 +14,11 @@ inline int64_t nowNs() {
       .count();
 }
 
+// The steady-clock instant of a nowNs() value.
+inline Clock::time_point atNs(int64_t ns) {
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
+
 // Wall-clock time for events, so users can line them up with their logs.
 inline int64_t wallNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -11,7 +11,9 @@
 namespace reccl {
 
 constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
-constexpr uint16_t kProtocolVersion = 3;  // 3: HELLO and HELLO_ACK name their transports
+// 3: HELLO and HELLO_ACK name their transports; 4: an IB grant is followed by
+// an empty SEND (its notice), which a version-3 sender takes for a bad frame.
+constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;

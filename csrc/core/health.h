@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <array>
 #include <functional>
@@ -25,6 +26,10 @@ struct NicCounters {
   std::atomic<uint64_t> pathsDown{0};
   std::atomic<uint64_t> nvlBytes{0};    // bytes staged through a transit GPU for this NIC
 };
+
+// How often a path paused by an injected blackhole (NicHealth::setBlackhole)
+// looks again: only while the drill lasts, so an idle path is never polled.
+constexpr std::chrono::milliseconds kBlackholeRecheck{10};
 
 class NicHealth {
  public:

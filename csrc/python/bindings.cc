@@ -384,7 +384,8 @@ PYBIND11_MODULE(_C, m) {
     d["events_dropped"] = NicHealth::instance().events().dropped();
     d["nvl_transit_bytes"] = NicHealth::instance().transitBytes();
     d["nvl_transit_peak_bytes"] = NicHealth::instance().transitPeakBytes();
-    // The TCP transport's event loops running now (RECCL_IO_THREADS per NIC in use).
+    // The event loops running now (RECCL_IO_THREADS per NIC in use), which
+    // serve TCP sockets and IB completion channels alike.
     d["io_threads"] = EventLoops::instance().runningThreads();
     return d;
   });

@@ -112,7 +112,12 @@ void bindRawVerbs(py::module_& m) {
         py::list out;
         for (int i = 0; i < got; ++i) out.append(completionDict(wcs[i]));
         return out;
-      }, py::arg("max") = 64);
+      }, py::arg("max") = 64)
+      .def("arm", &VerbsCompletionQueue::requestNotify, "ibv_req_notify_cq: one event for the next completion");
+  py::class_<VerbsCompletionChannel, std::shared_ptr<VerbsCompletionChannel>>(m, "IbCompletionChannel")
+      .def_property_readonly("fd", &VerbsCompletionChannel::fd)
+      // The CQ object the event announces (the one create_cq returned), or None.
+      .def("take_event", &VerbsCompletionChannel::takeEvent, py::return_value_policy::reference);
   py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
       .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
       .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
@@ -175,9 +180,12 @@ void bindRawVerbs(py::module_& m) {
         region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
         return region;
       }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
-      .def("create_cq", [](VerbsDevice& d) {
-        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64));
+      .def("create_channel", [](VerbsDevice& d) {
+        return std::shared_ptr<VerbsCompletionChannel>(d.createCompletionChannel());
       }, py::keep_alive<0, 1>())
+      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel) {
+        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64, channel.get()));
+      }, py::arg("channel") = nullptr, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
       .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
                            std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
         return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));

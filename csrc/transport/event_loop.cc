@@ -85,11 +85,22 @@ bool EventLoop::pollLocked(uint64_t id, Registration& registration, uint32_t eve
 void EventLoop::setDeadline(uint64_t id, Clock::time_point when, bool earlierOnly) {
   const int64_t dueNs =
       std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+  const bool past = dueNs <= nowNs();
   std::lock_guard<std::mutex> lock(mutex_);
   if (registrations_.count(id) == 0) return;
-  const int64_t current = timers_.deadlineOf(id);
-  if (earlierOnly && current >= 0 && current <= dueNs) return;
-  timers_.set(id, dueNs);
+  if (overdue_.count(id) != 0) {
+    if (earlierOnly || past) return;  // nothing is earlier than due now
+    overdue_.erase(id);
+  } else {
+    const int64_t current = timers_.deadlineOf(id);
+    if (earlierOnly && current >= 0 && current <= dueNs) return;
+  }
+  if (past) {
+    timers_.cancel(id);
+    overdue_.insert(id);
+  } else {
+    timers_.set(id, dueNs);
+  }
   // A loop asleep past the new deadline must recompute its sleep.
   if (!onThisLoop() && sleepUntilNs_ != 0 && (sleepUntilNs_ < 0 || dueNs < sleepUntilNs_)) wake();
 }
@@ -102,6 +113,7 @@ void EventLoop::remove(uint64_t id) {
   if (it == registrations_.end()) return;
   if (it->second.polled) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.fd, nullptr);
   timers_.cancel(id);
+  overdue_.erase(id);
   std::shared_ptr<IoHandler> handler = std::move(it->second.handler);
   registrations_.erase(it);
   // The last one gone: a loop asleep without deadlines must wake to retire.
@@ -154,7 +166,9 @@ void EventLoop::run() noexcept {
       } else {
         idleSince = Clock::now();
       }
-      if (wakeAt < 0) {
+      if (!overdue_.empty()) {
+        timeoutMs = 0;
+      } else if (wakeAt < 0) {
         timeoutMs = -1;
       } else {
         timeoutMs = static_cast<int>(std::max<int64_t>(0, (wakeAt - now + 999999) / 1000000));
@@ -181,6 +195,8 @@ void EventLoop::run() noexcept {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       timers_.popDue(nowNs(), &due);
+      due.insert(due.end(), overdue_.begin(), overdue_.end());
+      overdue_.clear();
     }
     for (uint64_t id : due) dispatch(id, [](IoHandler& handler) { handler.onDeadline(); });
   }
@@ -191,6 +207,7 @@ void EventLoop::resetAfterFork() {
   // instance would still be the parent's (shared across fork), so make new ones.
   registrations_.clear();  // the handlers point at the parent's paths: leak-free, inert
   timers_ = TimerWheel(nowNs());
+  overdue_.clear();
   dispatching_ = 0;
   sleepUntilNs_ = 0;
   running_ = false;

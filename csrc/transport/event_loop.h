@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/clock.h"
@@ -45,7 +46,10 @@ class EventLoop {
   // the epoll set altogether: epoll reports a hung-up socket even with no
   // events asked, and level-triggered that would spin until remove().
   void setEvents(uint64_t id, uint32_t events);
-  // Any thread: replaces the deadline; `earlierOnly` keeps an earlier one.
+  // Any thread: replaces the deadline; `earlierOnly` keeps an earlier one. A
+  // deadline already past is due at the loop's next turn, not at the end of
+  // the wheel's current 1 ms tick: setDeadline(id, Clock::now(), true) is how
+  // another thread hands a registration work to do on its loop.
   void setDeadline(uint64_t id, Clock::time_point when, bool earlierOnly = false);
   // Unregisters. Once it returns no callback of `id` runs or will run, except
   // the one that called it when called from inside that callback.
@@ -79,11 +83,20 @@ class EventLoop {
   std::condition_variable dispatched_;
   std::unordered_map<uint64_t, Registration> registrations_;
   TimerWheel timers_;
+  std::unordered_set<uint64_t> overdue_;  // deadlines set already past: due now, not in the wheel
   uint64_t nextId_ = 1;
   uint64_t dispatching_ = 0;       // the id whose callback runs now, 0 = none
   int64_t sleepUntilNs_ = 0;       // when the loop wakes by itself; 0 = not sleeping
   bool running_ = false;
 };
+
+// The next multiple of `interval` on the steady clock after `now`: every path
+// with the same heartbeat beats at the same instants, so a loop serving many
+// idle paths wakes once per interval for all of them, not once per path.
+inline Clock::time_point nextBeatAfter(Clock::time_point now, Millis interval) {
+  const auto step = std::chrono::duration_cast<Clock::duration>(interval);
+  return Clock::time_point((now.time_since_epoch() / step + 1) * step);
+}
 
 // The process's loops: one pool of `threads per NIC × NICs in use` loops shared
 // by every NIC, so when a NIC dies and its traffic moves to the backup NIC, the

@@ -25,8 +25,9 @@ IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t 
   remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true);
   const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 4);
   const int maxRecv = static_cast<int>(kControlRecvs);
-  sendCq_ = device_->createCompletionQueue(maxSend);
-  recvCq_ = device_->createCompletionQueue(maxRecv);
+  channel_ = device_->createCompletionChannel();
+  sendCq_ = device_->createCompletionQueue(maxSend, channel_.get());
+  recvCq_ = device_->createCompletionQueue(maxRecv, channel_.get());
   qp_ = device_->createQueuePair(sendCq_.get(), recvCq_.get(), maxSend, maxRecv);
   qp_->toInit(kPort);
   for (uint32_t i = 0; i < kControlRecvs; ++i) {

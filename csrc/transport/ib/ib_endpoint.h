@@ -1,10 +1,11 @@
 // The verbs resources of one end of one IB path: an RC QP with its send and
-// receive completion queues, and two registered regions. The local region
+// receive completion queues, both on one completion channel (the fd an event
+// loop polls), and two registered regions. The local region
 // (only this end touches it) holds the control receive and send buffers and
 // either the sender's data staging slots or the receiver's grant sources. The
 // remote region (the peer may RDMA-write it, nothing else) is the sender's
 // CTS FIFO or the receiver's staging ring. Members are declared so that the
-// QP goes first and the memory last.
+// QP goes first, then the CQs, then their channel, and the memory last.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,7 @@ class IbEndpoint {
   VerbsQueuePair& qp() { return *qp_; }
   VerbsCompletionQueue& sendCq() { return *sendCq_; }
   VerbsCompletionQueue& recvCq() { return *recvCq_; }
+  VerbsCompletionChannel& channel() { return *channel_; }
   uint32_t localKey() const { return localMr_->lkey(); }
 
   uint8_t* controlRecv(uint32_t i) { return local_.data() + i * kControlBytes; }
@@ -84,6 +86,7 @@ class IbEndpoint {
   std::vector<uint8_t> remote_;
   std::unique_ptr<VerbsMemoryRegion> localMr_;
   std::unique_ptr<VerbsMemoryRegion> remoteMr_;
+  std::unique_ptr<VerbsCompletionChannel> channel_;
   std::unique_ptr<VerbsCompletionQueue> sendCq_;
   std::unique_ptr<VerbsCompletionQueue> recvCq_;
   std::unique_ptr<VerbsQueuePair> qp_;

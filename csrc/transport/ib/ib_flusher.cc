@@ -16,7 +16,7 @@ IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, int timeout, int retry
   const int gidIndex = selectGidIndex(table, port.ethernet);
   if (port.ethernet && gidIndex < 0) throw Error("flush QP: " + device_->name() + " has no usable GID");
   landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false);
-  cq_ = device_->createCompletionQueue(4);
+  cq_ = device_->createCompletionQueue(4, nullptr);
   qp_ = device_->createQueuePair(cq_.get(), cq_.get(), 4, 1);
   qp_->toInit(kPort);
   QpPeer self;  // connected to itself: the READ never leaves the NIC

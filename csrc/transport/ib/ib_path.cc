@@ -1,12 +1,13 @@
 #include "transport/ib/ib_path.h"
 
+#include <sys/epoll.h>
+
+#include <algorithm>
 #include <cstring>
-#include <system_error>
 
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
-#include "core/thread_name.h"
 #include "transport/ib/ib_registration.h"
 
 namespace reccl {
@@ -18,7 +19,24 @@ namespace {
 // never sees half of an entry.
 uint64_t fifoEntry(uint64_t grant, uint32_t slot) { return ((grant + 1) << 16) | slot; }
 
+// Rounds of polling and pumping one path does per loop turn before it lets the
+// loop's other registrations go first (a busy stream would otherwise keep the
+// CQs non-empty forever); the rest follows at the next turn.
+constexpr int kRoundsPerTurn = 8;
+
 }  // namespace
+
+// The loop holds this, not the path: the path unregisters (stopAndJoin)
+// before it goes.
+class IbPath::ChannelIo : public IoHandler {
+ public:
+  explicit ChannelIo(IbPath* path) : path_(path) {}
+  void onIo(uint32_t) override { path_->onIo(); }
+  void onDeadline() override { path_->onDeadline(); }
+
+ private:
+  IbPath* const path_;
+};
 
 IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int localNic,
                int remoteNic, int healthId, std::string peerName, const Config& config)
@@ -33,6 +51,8 @@ IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int
       healthId_(healthId),
       peerName_(std::move(peerName)),
       heartbeat_(config.heartbeatMs),
+      beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
+      ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
       ibTimeout_(config.ibTimeout),
       ibRetryCount_(config.ibRetryCount) {
   for (uint32_t i = 0; i < IbEndpoint::kControlSends; ++i) freeControl_.push_back(i);
@@ -46,19 +66,34 @@ IbPath::~IbPath() { stopAndJoin(); }
 void IbPath::stopAndJoin() {
   shutdown();
   std::lock_guard<std::mutex> lock(joinMutex_);
-  if (thread_.joinable()) thread_.join();
+  if (joined_) return;
+  // Waits for a callback running now: after this nothing of the loop touches
+  // the QP, the CQs or the channel, which the endpoint destroys with the path.
+  if (loop_ != nullptr) loop_->remove(loopId_);
+  joined_ = true;
 }
 
 void IbPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
   lastHeardNs_.store(nowNs());
+  nextBeat_ = Clock::now();  // the first turn beats at once, later ones on the beat grid
   try {
-    thread_ = std::thread([this] { run(); });
-  } catch (const std::system_error& e) {
+    // Armed before the loop polls them: a completion from now on raises an
+    // event, and the first turn (below) polls whatever came before.
+    endpoint_->sendCq().requestNotify();
+    endpoint_->recvCq().requestNotify();
+    EventLoop& loop = EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
+    // Unpolled until loop_ and loopId_ are set: the callbacks use them.
+    loopId_ = loop.add(endpoint_->channel().fd(), 0, std::make_shared<ChannelIo>(this));
+    loop_ = &loop;
+  } catch (const Error& e) {
     shutdown();
-    throw Error(std::string("could not start the IB path's thread: ") + e.what());
+    throw Error("could not start the path to " + peerName_ + ": " + e.what());
   }
+  loop_->setEvents(loopId_, EPOLLIN);
+  // The first turn: the receiver's grants, the first heartbeat, the timers.
+  loop_->setDeadline(loopId_, Clock::now());
 }
 
 void IbPath::shutdown() {
@@ -73,6 +108,10 @@ void IbPath::shutdown() {
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     queue_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    backlog_.clear();
   }
   sendSlotFreed_.notify_all();
 }
@@ -147,53 +186,79 @@ void IbPath::reportSendFailure() {
 
 bool IbPath::sendControl(const std::vector<uint8_t>& frame) {
   if (stop_.load() || owner_ == nullptr) return false;
-  return sendControlFrom(frame.data(), frame.size());
+  return sendControlFrom(frame.data(), frame.size(), true);
 }
 
-bool IbPath::sendControlFrom(const uint8_t* bytes, size_t length) {
+bool IbPath::postControlLocked(const uint8_t* bytes, size_t length) {
+  const uint32_t index = freeControl_.back();
+  freeControl_.pop_back();
+  std::memcpy(endpoint_->controlSend(index), bytes, length);
+  SendRequest request;
+  request.wrId = workId(WorkKind::kControlSend, index);
+  request.op = SendRequest::Op::kSend;
+  request.sge = {reinterpret_cast<uint64_t>(endpoint_->controlSend(index)),
+                 static_cast<uint32_t>(length), endpoint_->localKey()};
+  if (postLocked(request)) return true;
+  freeControl_.push_back(index);
+  return false;
+}
+
+bool IbPath::flushBacklogLocked() {
+  bool posted = false;
+  while (!backlog_.empty() && !freeControl_.empty() && !stop_.load() && sendFailure_.empty()) {
+    const std::vector<uint8_t>& frame = backlog_.front();
+    if (!postControlLocked(frame.data(), frame.size())) break;
+    backlog_.pop_front();
+    backlogProgressNs_ = nowNs();
+    posted = true;
+  }
+  return posted;
+}
+
+bool IbPath::sendControlFrom(const uint8_t* bytes, size_t length, bool queue) {
   if (length > IbEndpoint::kControlBytes) {
     fail(Reason::kError, "control frame of " + std::to_string(length) + " bytes exceeds " +
                              std::to_string(IbEndpoint::kControlBytes));
     return false;
   }
-  const Clock::time_point deadline = Clock::now() + heartbeat_;
   bool posted = false;
-  bool timedOut = false;
+  int64_t backlogSince = 0;
   {
-    std::unique_lock<std::mutex> lock(sendMutex_);
-    while (freeControl_.empty() && !stop_.load() && sendFailure_.empty()) {
-      if (drainSendsLocked() > 0) continue;
-      if (Clock::now() > deadline) {
-        timedOut = true;
-        break;
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!stop_.load() && sendFailure_.empty()) {
+      if (backlog_.empty() && freeControl_.empty()) drainSendsLocked();
+      if (backlog_.empty() && !freeControl_.empty()) {
+        posted = postControlLocked(bytes, length);
+      } else if (queue) {
+        // Every buffer is in flight, so a send completion (an event) comes,
+        // or the QP fails; the loop posts the backlog then.
+        if (backlog_.empty()) backlogProgressNs_ = nowNs();
+        backlog_.emplace_back(bytes, bytes + length);
+        backlogSince = backlogProgressNs_;
       }
-      sendSlotFreed_.wait_for(lock, Millis(1));
-    }
-    if (!freeControl_.empty() && !stop_.load() && sendFailure_.empty()) {
-      uint32_t index = freeControl_.back();
-      freeControl_.pop_back();
-      std::memcpy(endpoint_->controlSend(index), bytes, length);
-      SendRequest request;
-      request.wrId = workId(WorkKind::kControlSend, index);
-      request.op = SendRequest::Op::kSend;
-      request.sge = {reinterpret_cast<uint64_t>(endpoint_->controlSend(index)),
-                     static_cast<uint32_t>(length), endpoint_->localKey()};
-      posted = postLocked(request);
-      if (!posted) freeControl_.push_back(index);
     }
   }
-  if (timedOut) {
-    fail(Reason::kTimeout, "the peer " + peerName_ + " took no control frame for " +
-                               std::to_string(heartbeat_.count()) + " ms");
+  if (backlogSince != 0) {
+    // Bounded: a backlog that does not move for a heartbeat fails the path.
+    loop_->setDeadline(loopId_, atNs(backlogSince) + heartbeat_ + Millis(1), true);
+    return true;
   }
   if (!posted) reportSendFailure();
   return posted;
 }
 
 void IbPath::sendData(const DataChunk& chunk) {
-  std::lock_guard<std::mutex> lock(queueMutex_);
-  if (stop_.load()) return;
-  queue_.push_back(chunk);
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (stop_.load()) return;
+    queue_.push_back(chunk);
+  }
+  serviceSoon();
+}
+
+void IbPath::serviceSoon() {
+  // One hand-over at a time: the flag is cleared when the loop takes it.
+  if (loop_ != nullptr && !serviceDue_.exchange(true)) loop_->setDeadline(loopId_, Clock::now(), true);
 }
 
 void IbPath::dropQueuedData() {
@@ -223,13 +288,20 @@ void IbPath::grant(uint32_t slot) {
     const uint32_t entry = static_cast<uint32_t>(grantNumber % peerSlotCount_);
     uint64_t* source = endpoint_->grantSource(entry);
     *source = fifoEntry(grantNumber, slot);
-    SendRequest request;
-    request.wrId = workId(WorkKind::kGrant, entry);
-    request.op = SendRequest::Op::kWrite;
-    request.sge = {reinterpret_cast<uint64_t>(source), sizeof(uint64_t), endpoint_->localKey()};
-    request.remoteAddress = peerRegion_ + entry * sizeof(uint64_t);
-    request.rkey = peerRkey_;
-    postLocked(request);
+    SendRequest write;
+    write.wrId = workId(WorkKind::kGrant, entry);
+    write.op = SendRequest::Op::kWrite;
+    write.signaled = false;  // the notice's completion stands for both
+    write.sge = {reinterpret_cast<uint64_t>(source), sizeof(uint64_t), endpoint_->localKey()};
+    write.remoteAddress = peerRegion_ + entry * sizeof(uint64_t);
+    write.rkey = peerRkey_;
+    // The notice: an empty SEND, so the sender gets a completion (an event)
+    // for the grant; RC executes it after the write, so the entry is there.
+    SendRequest notice;
+    notice.wrId = workId(WorkKind::kGrant, entry);
+    notice.op = SendRequest::Op::kSend;
+    // Both under one lock: nothing else of this QP goes between them.
+    if (postLocked(write)) postLocked(notice);
   }
   reportSendFailure();
 }
@@ -407,7 +479,11 @@ bool IbPath::pollReceives() {
       if (workKind(wc.wrId) != WorkKind::kControlRecv || index >= IbEndpoint::kControlRecvs) {
         throw ProtocolError("completion for an unknown receive");
       }
-      if (wc.opcode == WcOpcode::kRecv) {
+      if (wc.opcode == WcOpcode::kRecv && wc.byteLength == 0) {
+        // A grant's notice (a control frame is never empty): its FIFO entry
+        // is in place, and pumpData, which runs after this poll, takes it.
+        if (!sender_) throw ProtocolError("an empty SEND at the receiving end of a path");
+      } else if (wc.opcode == WcOpcode::kRecv) {
         handleControl(endpoint_->controlRecv(index), wc.byteLength);
       } else if (wc.opcode == WcOpcode::kRecvRdmaWithImm && !sender_) {
         handleData(wc.immediate, wc.byteLength);
@@ -430,16 +506,23 @@ bool IbPath::pollReceives() {
 }
 
 bool IbPath::pollSends() {
-  int drained;
+  bool moved;
   {
     std::lock_guard<std::mutex> lock(sendMutex_);
-    drained = drainSendsLocked();
+    moved = drainSendsLocked() > 0;
+    moved = flushBacklogLocked() || moved;
   }
   reportSendFailure();
-  return drained > 0;
+  return moved;
 }
 
 bool IbPath::pumpData() {
+  {
+    // Data waits behind control frames waiting for a buffer (sendControl
+    // used to block its caller until its frame was posted: same order).
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!backlog_.empty()) return false;
+  }
   bool moved = false;
   while (!stop_.load()) {
     bool placed = false;
@@ -531,46 +614,107 @@ bool IbPath::pumpData() {
   return moved;
 }
 
-void IbPath::run() {
-  nameThisThread("reccl-ib-path");
-  if (!sender_) {
+bool IbPath::pauseIfBlackholed() {
+  if (!NicHealth::instance().blackholed(healthId_)) return false;
+  if (!paused_) {
+    paused_ = true;
+    loop_->setEvents(loopId_, 0);
+  }
+  loop_->setDeadline(loopId_, Clock::now() + kBlackholeRecheck, true);
+  return true;
+}
+
+void IbPath::resume() {
+  if (!paused_) return;
+  paused_ = false;
+  loop_->setEvents(loopId_, EPOLLIN);  // events that came meanwhile wait in the channel
+}
+
+void IbPath::onIo() {
+  if (stop_.load() || failed_.load()) {
+    // Nothing more to do here; a channel left readable would report again and again.
+    loop_->setEvents(loopId_, 0);
+    return;
+  }
+  // The blackhole drill: nothing in or out, so the silence check (a
+  // deadline) fails the path as a real blackhole would.
+  if (pauseIfBlackholed()) return;
+  service(true);
+}
+
+void IbPath::onDeadline() {
+  serviceDue_.store(false);  // before servicing: a later sendData hands over again
+  if (stop_.load() || failed_.load()) return;
+  const int64_t now = nowNs();
+  const int64_t silentNs = now - lastHeardNs_.load();
+  if (silentNs > heartbeat_.count() * 1000000LL) {
+    fail(Reason::kTimeout, "nothing from " + peerName_ +
+                               (paused_ ? std::string(" (NIC blackholed)")
+                                        : " for " + std::to_string(silentNs / 1000000) + " ms"));
+    return;
+  }
+  int64_t backlogSince = 0;
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!backlog_.empty()) backlogSince = backlogProgressNs_;
+  }
+  if (backlogSince != 0 && now - backlogSince > heartbeat_.count() * 1000000LL) {
+    fail(Reason::kTimeout, "the peer " + peerName_ + " took no control frame for " +
+                               std::to_string(heartbeat_.count()) + " ms");
+    return;
+  }
+  if (pauseIfBlackholed()) return;
+  resume();
+  if (!sender_ && !granted_) {
+    granted_ = true;
     for (uint32_t slot = 0; slot < IbEndpoint::kDataSlots; ++slot) grant(slot);
   }
-  const Millis beatInterval(std::max<int64_t>(5, heartbeat_.count() / 4));
-  const std::vector<uint8_t> heartbeat = encodeHeartbeat();
-  Clock::time_point nextBeat = Clock::now();
-  int idleMicros = 0;
-  NicHealth& health = NicHealth::instance();
-  while (!stop_.load()) {
-    if (health.blackholed(healthId_)) {
-      // The blackhole drill (inject_fault): nothing in or out, so the silence
-      // check below fails the path as a real blackhole would.
-      std::this_thread::sleep_for(Millis(10));
-      if (nowNs() - lastHeardNs_.load() > heartbeat_.count() * 1000000LL) {
-        fail(Reason::kTimeout, "nothing from " + peerName_ + " (NIC blackholed)");
-        break;
-      }
-      continue;
-    }
-    bool busy = pollReceives();
-    busy = pollSends() || busy;
-    if (sender_) busy = pumpData() || busy;
-    if (stop_.load()) break;
-    Clock::time_point now = Clock::now();
-    if (now >= nextBeat) {
-      sendControlFrom(heartbeat.data(), heartbeat.size());
-      nextBeat = now + beatInterval;
-    }
-    int64_t silentNs = nowNs() - lastHeardNs_.load();
-    if (silentNs > heartbeat_.count() * 1000000LL) {
-      fail(Reason::kTimeout, "nothing from " + peerName_ + " for " +
-                                 std::to_string(silentNs / 1000000) + " ms");
-      break;
-    }
-    // Polling, not completion channels: back off to at most 1 ms when idle.
-    idleMicros = busy ? 0 : std::min(idleMicros * 2 + 20, 1000);
-    if (idleMicros > 0) std::this_thread::sleep_for(std::chrono::microseconds(idleMicros));
+  service(false);
+  if (stop_.load() || failed_.load()) return;
+  const Clock::time_point clockNow = Clock::now();
+  if (clockNow >= nextBeat_) {
+    // Only when a buffer is free and nothing waits: a frame in flight or
+    // waiting speaks for us as well, and its own bound covers it.
+    const std::vector<uint8_t> beat = encodeHeartbeat();
+    sendControlFrom(beat.data(), beat.size(), false);
+    nextBeat_ = nextBeatAfter(clockNow, beatInterval_);
   }
+  // Next: the beat, or the moment silence (or a stuck backlog) would fail the path.
+  Clock::time_point next = std::min(nextBeat_, atNs(lastHeardNs_.load()) + heartbeat_ + Millis(1));
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    if (!backlog_.empty()) next = std::min(next, atNs(backlogProgressNs_) + heartbeat_ + Millis(1));
+  }
+  // Earlier only: this deadline was just taken, so one set meanwhile (work
+  // handed over, a backlog's bound) is newer and must stay.
+  loop_->setDeadline(loopId_, next, true);
+}
+
+void IbPath::service(bool events) {
+  if (events) {
+    // Take and acknowledge every waiting event, re-arm, and only then poll: a
+    // completion landing after the arm raises the next event, one landing
+    // before it is found by the poll below.
+    while (endpoint_->channel().takeEvent() != nullptr) {
+    }
+    try {
+      endpoint_->sendCq().requestNotify();
+      endpoint_->recvCq().requestNotify();
+    } catch (const Error& error) {
+      fail(Reason::kError, std::string("re-arming a completion queue: ") + error.what());
+      return;
+    }
+  }
+  for (int round = 0; round < kRoundsPerTurn; ++round) {
+    bool moved = pollReceives();
+    if (stop_.load() || failed_.load()) return;
+    moved = pollSends() || moved;
+    if (sender_) moved = pumpData() || moved;
+    if (!moved || stop_.load() || failed_.load()) return;
+  }
+  // Still moving: what is left (completions the channel will not announce
+  // again) gets the next turn, after the loop's other registrations.
+  serviceSoon();
 }
 
 }  // namespace reccl

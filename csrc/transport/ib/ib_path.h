@@ -1,7 +1,9 @@
 // A path over one RC queue pair. Control frames (CTS, ACK, ACTIVATE, RESYNC,
 // NOTIFY, heartbeats) travel as SENDs into receive buffers kept posted at the
 // peer. Data is receiver-driven: the receiver grants a staging slot by an RDMA
-// WRITE of a FIFO entry into the sender's CTS FIFO; the sender stages the
+// WRITE of a FIFO entry into the sender's CTS FIFO, followed by an empty SEND
+// (the grant's notice: a completion at the sender, which has no thread
+// polling the FIFO; RC order puts the entry in place first); the sender stages the
 // chunk (frame header, DataHeader, payload) and RDMA-WRITEs it into that slot
 // WITH IMMEDIATE = slot, which raises a completion at the receiver; the
 // receiver checks it, copies the payload where the connection says
@@ -16,7 +18,14 @@
 // order, so when the notice arrives the payload is in place; the receiver
 // only records it (beginData(placed)). No grant, no copy at either end.
 //
-// One progress thread per path polls both completion queues and the FIFO.
+// The path has no thread of its own. Both CQs sit on one completion channel,
+// whose fd is registered with one of the process's event loops
+// (transport/event_loop.h), as TCP paths' sockets are: an event (a completion
+// on an armed CQ) wakes the loop, which takes it, re-arms the CQs and only
+// then polls them empty, so no completion goes unannounced. Queued data and
+// control frames no send buffer was free for are moved on the loop too, and
+// the heartbeat and the peer's silence are deadlines in the loop's timer
+// wheel: an idle path costs no wake-up but its heartbeats.
 // A CQE error (retry exceeded, flush, access) or heartbeat silence fails the
 // path; shutdown() moves the QP to ERR first, so once it returns no write of
 // this path can land anywhere.
@@ -28,11 +37,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/config.h"
 #include "core/path.h"
+#include "transport/event_loop.h"
 #include "transport/ib/ib_endpoint.h"
 
 namespace reccl {
@@ -56,7 +65,21 @@ class IbPath : public Path {
   std::string peer() const override { return peerName_; }
 
  private:
-  void run();
+  class ChannelIo;
+  // On the loop's thread. onIo: the channel has events; onDeadline: a timer
+  // (heartbeat, silence, a stuck control frame, the blackhole recheck) or work
+  // handed over by serviceSoon().
+  void onIo();
+  void onDeadline();
+  // Takes the channel's events and re-arms the CQs (when `events`), then polls
+  // them and moves queued data until nothing moves, within a bound per turn.
+  void service(bool events);
+  // Any thread: service() on the loop at its next turn.
+  void serviceSoon();
+  // While the NIC is blackholed (the drill) the channel is not polled and a
+  // deadline rechecks every kBlackholeRecheck.
+  bool pauseIfBlackholed();
+  void resume();
   // Each returns true if it did something.
   bool pollReceives();
   bool pollSends();
@@ -72,10 +95,20 @@ class IbPath : public Path {
   // kept in sendFailure_ for the caller to report unlocked.
   int drainSendsLocked();
   bool postLocked(const SendRequest& request);
+  // Under sendMutex_: posts one control frame into a free send buffer.
+  bool postControlLocked(const uint8_t* bytes, size_t length);
+  // Under sendMutex_: posts what the backlog holds while buffers are free;
+  // true if it posted any.
+  bool flushBacklogLocked();
   void reportSendFailure();
   void fail(Reason reason, const std::string& detail);
   std::string describeCompletionError(const WorkCompletion& wc) const;
-  bool sendControlFrom(const uint8_t* bytes, size_t length);
+  // Posts the frame now when a send buffer is free and no frame waits before
+  // it; otherwise, if `queue`, it joins the backlog, which the loop posts as
+  // send completions free buffers. Never waits: callers may hold their
+  // connection's lock, and the loop serves other paths. False when the path
+  // is failing, or (without `queue`) when the frame could not go now.
+  bool sendControlFrom(const uint8_t* bytes, size_t length, bool queue);
 
   std::unique_ptr<IbEndpoint> endpoint_;
   const bool sender_;
@@ -88,6 +121,8 @@ class IbPath : public Path {
   const int healthId_;
   const std::string peerName_;
   const Millis heartbeat_;
+  const Millis beatInterval_;
+  const int ioThreadsPerNic_;
   const int ibTimeout_;
   const int ibRetryCount_;
   PathOwner* owner_ = nullptr;
@@ -97,23 +132,34 @@ class IbPath : public Path {
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> lastHeardNs_{0};
 
+  EventLoop* loop_ = nullptr;  // set by start(), with the channel's registration
+  uint64_t loopId_ = 0;
+  std::atomic<bool> serviceDue_{false};  // serviceSoon() set a deadline not yet run
+  // The loop's thread only.
+  bool paused_ = false;
+  bool granted_ = false;  // receiver: every slot granted once
+  Clock::time_point nextBeat_;
+
   std::mutex sendMutex_;  // the QP's send queue and the buffers it uses
   std::condition_variable sendSlotFreed_;
   std::vector<uint32_t> freeControl_;
   std::vector<uint32_t> freeStaging_;
   std::string sendFailure_;
   Reason sendFailureReason_ = Reason::kNone;
+  // Control frames waiting for a send buffer, in order; data waits behind them.
+  std::deque<std::vector<uint8_t>> backlog_;
+  int64_t backlogProgressNs_ = 0;  // when the backlog last moved (or began)
   uint64_t grantsIssued_ = 0;  // receiver: FIFO entries written so far
 
   std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
-  uint64_t grantsUsed_ = 0;  // sender: FIFO entries consumed so far (progress thread only)
+  uint64_t grantsUsed_ = 0;  // sender: FIFO entries consumed so far (the loop's thread only)
   // Placed chunks taken off the queue whose notice has not completed yet: a
   // write of this path may still land in the peer's buffer while it is > 0.
   std::atomic<int> placedInFlight_{0};
 
-  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one joins, the other waits
-  std::thread thread_;
+  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one unregisters, the other waits
+  bool joined_ = false;
 };
 
 }  // namespace reccl

@@ -127,6 +127,24 @@ class VerbsCompletionQueue {
   virtual ~VerbsCompletionQueue() = default;  // ibv_destroy_cq
   // ibv_poll_cq: up to `max` completions into `out`; returns how many.
   virtual int poll(WorkCompletion* out, int max) = 0;
+  // ibv_req_notify_cq (any completion, not only solicited ones): arms the CQ,
+  // so the next completion added to it raises one event on its channel. One
+  // event per arm: re-arm after each, then poll, or a completion that came
+  // between the event and the arm is never announced. Throws Error.
+  virtual void requestNotify() = 0;
+};
+
+// ibv_comp_channel: where the armed CQs made with it announce completions.
+// Destroy its CQs first (ibv_destroy_comp_channel refuses a channel in use).
+class VerbsCompletionChannel {
+ public:
+  virtual ~VerbsCompletionChannel() = default;  // ibv_destroy_comp_channel
+  // Non-blocking; readable while an event waits (poll it with epoll).
+  virtual int fd() const = 0;
+  // ibv_get_cq_event + ibv_ack_cq_events: takes the oldest waiting event and
+  // acknowledges it at once (ibv_destroy_cq waits for every event taken to be
+  // acknowledged). Returns the CQ it announces, or nullptr when none waits.
+  virtual VerbsCompletionQueue* takeEvent() = 0;
 };
 
 class VerbsQueuePair {
@@ -169,7 +187,11 @@ class VerbsDevice {
   virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) = 0;
   // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
   virtual bool supportsDmaBuf(std::string* why) const = 0;
-  virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) = 0;  // ibv_create_cq
+  virtual std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() = 0;  // ibv_create_comp_channel
+  // ibv_create_cq; its events go to `channel` (which must outlive it), or
+  // nowhere when it is nullptr (a CQ only ever polled).
+  virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(
+      int depth, VerbsCompletionChannel* channel) = 0;
   // ibv_create_qp, type RC.
   virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                           VerbsCompletionQueue* recvCq,

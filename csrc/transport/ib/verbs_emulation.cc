@@ -1,5 +1,6 @@
 #include "transport/ib/verbs_emulation.h"
 
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/thread_name.h"
+#include "transport/tcp/socket.h"
 
 namespace reccl {
 
@@ -33,8 +35,20 @@ const char* qpStateName(QpState state) {
   return "?";
 }
 
+struct CompletionQueueRecord;
+
+// A completion channel: its eventfd (semaphore mode, non-blocking) counts the
+// events in `waiting`, so it is readable exactly while one waits.
+struct CompletionChannelRecord {
+  Fd events;
+  std::deque<CompletionQueueRecord*> waiting;
+};
+
 struct CompletionQueueRecord {
   std::deque<WorkCompletion> entries;
+  VerbsCompletionQueue* handle = nullptr;       // what an event names
+  CompletionChannelRecord* channel = nullptr;
+  bool armed = false;                           // the next completion raises an event
 };
 
 struct MemoryRegionRecord {
@@ -182,6 +196,12 @@ struct VerbsEmulation::State {
       ++counters.accessErrors;
     }
     cq->entries.push_back(wc);
+    if (cq->armed && cq->channel != nullptr) {
+      // One event per arm, as on a real HCA: the CQ stays quiet until re-armed.
+      cq->armed = false;
+      cq->channel->waiting.push_back(cq);
+      signalWake(cq->channel->events.get());
+    }
   }
 
   void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status) {
@@ -435,6 +455,13 @@ struct VerbsEmulation::State {
     wire = std::move(kept);
   }
 
+  bool retrying() const {
+    for (const auto& [number, qp] : qps) {
+      if (qp->state == QpState::kReadyToSend && !qp->sends.empty()) return true;
+    }
+    return false;
+  }
+
   bool step(int64_t now) {
     bool progressed = false;
     for (auto& [number, qp] : qps) {
@@ -510,9 +537,44 @@ class EmulatedMemoryRegion : public VerbsMemoryRegion {
   std::unique_ptr<DmaBufMapping> mapping_;  // unmapped after the keys are gone
 };
 
+class EmulatedCompletionChannel : public VerbsCompletionChannel {
+ public:
+  explicit EmulatedCompletionChannel(std::shared_ptr<State> state) : state_(std::move(state)) {
+    record_.events = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE));
+    if (!record_.events.valid()) {
+      throw Error(std::string("emulated ibv_create_comp_channel: eventfd: ") + std::strerror(errno));
+    }
+  }
+  ~EmulatedCompletionChannel() override {
+    // A real channel refuses to go while CQs use it; here they are detached,
+    // so nothing points at it afterwards.
+    Lock lock(state_->mutex);
+    for (CompletionQueueRecord* cq : state_->cqs) {
+      if (cq->channel == &record_) cq->channel = nullptr;
+    }
+  }
+  int fd() const override { return record_.events.get(); }
+  VerbsCompletionQueue* takeEvent() override {
+    Lock lock(state_->mutex);
+    uint64_t one = 0;
+    if (::read(record_.events.get(), &one, sizeof(one)) != sizeof(one)) return nullptr;  // EAGAIN
+    CompletionQueueRecord* cq = record_.waiting.front();
+    record_.waiting.pop_front();
+    return cq->handle;
+  }
+  CompletionChannelRecord* record() { return &record_; }
+
+ private:
+  std::shared_ptr<State> state_;
+  CompletionChannelRecord record_;
+};
+
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
  public:
-  explicit EmulatedCompletionQueue(std::shared_ptr<State> state) : state_(std::move(state)) {
+  EmulatedCompletionQueue(std::shared_ptr<State> state, CompletionChannelRecord* channel)
+      : state_(std::move(state)) {
+    record_.handle = this;
+    record_.channel = channel;
     Lock lock(state_->mutex);
     state_->cqs.push_back(&record_);
   }
@@ -523,6 +585,19 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       if (qp->recvCq == &record_) qp->recvCq = nullptr;
     }
     state_->cqs.erase(std::find(state_->cqs.begin(), state_->cqs.end(), &record_));
+    if (record_.channel == nullptr) return;
+    // Events of this CQ not taken yet go with it (the kernel drops them too).
+    auto& waiting = record_.channel->waiting;
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (*it != &record_) {
+        ++it;
+        continue;
+      }
+      it = waiting.erase(it);
+      uint64_t one = 0;
+      ssize_t taken = ::read(record_.channel->events.get(), &one, sizeof(one));
+      (void)taken;  // the count matched `waiting`, so one was there
+    }
   }
   int poll(WorkCompletion* out, int max) override {
     Lock lock(state_->mutex);
@@ -532,6 +607,11 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       record_.entries.pop_front();
     }
     return count;
+  }
+  void requestNotify() override {
+    Lock lock(state_->mutex);
+    if (record_.channel == nullptr) throw Error("ibv_req_notify_cq on a CQ without a completion channel");
+    record_.armed = true;
   }
   CompletionQueueRecord* record() { return &record_; }
 
@@ -713,9 +793,19 @@ class EmulatedDevice : public VerbsDevice {
     record.remoteRead = true;
     return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
   }
-  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
+  std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() override {
+    return std::make_unique<EmulatedCompletionChannel>(state_);
+  }
+  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(
+      int depth, VerbsCompletionChannel* channel) override {
     if (depth < 1) throw Error("completion queue depth must be at least 1");
-    return std::make_unique<EmulatedCompletionQueue>(state_);
+    CompletionChannelRecord* events = nullptr;
+    if (channel != nullptr) {
+      auto* emulated = dynamic_cast<EmulatedCompletionChannel*>(channel);
+      if (emulated == nullptr) throw Error("a completion channel of another provider");
+      events = emulated->record();
+    }
+    return std::make_unique<EmulatedCompletionQueue>(state_, events);
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,
@@ -779,8 +869,15 @@ void VerbsEmulation::run() {
   nameThisThread("reccl-ibemu");
   Lock lock(state_->mutex);
   while (!state_->stopping) {
-    // Timeouts are checked every millisecond; new work wakes us at once.
-    if (!state_->step(nowNs())) state_->work.wait_for(lock, Millis(1));
+    if (state_->step(nowNs())) continue;
+    // Requests waiting (a route, a receive, their retry budget) are retried
+    // every millisecond; with none, only new work (which notifies) can change
+    // anything, so an idle fabric sleeps.
+    if (state_->retrying()) {
+      state_->work.wait_for(lock, Millis(1));
+    } else {
+      state_->work.wait(lock);
+    }
   }
 }
 

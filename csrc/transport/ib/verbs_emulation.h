@@ -4,9 +4,11 @@
 //
 // What it models: devices with one RoCE port (state, GID table), protection
 // domains, memory regions with lkey/rkey, bounds and access checks, completion
-// queues, RC QPs with the RESET->INIT->RTR->RTS->ERR state machine, and
-// in-order execution of SEND, RDMA WRITE and RDMA WRITE WITH IMMEDIATE by one
-// progress thread. A request that cannot be delivered (a port down, a
+// queues and completion channels (an eventfd; an armed CQ raises one event at
+// its next completion, then stays quiet until re-armed), RC QPs with the
+// RESET->INIT->RTR->RTS->ERR state machine, and in-order execution of SEND,
+// RDMA WRITE and RDMA WRITE WITH IMMEDIATE by one progress thread, which sleeps
+// while no request waits. A request that cannot be delivered (a port down, a
 // blackholed device, a peer QP not ready, a stale GID) is retried until the
 // QP's budget 4.096 us * 2^timeout * (retry_cnt + 1) runs out, then completes
 // with kRetryExceeded and the QP goes to ERR; moving a QP to ERR flushes every

@@ -4,6 +4,7 @@
 #define RECCL_HAVE_VERBS_HEADERS 1
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 
@@ -21,8 +22,9 @@ namespace reccl {
 
 namespace {
 
-// The ibv_* entry points we call by symbol. post_send, post_recv and poll_cq
-// are inline in the header (they go through the context's ops table).
+// The ibv_* entry points we call by symbol. post_send, post_recv, poll_cq and
+// req_notify_cq are inline in the header (they go through the context's ops
+// table).
 struct Functions {
   void* handle = nullptr;
   decltype(&::ibv_get_device_list) getDeviceList = nullptr;
@@ -36,6 +38,10 @@ struct Functions {
   decltype(&::ibv_dereg_mr) deregMr = nullptr;
   decltype(&::ibv_create_cq) createCq = nullptr;
   decltype(&::ibv_destroy_cq) destroyCq = nullptr;
+  decltype(&::ibv_create_comp_channel) createCompChannel = nullptr;
+  decltype(&::ibv_destroy_comp_channel) destroyCompChannel = nullptr;
+  decltype(&::ibv_get_cq_event) getCqEvent = nullptr;
+  decltype(&::ibv_ack_cq_events) ackCqEvents = nullptr;
   decltype(&::ibv_create_qp) createQp = nullptr;
   decltype(&::ibv_modify_qp) modifyQp = nullptr;
   decltype(&::ibv_destroy_qp) destroyQp = nullptr;
@@ -104,8 +110,13 @@ class SystemMemoryRegion : public VerbsMemoryRegion {
 
 class SystemCompletionQueue : public VerbsCompletionQueue {
  public:
-  SystemCompletionQueue(std::shared_ptr<Functions> fn, ibv_cq* cq) : fn_(std::move(fn)), cq_(cq) {}
-  ~SystemCompletionQueue() override { fn_->destroyCq(cq_); }
+  explicit SystemCompletionQueue(std::shared_ptr<Functions> fn) : fn_(std::move(fn)) {}
+  ~SystemCompletionQueue() override {
+    if (cq_ != nullptr) fn_->destroyCq(cq_);
+  }
+  // Set once ibv_create_cq returned: the CQ's context (what ibv_get_cq_event
+  // hands back) is this object, so it exists before the CQ.
+  void attach(ibv_cq* cq) { cq_ = cq; }
   int poll(WorkCompletion* out, int max) override {
     ibv_wc wcs[32];
     int got = ibv_poll_cq(cq_, std::min(max, 32), wcs);
@@ -122,11 +133,36 @@ class SystemCompletionQueue : public VerbsCompletionQueue {
     }
     return got;
   }
+  void requestNotify() override {
+    int rc = ibv_req_notify_cq(cq_, 0);
+    if (rc != 0) throw Error(errnoText("ibv_req_notify_cq", rc));
+  }
   ibv_cq* get() const { return cq_; }
 
  private:
   std::shared_ptr<Functions> fn_;
   ibv_cq* cq_;
+};
+
+class SystemCompletionChannel : public VerbsCompletionChannel {
+ public:
+  SystemCompletionChannel(std::shared_ptr<Functions> fn, ibv_comp_channel* channel)
+      : fn_(std::move(fn)), channel_(channel) {}
+  ~SystemCompletionChannel() override { fn_->destroyCompChannel(channel_); }
+  int fd() const override { return channel_->fd; }
+  VerbsCompletionQueue* takeEvent() override {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    // The fd is non-blocking: EAGAIN when no event waits.
+    if (fn_->getCqEvent(channel_, &cq, &context) != 0) return nullptr;
+    fn_->ackCqEvents(cq, 1);
+    return static_cast<SystemCompletionQueue*>(context);
+  }
+  ibv_comp_channel* get() const { return channel_; }
+
+ private:
+  std::shared_ptr<Functions> fn_;
+  ibv_comp_channel* channel_;
 };
 
 class SystemQueuePair : public VerbsQueuePair {
@@ -314,10 +350,30 @@ class SystemDevice : public VerbsDevice {
     if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
-  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(int depth) override {
-    ibv_cq* cq = fn_->createCq(context_, depth, nullptr, nullptr, 0);
+  std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() override {
+    ibv_comp_channel* channel = fn_->createCompChannel(context_);
+    if (channel == nullptr) throw Error(errnoText("ibv_create_comp_channel", errno));
+    auto owned = std::make_unique<SystemCompletionChannel>(fn_, channel);
+    // Served by an event loop: ibv_get_cq_event must never block it.
+    const int flags = ::fcntl(channel->fd, F_GETFL);
+    if (flags < 0 || ::fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+      throw Error(errnoText("fcntl(O_NONBLOCK) on a completion channel", errno));
+    }
+    return owned;
+  }
+  std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(
+      int depth, VerbsCompletionChannel* channel) override {
+    ibv_comp_channel* events = nullptr;
+    if (channel != nullptr) {
+      auto* system = dynamic_cast<SystemCompletionChannel*>(channel);
+      if (system == nullptr) throw Error("a completion channel of another provider");
+      events = system->get();
+    }
+    auto owned = std::make_unique<SystemCompletionQueue>(fn_);
+    ibv_cq* cq = fn_->createCq(context_, depth, owned.get(), events, 0);
     if (cq == nullptr) throw Error(errnoText("ibv_create_cq", errno));
-    return std::make_unique<SystemCompletionQueue>(fn_, cq);
+    owned->attach(cq);
+    return owned;
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,
@@ -440,6 +496,10 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
   bind(h, "ibv_dereg_mr", &fn->deregMr, &missing);
   bind(h, "ibv_create_cq", &fn->createCq, &missing);
   bind(h, "ibv_destroy_cq", &fn->destroyCq, &missing);
+  bind(h, "ibv_create_comp_channel", &fn->createCompChannel, &missing);
+  bind(h, "ibv_destroy_comp_channel", &fn->destroyCompChannel, &missing);
+  bind(h, "ibv_get_cq_event", &fn->getCqEvent, &missing);
+  bind(h, "ibv_ack_cq_events", &fn->ackCqEvents, &missing);
   bind(h, "ibv_create_qp", &fn->createQp, &missing);
   bind(h, "ibv_modify_qp", &fn->modifyQp, &missing);
   bind(h, "ibv_destroy_qp", &fn->destroyQp, &missing);

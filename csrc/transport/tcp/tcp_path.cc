@@ -21,22 +21,8 @@ constexpr uint32_t kWritable = EPOLLOUT;
 // sockets (level-triggered: the rest follows at the next turn).
 constexpr size_t kBytesPerTurn = 4 << 20;
 constexpr int kFramesPerTurn = 64;
-// How often a socket paused by an injected blackhole looks again.
-constexpr Millis kBlackholeRecheck{10};
 
 bool wouldBlock(int error) { return error == EAGAIN || error == EWOULDBLOCK || error == EINTR; }
-
-Clock::time_point atNs(int64_t ns) {
-  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
-}
-
-// The next multiple of `interval` on the steady clock after `now`: every path
-// with the same heartbeat beats at the same instants, so a loop serving many
-// idle paths wakes once per interval for all of them, not once per path.
-Clock::time_point nextBeatAfter(Clock::time_point now, Millis interval) {
-  const auto step = std::chrono::duration_cast<Clock::duration>(interval);
-  return Clock::time_point((now.time_since_epoch() / step + 1) * step);
-}
 }  // namespace
 
 // The loops hold these, not the path: a registration outlives nothing it points
