@@ -79,9 +79,15 @@ def _seconds(timeout: Any) -> float:
 
 
 def _cuda_backend_wanted() -> bool:
+    import os
+
     import torch
     import torch.distributed as dist
 
+    # A process that hides every GPU has none; asking torch would still start the
+    # CUDA driver (~17 ms per process on the GPU machine) for nothing.
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
     return dist.is_nccl_available() and torch.cuda.is_available()
 
 
