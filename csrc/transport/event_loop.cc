@@ -256,10 +256,18 @@ int EventLoops::perNic(int requested) {
 
 EventLoop& EventLoops::pick(int nicId, int threadsPerNic) {
   std::lock_guard<std::mutex> lock(mutex_);
-  nics_.insert(nicId);
-  const size_t wanted = static_cast<size_t>(std::max(1, threadsPerNic)) * nics_.size();
+  ++socketsPerNic_[nicId];
+  const size_t wanted = static_cast<size_t>(std::max(1, threadsPerNic)) * socketsPerNic_.size();
+  // Loops past `wanted` (made while more NICs had sockets) get nothing new and
+  // retire their threads once their last socket is gone.
   while (loops_.size() < wanted) loops_.push_back(new EventLoop());
-  return *loops_[next_++ % loops_.size()];
+  return *loops_[next_++ % wanted];
+}
+
+void EventLoops::release(int nicId) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = socketsPerNic_.find(nicId);
+  if (it != socketsPerNic_.end() && --it->second == 0) socketsPerNic_.erase(it);
 }
 
 size_t EventLoops::runningThreads() const {

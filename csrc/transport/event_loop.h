@@ -7,7 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <set>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -113,8 +113,12 @@ class EventLoops {
   // Threads per NIC for `requested` (RECCL_IO_THREADS; 0 = by cores).
   static int perNic(int requested);
   // The next loop, round robin over the pool, for a socket on NIC `nicId` (a
-  // NicHealth id); the pool grows to `threadsPerNic` × the NICs seen so far.
+  // NicHealth id). The pool is `threadsPerNic` × the NICs that have sockets on
+  // it now, so a process's history (transports long closed) does not spread
+  // today's sockets over more threads. Every pick is matched by one release.
   EventLoop& pick(int nicId, int threadsPerNic);
+  // The socket picked for `nicId` left its loop (after EventLoop::remove).
+  void release(int nicId);
   // Loop threads running now.
   size_t runningThreads() const;
 
@@ -122,7 +126,7 @@ class EventLoops {
   EventLoops();
   mutable std::mutex mutex_;
   std::vector<EventLoop*> loops_;
-  std::set<int> nics_;
+  std::map<int, size_t> socketsPerNic_;  // NICs with sockets on the pool now
   size_t next_ = 0;
 };
 

@@ -69,7 +69,10 @@ void IbPath::stopAndJoin() {
   if (joined_) return;
   // Waits for a callback running now: after this nothing of the loop touches
   // the QP, the CQs or the channel, which the endpoint destroys with the path.
-  if (loop_ != nullptr) loop_->remove(loopId_);
+  if (loop_ != nullptr) {
+    loop_->remove(loopId_);
+    EventLoops::instance().release(healthId_);
+  }
   joined_ = true;
 }
 
@@ -83,10 +86,10 @@ void IbPath::start(PathOwner* owner, uint64_t pathId) {
     // event, and the first turn (below) polls whatever came before.
     endpoint_->sendCq().requestNotify();
     endpoint_->recvCq().requestNotify();
-    EventLoop& loop = EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
-    // Unpolled until loop_ and loopId_ are set: the callbacks use them.
-    loopId_ = loop.add(endpoint_->channel().fd(), 0, std::make_shared<ChannelIo>(this));
-    loop_ = &loop;
+    // Set at once, so stopAndJoin releases the pick even if add() throws;
+    // unpolled until loopId_ is set too: the callbacks use both.
+    loop_ = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
+    loopId_ = loop_->add(endpoint_->channel().fd(), 0, std::make_shared<ChannelIo>(this));
   } catch (const Error& e) {
     shutdown();
     throw Error("could not start the path to " + peerName_ + ": " + e.what());

@@ -107,7 +107,10 @@ void TcpPath::stopAndJoin() {
   std::lock_guard<std::mutex> lock(joinMutex_);
   if (joined_) return;
   for (auto& socket : sockets_) {
-    if (socket.loop != nullptr) socket.loop->remove(socket.id);
+    if (socket.loop != nullptr) {
+      socket.loop->remove(socket.id);
+      EventLoops::instance().release(healthId_);
+    }
   }
   // No loop calls into this path any more: release what a reader still holds.
   if (role_ == Role::kReceiver && owner_ != nullptr) {
