@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import sys
 import threading
 import time
@@ -180,6 +181,18 @@ def wait_until(predicate, timeout, interval=0.02):
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOPs `pid` and returns once it is really stopped: the signal is
+    asynchronous, and a test that goes on at once may still be answered."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped():
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    assert wait_until(stopped, timeout, interval=0.005), f"process {pid} did not stop"
 
 
 # --------------------------------------------------------------------------- fixtures

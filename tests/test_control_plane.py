@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from conftest import stop_process
+
 STORE_HOST = r'''
 import datetime, sys, time
 import torch.distributed as dist
@@ -77,7 +79,7 @@ def test_destroy_is_bounded_when_the_store_stops_answering(tmp_path):
             assert time.monotonic() < deadline, "ranks did not get ready"
             assert all(p.is_alive() for p in procs), "a rank died early"
             time.sleep(0.05)
-        os.kill(host.pid, signal.SIGSTOP)
+        stop_process(host.pid)
         (tmp_path / "go").touch()
         for p in procs:
             p.join(60)

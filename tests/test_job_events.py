@@ -27,7 +27,7 @@ from torch_reccl import events as events_module
 from torch_reccl import job_events
 from torch_reccl.events import Event, flush_events, join_job, leave_job, on_event
 
-from conftest import EventLog, wait_until
+from conftest import EventLog, stop_process, wait_until
 
 
 def make_event(detail: str, nic: str = "eth0", rank=None) -> Event:
@@ -306,7 +306,7 @@ def test_store_host_stopped_resumed_killed_warns_once_per_outage(store_host, fas
 
         # Stopped: pushes sit in the socket buffers; the publisher's flush round trip
         # and the collector's heartbeat go unanswered for STALL_S.
-        os.kill(host.pid, signal.SIGSTOP)
+        stop_process(host.pid)
         publisher.publish(make_event("while stopped, buffered", rank=1))
         started = time.monotonic()
         assert publisher.flush(2.5) is False
@@ -369,7 +369,7 @@ def test_close_is_bounded_while_the_store_host_is_stopped(store_host, fast_outag
     publisher = job_events.JobChannel(store, 1, 2, None)
     publisher.publish(make_event("first", rank=1))
     assert publisher.flush(10) and collector.flush(10)
-    os.kill(host.pid, signal.SIGSTOP)
+    stop_process(host.pid)
     publisher.publish(make_event("pending", rank=1))
     started = time.monotonic()
     publisher.close(1.0)  # its flush round trip never comes back
