@@ -644,12 +644,43 @@ def sc_failover(rank, size, ctx):
 
 
 def sc_nic_traffic(rank, size, ctx):
+    import torch
+    import torch.distributed as dist
     import torch_reccl
 
-    stats = torch_reccl.stats()["nics"]
-    moved = {name: s["bytes_sent"] + s["bytes_received"] for name, s in stats.items()}
-    for nic in ("lo:127.0.0.1", "lo:127.0.0.2"):
-        assert moved.get(nic, 0) > 0, f"no collective traffic on {nic}: {moved}"
+    def moved():
+        stats = torch_reccl.stats()["nics"]
+        return {name: s["bytes_sent"] + s["bytes_received"] for name, s in stats.items()}
+
+    # Large all_reduces run one channel per NIC with equal shares (no fault): each
+    # NIC must carry about half of what this window moved, not just something.
+    # The failover scenario before this one healed its NIC: wait (bounded) until
+    # every rank's channels are back on their primaries and the DCR plan in force
+    # sends data on every channel again.
+    from torch_reccl.backend import backend_info
+
+    deadline = time.monotonic() + 15
+    while True:
+        info = backend_info()
+        degraded = torch.tensor([len(info["channels_on_backup"]) + len(info["channels_without_data"])])
+        dist.all_reduce(degraded, op=dist.ReduceOp.MAX)
+        if degraded.item() == 0:
+            break
+        assert time.monotonic() < deadline, f"channels still degraded 15 s after the fault healed: {info}"
+        time.sleep(0.1)
+    before = moved()
+    n = 1 << 21  # 8 MiB of float32
+    for step in range(3):
+        t = torch.full((n,), float(rank + step))
+        dist.all_reduce(t)
+        check_equal(t, torch.full((n,), float(sum(r + step for r in range(size)))), f"all_reduce {step}")
+    after = moved()
+    delta = {nic: after.get(nic, 0) - before.get(nic, 0) for nic in ("lo:127.0.0.1", "lo:127.0.0.2")}
+    total = sum(delta.values())
+    assert total >= 3 * n * 4, f"the window moved {total} bytes over both NICs, expected >= {3 * n * 4}: {delta}"
+    for nic, nbytes in delta.items():
+        share = nbytes / total
+        assert 0.4 <= share <= 0.6, f"{nic} carried {share:.0%} of the window's bytes, expected 40-60%: {delta}"
 
 
 SCENARIOS: Dict[str, Callable] = {
