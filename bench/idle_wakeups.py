@@ -24,6 +24,7 @@ import sys
 import time
 
 from reccl_bench_runs import write_json
+from torch_reccl import procstat
 from torch_reccl._native import native
 
 _C = native()
@@ -32,16 +33,7 @@ IO_THREADS = ("reccl-io", "reccl-ib-path")
 
 def switches():
     """{tid: (name, context switches)} of this process's threads."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/status") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-        except OSError:
-            continue  # exited meanwhile
-        out[tid] = (fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]) +
-                    int(fields["nonvoluntary_ctxt_switches"]))
-    return out
+    return {tid: (t.name, t.switches) for tid, t in procstat.threads().items()}
 
 
 def transports(kind, heartbeat_ms):

@@ -104,22 +104,23 @@ PHASES = ("start", "init", "create", "first_use", "settle", "idle", "collectives
 TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
 
 
-def _load_bench_rank():
-    """torch_reccl/bench_rank.py by path: its shapes, bus factors and collective calls are the
-    ones ``reccl bench`` uses. Importing it as torch_reccl.bench_rank would import the
-    torch_reccl package (and load the extension) in the launcher and in every Gloo rank."""
+def _load_standalone(module: str):
+    """torch_reccl/<module>.py by path. Importing it as torch_reccl.<module> would import
+    the torch_reccl package (and load the extension) in the launcher and in every Gloo rank."""
     import importlib.util
 
-    name = "reccl_bench_rank_standalone"
+    name = f"reccl_{module}_standalone"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", "bench_rank.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", f"{module}.py"))
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
     return sys.modules[name]
 
 
-_bench_rank = _load_bench_rank()
+# bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
+_bench_rank = _load_standalone("bench_rank")
+procstat = _load_standalone("procstat")
 OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
 shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
 bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N
@@ -512,30 +513,12 @@ def proc_cpu_s(pid: int) -> float:
 
 def proc_threads(pid: int) -> Dict[str, str]:
     """tid -> thread name (comm)."""
-    names = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names[tid] = f.read().strip()
-        except OSError:
-            pass
-    return names
+    return {tid: t.name for tid, t in procstat.threads(pid).items()}
 
 
 def proc_ctxt_switches(pid: int) -> Dict[str, int]:
     """tid -> voluntary + involuntary context switches (each is a wake-up or preemption)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                total = 0
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-                out[tid] = total
-        except OSError:
-            pass
-    return out
+    return {tid: t.switches for tid, t in procstat.threads(pid).items()}
 
 
 def proc_fds(pid: int) -> Tuple[int, int]:

@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 import torch_reccl
+from torch_reccl import procstat
 from torch_reccl.transport import ConfigError, RecclError, TimeoutError as RecclTimeoutError
 
 from conftest import (close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender,
@@ -405,14 +406,8 @@ def thread_ids():
 
 
 def thread_names(tids):
-    names = []
-    for tid in sorted(tids):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as comm:
-                names.append(comm.read().strip())
-        except OSError:
-            pass  # exited meanwhile
-    return names
+    stats = procstat.threads()
+    return [stats[tid].name for tid in sorted(tids) if tid in stats]
 
 
 def all_paths_up(pairs):
@@ -455,16 +450,8 @@ def voluntary_switches(seconds):
     """How often reccl's threads blocked over `seconds` (one voluntary context
     switch per sleep, so per wake-up), over the threads alive throughout."""
     def sample():
-        counts = {}
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/status") as status:
-                    fields = dict(line.split(":", 1) for line in status if ":" in line)
-            except OSError:
-                continue  # exited meanwhile
-            if fields["Name"].strip().startswith("reccl-"):
-                counts[tid] = int(fields["voluntary_ctxt_switches"])
-        return counts
+        return {tid: t.voluntary for tid, t in procstat.threads().items()
+                if t.name.startswith("reccl-")}
 
     before = sample()
     time.sleep(seconds)

@@ -1,0 +1,34 @@
+"""What /proc says about a process's threads: names and context switches.
+
+One reader for the benchmarks and tests that count threads and wake-ups
+(bench/scale.py, bench/idle_wakeups.py, tests/test_transport_contract.py).
+Threads come and go while /proc is read; those gone meanwhile are left out.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, NamedTuple, Union
+
+
+class ThreadStat(NamedTuple):
+    name: str          # the thread's name (comm, at most 15 characters)
+    voluntary: int     # context switches where the thread blocked: one per sleep
+    involuntary: int   # preemptions
+
+    @property
+    def switches(self) -> int:
+        return self.voluntary + self.involuntary
+
+
+def threads(pid: Union[int, str] = "self") -> Dict[str, ThreadStat]:
+    """tid -> ThreadStat for every thread of `pid` (default: this process)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue  # exited meanwhile
+        out[tid] = ThreadStat(fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]),
+                              int(fields["nonvoluntary_ctxt_switches"]))
+    return out
