@@ -121,6 +121,8 @@ def _load_standalone(module: str):
 # bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
 _bench_rank = _load_standalone("bench_rank")
 procstat = _load_standalone("procstat")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wire_ceiling  # noqa: E402 - bench/wire_ceiling.py, beside this file
 OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
 shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
 bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N
@@ -1363,6 +1365,27 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
     return "\n".join(lines)
 
 
+def format_ceilings(runs: List[dict], ceilings: Dict[int, dict]) -> str:
+    """busbw against the loopback ring ceiling of the same N: what fraction of what
+    plain TCP moves on this machine each library reaches."""
+    lines = ["Loopback ring ceiling (bench/wire_ceiling.py: plain TCP sockets, each rank sends to the "
+             "next, 4 sockets, every rank at once; the slowest rank's GB/s). A ring all_reduce sends "
+             "and receives its busbw per rank and reduces too, so over TCP its busbw stays below this.", "",
+             "| N | ceiling GB/s per rank | op | reccl busbw / ceiling | gloo busbw / ceiling |",
+             "|---:|---:|---|---:|---:|"]
+    for n in sorted(ceilings):
+        ceiling = ceilings[n]["min_GBps"]
+        pair = {r["backend"]: r for r in runs if r["ranks"] == n}
+        for op, nbytes in dict.fromkeys((b["op"], b["size_bytes"]) for r in pair.values()
+                                        for b in r.get("busbw", [])):
+            cells = []
+            for backend in BACKENDS:
+                value = _busbw_getter(op, nbytes)(pair[backend]) if backend in pair else None
+                cells.append(_fmt(value / ceiling if value is not None else None, ".2f"))
+            lines.append(f"| {n} | {ceiling:.3f} | {human_bytes(nbytes)} {op} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_rank"]:
@@ -1389,6 +1412,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--busbw-iters", "--large-iters", dest="busbw_iters", type=int, default=5,
                         help="timed ops at 16 MiB; other sizes scale by 16 MiB / size, within "
                              "min(2, this) .. 4 x this (busbw_counts)")
+    parser.add_argument("--ceiling-s", type=float, default=2.0,
+                        help="seconds of the loopback ring ceiling (bench/wire_ceiling.py) run for each N "
+                             "before its jobs: the busbw plain TCP reaches on this machine; 0 skips it")
     parser.add_argument("--start", choices=("fork", "spawn"), default="fork",
                         help="fork: one zygote imports torch and forks the ranks (fast start); "
                              "spawn: one fresh interpreter per rank")
@@ -1424,8 +1450,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     progress = None if args.quiet else (lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", file=sys.stderr,
                                                         flush=True))
     runs = []
-    record = {"machine": machine, "args": vars(args), "notes": notes, "runs": runs}
+    ceilings = {}
+    record = {"machine": machine, "args": vars(args), "notes": notes, "runs": runs, "ring_ceilings": ceilings}
     for n in runnable:
+        if args.ceiling_s > 0 and busbw:
+            if progress:
+                progress(f"loopback ring ceiling, N={n}")
+            ceilings[n] = wire_ceiling.ring_ceiling(n, seconds=args.ceiling_s, timeout=args.phase_timeout)
         for backend in args.backends:
             run = run_job(backend, n, idle_s=args.idle_s, settle_s=args.settle_s,
                           phase_timeout=args.phase_timeout, op_timeout=args.op_timeout, warmup=args.warmup,
@@ -1440,6 +1471,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(record, f, indent=1)
     print(format_table(runs, machine, args.idle_s))
+    if ceilings:
+        print()
+        print(format_ceilings(runs, ceilings))
     for note in notes:
         print(f"\n{note}")
     if args.json:

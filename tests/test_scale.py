@@ -280,3 +280,19 @@ def test_busbw_sizes_and_ops_table(tmp_path):
         assert float(reccl) > 0 and float(gloo) > 0 and float(ratio) > 0, row
     wrong = next(line for line in table.splitlines() if "| wrong results |" in line)
     assert [cell.strip() for cell in wrong.split("|")[3:5]] == ["0", "0"], wrong
+
+
+@pytest.mark.timeout(60)
+def test_ring_ceiling_moves_bytes_on_every_rank():
+    """bench/wire_ceiling.py: every rank of a 4-rank plain-socket ring receives at a
+    positive rate, and format_ceilings puts busbw against it per backend."""
+    scale = load_scale()
+    ceiling = scale.wire_ceiling.ring_ceiling(4, socks=2, seconds=0.3, timeout=20)
+    assert len(ceiling["GBps_per_rank"]) == 4 and ceiling["min_GBps"] > 0, ceiling
+    with pytest.raises(ValueError, match="ranks must be >= 2"):
+        scale.wire_ceiling.ring_ceiling(1)
+    runs = [{"backend": "reccl", "ranks": 4, "busbw": [{"op": "all_reduce", "size_bytes": 1 << 24,
+                                                        "busbw_GBps": ceiling["min_GBps"] / 2}]}]
+    table = scale.format_ceilings(runs, {4: ceiling})
+    row = next(line for line in table.splitlines() if line.startswith("| 4 |"))
+    assert [cell.strip() for cell in row.split("|")[3:6]] == ["16 MiB all_reduce", "0.50", "—"], row
