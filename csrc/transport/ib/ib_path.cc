@@ -39,7 +39,8 @@ class IbPath::ChannelIo : public IoHandler {
 };
 
 IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int localNic,
-               int remoteNic, int healthId, std::string peerName, const Config& config)
+               int remoteNic, int healthId, std::string peerName,
+               std::shared_ptr<NicPairLiveness> pair, const Config& config)
     : endpoint_(std::move(endpoint)),
       sender_(endpoint_->role() == IbEndpoint::Role::kSender),
       peerRegion_(peer.regionAddress),
@@ -50,6 +51,7 @@ IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int
       remoteNic_(remoteNic),
       healthId_(healthId),
       peerName_(std::move(peerName)),
+      pair_(std::move(pair)),
       heartbeat_(config.heartbeatMs),
       beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
       ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
@@ -79,7 +81,7 @@ void IbPath::stopAndJoin() {
 void IbPath::start(PathOwner* owner, uint64_t pathId) {
   owner_ = owner;
   pathId_ = pathId;
-  lastHeardNs_.store(nowNs());
+  pair_->heard(nowNs());
   nextBeat_ = Clock::now();  // the first turn beats at once, later ones on the beat grid
   try {
     // Armed before the loop polls them: a completion from now on raises an
@@ -201,7 +203,10 @@ bool IbPath::postControlLocked(const uint8_t* bytes, size_t length) {
   request.op = SendRequest::Op::kSend;
   request.sge = {reinterpret_cast<uint64_t>(endpoint_->controlSend(index)),
                  static_cast<uint32_t>(length), endpoint_->localKey()};
-  if (postLocked(request)) return true;
+  if (postLocked(request)) {
+    pair_->sent(nowNs());  // any frame the peer receives proves us alive on the pair
+    return true;
+  }
   freeControl_.push_back(index);
   return false;
 }
@@ -476,7 +481,7 @@ bool IbPath::pollReceives() {
            describeCompletionError(wc));
       return true;
     }
-    lastHeardNs_.store(nowNs());
+    pair_->heard(nowNs());
     const uint32_t index = workIndex(wc.wrId);
     try {
       if (workKind(wc.wrId) != WorkKind::kControlRecv || index >= IbEndpoint::kControlRecvs) {
@@ -649,7 +654,7 @@ void IbPath::onDeadline() {
   serviceDue_.store(false);  // before servicing: a later sendData hands over again
   if (stop_.load() || failed_.load()) return;
   const int64_t now = nowNs();
-  const int64_t silentNs = now - lastHeardNs_.load();
+  const int64_t silentNs = now - pair_->lastHeardNs();
   if (silentNs > heartbeat_.count() * 1000000LL) {
     fail(Reason::kTimeout, "nothing from " + peerName_ +
                                (paused_ ? std::string(" (NIC blackholed)")
@@ -676,14 +681,18 @@ void IbPath::onDeadline() {
   if (stop_.load() || failed_.load()) return;
   const Clock::time_point clockNow = Clock::now();
   if (clockNow >= nextBeat_) {
-    // Only when a buffer is free and nothing waits: a frame in flight or
-    // waiting speaks for us as well, and its own bound covers it.
-    const std::vector<uint8_t> beat = encodeHeartbeat();
-    sendControlFrom(beat.data(), beat.size(), false);
+    // One path of the NIC pair beats for all of them, and only when nothing
+    // went over the pair lately; only when a buffer is free and nothing waits:
+    // a frame in flight or waiting speaks for us as well, and its own bound covers it.
+    const int64_t quietNs = beatInterval_.count() * 1000000LL / 2;
+    if (pair_->claimBeat(now, quietNs)) {
+      const std::vector<uint8_t> beat = encodeHeartbeat();
+      sendControlFrom(beat.data(), beat.size(), false);
+    }
     nextBeat_ = nextBeatAfter(clockNow, beatInterval_);
   }
   // Next: the beat, or the moment silence (or a stuck backlog) would fail the path.
-  Clock::time_point next = std::min(nextBeat_, atNs(lastHeardNs_.load()) + heartbeat_ + Millis(1));
+  Clock::time_point next = std::min(nextBeat_, atNs(pair_->lastHeardNs()) + heartbeat_ + Millis(1));
   {
     std::lock_guard<std::mutex> lock(sendMutex_);
     if (!backlog_.empty()) next = std::min(next, atNs(backlogProgressNs_) + heartbeat_ + Millis(1));

@@ -43,14 +43,17 @@
 #include "core/path.h"
 #include "transport/event_loop.h"
 #include "transport/ib/ib_endpoint.h"
+#include "transport/tcp/nic_pair_liveness.h"
 
 namespace reccl {
 
 class IbPath : public Path {
  public:
   // `endpoint` is connected (RTS) to the peer that sent `peer`.
+  // `pair`: the liveness this path shares with every IB path between the same
+  // two NICs of the same two transports (nic_pair_liveness.h).
   IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int localNic, int remoteNic,
-         int healthId, std::string peerName, const Config& config);
+         int healthId, std::string peerName, std::shared_ptr<NicPairLiveness> pair, const Config& config);
   ~IbPath() override;
 
   void start(PathOwner* owner, uint64_t pathId) override;
@@ -120,6 +123,7 @@ class IbPath : public Path {
   const int remoteNic_;
   const int healthId_;
   const std::string peerName_;
+  const std::shared_ptr<NicPairLiveness> pair_;
   const Millis heartbeat_;
   const Millis beatInterval_;
   const int ioThreadsPerNic_;
@@ -130,7 +134,6 @@ class IbPath : public Path {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
-  std::atomic<int64_t> lastHeardNs_{0};
 
   EventLoop* loop_ = nullptr;  // set by start(), with the channel's registration
   uint64_t loopId_ = 0;

@@ -19,6 +19,9 @@
 namespace reccl {
 
 namespace {
+// The async event watcher sleeps until an event or shutdown; this only bounds it.
+constexpr Millis kAsyncWaitBound(60000);
+
 
 // sysfs facts that let chooseBackups() apply the DESIGN distance cost to real
 // devices; emulated devices have none and pair with the next one in order.
@@ -93,8 +96,9 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
   }
   chooseBackups(nics_);
   supervisor_ = std::make_unique<Supervisor>();
+  transportId_ = ids_.next();
   acceptor_ = std::make_unique<Acceptor>(
-      bootstrapAddress_, "ib-bootstrap", /*transportId=*/0, Millis(config_.connectTimeoutMs),
+      bootstrapAddress_, "ib-bootstrap", transportId_, Millis(config_.connectTimeoutMs),
       [this](const HelloBody& hello) { return authenticate(hello); },
       [this](const HelloBody& hello, Fd socket, const std::string& peer) {
         auto held = std::make_shared<Fd>(std::move(socket));
@@ -109,6 +113,7 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
 IbTransport::~IbTransport() {
   NicHealth::instance().removeListener(healthToken_);
   stopping_.store(true);
+  for (auto& device : devices_) device->interruptAsyncWait();
   for (auto& thread : eventThreads_) thread.join();
   acceptor_.reset();
   jobs_.stopAndJoin();
@@ -121,7 +126,8 @@ void IbTransport::watchEvents(int nic) {
   while (!stopping_.load()) {
     AsyncEvent event;
     try {
-      if (!devices_[nic]->waitAsyncEvent(&event, Millis(100))) continue;
+      // Woken by an event or by the destructor's interrupt; the bound is a backstop.
+      if (!devices_[nic]->waitAsyncEvent(&event, kAsyncWaitBound)) continue;
     } catch (const Error& error) {
       RECCL_LOG(kWarn, "async events of " + nics_[nic].name + ": " + error.what());
       std::this_thread::sleep_for(Millis(100));
@@ -295,7 +301,9 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     exchangeRead(socket.get(), &ready, 1, timeout, "sender's ready byte");
     if (ready != kQpReadyByte) throw ProtocolError("QP exchange: bad ready byte");
     path = std::make_shared<IbPath>(std::move(endpoint), remote, nic, hello.senderNic,
-                                    healthIds_.at(nic), peerHost, config_);
+                                    healthIds_.at(nic), peerHost,
+                                    pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic),
+                                    config_);
   } catch (const ProtocolError& error) {
     NicHealth::instance().countRejectedHandshake();
     RECCL_LOG(kWarn, "IB path from " + peer + " rejected: " + error.what());
@@ -331,9 +339,11 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   hello.connectionId = connectionId;
   hello.dialerTag = handle.dialerTag;
   hello.pathNonce = ids_.next();
+  hello.dialerTransport = transportId_;
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
-  Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error);
+  uint64_t peerTransport = 0;
+  Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error, &peerTransport);
   if (!socket.valid()) return nullptr;
   try {
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
@@ -349,7 +359,9 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
     exchangeWrite(socket.get(), &kQpReadyByte, 1, timeout, "ready byte");
     return std::make_shared<IbPath>(std::move(endpoint), peer, nics.localNic, nics.remoteNic,
                                     healthIds_.at(nics.localNic),
-                                    remote.address + "#" + std::to_string(nics.remoteNic), config_);
+                                    remote.address + "#" + std::to_string(nics.remoteNic),
+                                    pairs_.join(healthIds_.at(nics.localNic), peerTransport, nics.remoteNic),
+                                    config_);
   } catch (const Error& e) {
     *error = "IB path " + local.name + "->" + remote.address + "#" + std::to_string(nics.remoteNic) +
              ": " + e.what();

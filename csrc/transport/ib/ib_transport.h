@@ -24,6 +24,7 @@
 #include "transport/listener.h"
 #include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
+#include "transport/tcp/nic_pair_liveness.h"
 #include "transport/transport.h"
 
 namespace reccl {
@@ -87,6 +88,8 @@ class IbTransport : public Transport {
   std::vector<std::unique_ptr<IbFlusher>> flushers_;  // by NIC, made on first use
 
   RandomIds ids_;
+  uint64_t transportId_ = 0;  // names this transport in HELLOs, for its peers' NIC pairs
+  NicPairTable pairs_;
   ListenerTable listeners_;
 };
 

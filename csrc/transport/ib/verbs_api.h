@@ -196,8 +196,13 @@ class VerbsDevice {
   virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                           VerbsCompletionQueue* recvCq,
                                                           int maxSend, int maxRecv) = 0;
-  // ibv_get_async_event + ibv_ack_async_event, waiting at most `timeout`.
+  // ibv_get_async_event + ibv_ack_async_event, waiting at most `timeout`;
+  // false without an event on timeout or once interrupted.
   virtual bool waitAsyncEvent(AsyncEvent* event, Millis timeout) = 0;
+  // Makes a wait in progress, and every later one, return false at once: the
+  // watcher then blocks on events alone (no periodic wake-ups) and still stops
+  // when its transport does.
+  virtual void interruptAsyncWait() = 0;
 };
 
 class VerbsApi {

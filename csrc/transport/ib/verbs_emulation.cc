@@ -818,14 +818,20 @@ class EmulatedDevice : public VerbsDevice {
   }
   bool waitAsyncEvent(AsyncEvent* event, Millis timeout) override {
     Lock lock(state_->mutex);
-    if (!state_->events.wait_for(lock, timeout,
-                                 [&] { return !events_.events.empty() || state_->stopping; })) {
+    if (!state_->events.wait_for(lock, timeout, [&] {
+          return !events_.events.empty() || state_->stopping || interrupted_;
+        })) {
       return false;
     }
-    if (events_.events.empty()) return false;
+    if (events_.events.empty() || interrupted_) return false;
     *event = events_.events.front();
     events_.events.pop_front();
     return true;
+  }
+  void interruptAsyncWait() override {
+    Lock lock(state_->mutex);
+    interrupted_ = true;
+    state_->events.notify_all();
   }
 
  private:
@@ -836,6 +842,7 @@ class EmulatedDevice : public VerbsDevice {
   std::shared_ptr<State> state_;
   const int device_;
   AsyncQueue events_;
+  bool interrupted_ = false;  // guarded by state_->mutex
 };
 
 }  // namespace

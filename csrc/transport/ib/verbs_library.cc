@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -266,11 +268,22 @@ class SystemQueuePair : public VerbsQueuePair {
 class SystemDevice : public VerbsDevice {
  public:
   SystemDevice(std::shared_ptr<Functions> fn, std::string name, ibv_context* context, ibv_pd* pd)
-      : fn_(std::move(fn)), name_(std::move(name)), context_(context), pd_(pd) {}
+      : fn_(std::move(fn)), name_(std::move(name)), context_(context), pd_(pd),
+        interrupt_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (interrupt_ < 0) {
+      const int error = errno;
+      fn_->deallocPd(pd_);
+      fn_->closeDevice(context_);
+      throw Error("eventfd for " + name_ + "'s async events: " + std::strerror(error));
+    }
+  }
   ~SystemDevice() override {
+    ::close(interrupt_);
     fn_->deallocPd(pd_);
     fn_->closeDevice(context_);
   }
+  SystemDevice(const SystemDevice&) = delete;
+  SystemDevice& operator=(const SystemDevice&) = delete;
   std::string name() const override { return name_; }
 
   PortAttributes queryPort(int port) override {
@@ -394,8 +407,9 @@ class SystemDevice : public VerbsDevice {
     return std::make_unique<SystemQueuePair>(fn_, qp);
   }
   bool waitAsyncEvent(AsyncEvent* event, Millis timeout) override {
-    pollfd pfd{context_->async_fd, POLLIN, 0};
-    if (::poll(&pfd, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    pollfd fds[2] = {{context_->async_fd, POLLIN, 0}, {interrupt_, POLLIN, 0}};
+    if (::poll(fds, 2, static_cast<int>(timeout.count())) <= 0) return false;
+    if (fds[1].revents != 0 || (fds[0].revents & POLLIN) == 0) return false;  // interrupted (it stays readable)
     ibv_async_event raw{};
     if (fn_->getAsyncEvent(context_, &raw) != 0) return false;
     switch (raw.event_type) {
@@ -414,12 +428,18 @@ class SystemDevice : public VerbsDevice {
     fn_->ackAsyncEvent(&raw);
     return true;
   }
+  void interruptAsyncWait() override {
+    const uint64_t one = 1;
+    ssize_t written = ::write(interrupt_, &one, sizeof(one));
+    (void)written;  // only fails when the counter is full: interrupted already
+  }
 
  private:
   std::shared_ptr<Functions> fn_;
   std::string name_;
   ibv_context* context_;
   ibv_pd* pd_;
+  const int interrupt_;  // an eventfd: readable once interruptAsyncWait() ran
 };
 
 class SystemVerbs : public VerbsApi {
