@@ -1,6 +1,7 @@
 """libnccl-net-reccl.so, the library NCCL loads (issue 17): standalone (no torch,
-no Python), one copy in a process that also imports torch_reccl, and free of
-emulations and test hooks, which live in the test module torch_reccl._testing."""
+no Python), loaded by a plain C program exactly as NCCL loads it, one copy in a
+process that also imports torch_reccl, and free of emulations and test hooks,
+which live in the test module torch_reccl._testing."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,6 +20,7 @@ ROOT = os.path.dirname(HERE)
 LIBRARY = torch_reccl.plugin_path()
 RUNTIME = {"libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6",
            "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
+VERSIONS = (12, 11, 10, 8)
 LOOPBACK = {"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_TRANSPORT": "tcp", "RECCL_HEARTBEAT_MS": "300"}
 
 
@@ -69,6 +71,47 @@ def test_emulations_and_their_hooks_are_only_in_the_test_module():
     assert "VerbsEmulation" in defined_symbols(testing) and "CudaEmulation" in defined_symbols(testing)
     for name in ("IbEmulation", "CudaEmulation", "nccl_plugin_use_verbs", "nccl_plugin_use_cuda"):
         assert not hasattr(native(), name), name
+
+
+@pytest.fixture(scope="module")
+def plugin_program(tmp_path_factory):
+    """tests/c/plugin_dlopen.c, compiled against our ABI header only (no reccl library)."""
+    binary = str(tmp_path_factory.mktemp("c") / "plugin_dlopen")
+    subprocess.run(["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror",
+                    "-I", os.path.join(ROOT, "csrc"), os.path.join(HERE, "c", "plugin_dlopen.c"),
+                    "-o", binary, "-ldl", "-pthread"], check=True, timeout=120)
+    assert "libnccl-net-reccl.so" not in needed(binary)
+    return binary
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["path", "name"])
+def test_a_c_program_loads_and_drives_every_abi_version_like_nccl(plugin_program, how, tmp_path):
+    # A clean environment: nothing of torch or Python on the library path.
+    env = {"PATH": "/usr/bin:/bin", **LOOPBACK}
+    if how == "path":
+        target = LIBRARY  # NCCL_NET_PLUGIN=/abs/path/libnccl-net-reccl.so
+    else:
+        target = "libnccl-net-reccl.so"  # NCCL_NET_PLUGIN=reccl, found on LD_LIBRARY_PATH
+        env["LD_LIBRARY_PATH"] = os.path.dirname(LIBRARY)
+    out = subprocess.run([plugin_program, target], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=200)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "PASS"
+    for version in VERSIONS:
+        assert f"v{version}: ReCCL, 2 devices" in lines
+        assert f"v{version}: 6 messages on each of 2 devices intact" in lines
+    assert "failover net plugin over tcp using lo:127.0.0.1" in out.stderr  # init logged through the logger
+
+
+def test_the_c_program_fails_on_a_library_without_the_tables(plugin_program, tmp_path):
+    # The program really checks: libc exports no ncclNetPlugin_v* tables.
+    out = subprocess.run([plugin_program, "libc.so.6"], env={"PATH": "/usr/bin:/bin", **LOOPBACK},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    for version in VERSIONS:
+        assert f"ncclNetPlugin_v{version} not exported" in out.stderr
 
 
 def run_one_copy_case(order: str) -> dict:
