@@ -71,6 +71,9 @@ def test_emulations_and_their_hooks_are_only_in_the_test_module():
     assert "VerbsEmulation" in defined_symbols(testing) and "CudaEmulation" in defined_symbols(testing)
     for name in ("IbEmulation", "CudaEmulation", "nccl_plugin_use_verbs", "nccl_plugin_use_cuda"):
         assert not hasattr(native(), name), name
+    # The process groups' executor (and its test-only idle period setter) is
+    # engine code: not in what NCCL loads.
+    assert "reccl::Executor" not in defined_symbols(LIBRARY)
 
 
 @pytest.fixture(scope="module")
