@@ -16,7 +16,7 @@ from setuptools import Extension, find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WARNINGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+COMPILE_ARGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 PLUGIN_LIBRARY = "nccl-net-reccl"  # NCCL's naming: NCCL_NET_PLUGIN=reccl -> libnccl-net-reccl.so
 
 
@@ -63,7 +63,7 @@ plugin = SharedLibrary(
     file_name=f"lib{PLUGIN_LIBRARY}.so",
     sources=sources("core", "transport", "gpu", "nccl"),
     include_dirs=[os.path.join(HERE, "csrc")],
-    extra_compile_args=WARNINGS,
+    extra_compile_args=COMPILE_ARGS,
     # NCCL dlclose()s its net plugin at communicator teardown, while the
     # transport's threads still run: the library must never be unmapped.
     # libcuda and libibverbs are dlopen()ed at run time, never linked.
@@ -77,7 +77,7 @@ def linked_extension(name, folders, extra=()):
         name=name,
         sources=sources(*folders) + list(extra),
         include_dirs=[os.path.join(HERE, "csrc")],
-        extra_compile_args=WARNINGS,
+        extra_compile_args=COMPILE_ARGS,
         libraries=[PLUGIN_LIBRARY],
         extra_link_args=["-Wl,-rpath,$ORIGIN"],
     )
