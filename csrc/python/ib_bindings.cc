@@ -66,7 +66,8 @@ void bindIbTransport(py::module_& m) {
            }),
            py::arg("verbs") = py::none(), py::arg("env") = py::none(),
            py::arg("bootstrap_address") = "127.0.0.1",
-           "An IB transport. `verbs`: an IbEmulation, or None for the system libibverbs. "
+           "An IB transport. `verbs`: a VerbsProvider (e.g. _testing.IbEmulation), or None for "
+           "the system libibverbs. "
            "`env`: RECCL_* settings (default os.environ)")
       .def("nics",
            [](const IbTransport& t) {
@@ -121,8 +122,8 @@ void bindIbTransport(py::module_& m) {
     d["reason"] = choice.reason;
     return d;
   }, py::arg("env") = py::none(), py::arg("verbs") = py::none(),
-     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: an "
-     "IbEmulation standing for the system libibverbs; raises ConfigError for ib without devices");
+     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: a "
+     "VerbsProvider standing for the system libibverbs; raises ConfigError for ib without devices");
   m.def("ib_bootstrap_address", [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
         py::arg("env") = py::none());
   m.def("nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
