@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from torch_reccl._native import native
+from torch_reccl._native import native, testing
 
 _C = native()
 
@@ -128,7 +128,7 @@ def main():
     print("date:", time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load average:", os.getloadavg())
     print("library:", _C.__file__)
 
-    emu = _C.IbEmulation(["a0", "a1", "b0", "b1"])
+    emu = testing().IbEmulation(["a0", "a1", "b0", "b1"])
     a = _C.IbTransport(emu, env(["a0", "a1"], args))
     b = _C.IbTransport(emu, env(["b0", "b1"], args))
     listener = b.listen(0)

@@ -25,7 +25,7 @@ import time
 
 from reccl_bench_runs import write_json
 from torch_reccl import procstat
-from torch_reccl._native import native
+from torch_reccl._native import native, testing
 
 _C = native()
 IO_THREADS = ("reccl-io", "reccl-ib-path")
@@ -39,7 +39,7 @@ def switches():
 def transports(kind, heartbeat_ms):
     common = {"RECCL_HEARTBEAT_MS": str(heartbeat_ms)}
     if kind == "ib":
-        emulation = _C.IbEmulation(["a0", "a1", "b0", "b1"])
+        emulation = testing().IbEmulation(["a0", "a1", "b0", "b1"])
         make = lambda devices: _C.IbTransport(emulation, dict(common, RECCL_IB_HCA=devices))
         return emulation, make("a0,a1"), make("b0,b1")
     make = lambda nics: _C.Transport(dict(common, RECCL_NICS=nics))

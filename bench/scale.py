@@ -994,8 +994,9 @@ def rank_env(backend: str, extra: Optional[dict] = None, nics: str = NICS) -> di
 
 def extension_identity(env: Optional[dict] = None) -> dict:
     """The torch_reccl._C the ranks will load (first match on the ranks' PYTHONPATH, then the
-    repository): path, mtime and a short sha256, so a record says which build it measured
-    (the extension may be rebuilt between jobs)."""
+    repository): path, mtime and a short sha256 over it and the libnccl-net-reccl.so it links
+    (core and transports live there), so a record says which build it measured (the extension
+    may be rebuilt between jobs)."""
     import glob
     import hashlib
 
@@ -1004,9 +1005,10 @@ def extension_identity(env: Optional[dict] = None) -> dict:
         for path in sorted(glob.glob(os.path.join(root, "torch_reccl", "_C*.so"))):
             try:
                 digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        digest.update(block)
+                for part in (path, os.path.join(os.path.dirname(path), "libnccl-net-reccl.so")):
+                    with open(part, "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            digest.update(block)
                 return {"path": path, "sha256": digest.hexdigest()[:12],
                         "mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(path)))}
             except OSError:

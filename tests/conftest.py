@@ -57,6 +57,13 @@ def native():
     return load()
 
 
+def testing():
+    """torch_reccl._testing: the verbs and CUDA emulations (never loaded by NCCL)."""
+    from torch_reccl._native import testing as load
+
+    return load()
+
+
 def heal_all() -> None:
     c = native()
     for name in c.nic_stats():
@@ -307,7 +314,7 @@ def ib_env(devices, **overrides) -> Dict[str, str]:
 class Fabric:
     """Two hosts, a and b, each a transport with two NICs (rail 0 and rail 1).
 
-    kind "ib": two IbTransports over one ``_C.IbEmulation`` with devices A0, A1
+    kind "ib": two IbTransports over one ``_testing.IbEmulation`` with devices A0, A1
     (host a) and B0, B1 (host b). kind "tcp": two TCP Transports, host a on
     127.0.0.1/127.0.0.2, host b on 127.0.0.3/127.0.0.4. ``pair()`` connects a -> b;
     ``link()``/``blackhole()`` fault one NIC of one host in the way the transport
@@ -320,7 +327,7 @@ class Fabric:
         self.pairs = []
         self.listeners = []
         if kind == "ib":
-            self.emu = native().IbEmulation([A0, A1, B0, B1])
+            self.emu = testing().IbEmulation([A0, A1, B0, B1])
             self.nics_a, self.nics_b = [A0, A1], [B0, B1]
             self.a = native().IbTransport(self.emu, ib_env(self.nics_a, **overrides))
             self.b = native().IbTransport(self.emu, ib_env(self.nics_b, **overrides))

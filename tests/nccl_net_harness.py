@@ -1,6 +1,6 @@
 """Drives the exported NCCL net plugin tables the way NCCL's proxy does.
 
-The built extension is dlopened with ctypes, each `ncclNetPlugin_vN` table is read
+The plugin library (libnccl-net-reccl.so) is dlopened with ctypes, each `ncclNetPlugin_vN` table is read
 through our own ctypes mirror of its layout, and a sender and a receiver exchange
 messages with many requests in flight, polling `test()` from separate threads.
 As a script it runs one side inside an emulated host, or (--ib-case) one whole
@@ -104,9 +104,10 @@ def table_type(version):
 
 
 def library_path() -> str:
+    """libnccl-net-reccl.so, the library NCCL loads (torch_reccl._C links it)."""
     import torch_reccl._native as native
 
-    return native.native().__file__
+    return native.plugin_path()
 
 
 class Plugin:
@@ -666,8 +667,9 @@ def run_ib_case(name: str) -> dict:
     native = native_module.native()
     emu = None
     if name != "no_devices":
-        emu = native.IbEmulation(list(IB_DEVICES))
-        native.nccl_plugin_use_verbs(emu)
+        testing = native_module.testing()
+        emu = testing.IbEmulation(list(IB_DEVICES))
+        testing.nccl_plugin_use_verbs(emu)
     return IB_CASES[name](emu, native)
 
 

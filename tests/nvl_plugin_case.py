@@ -1,5 +1,5 @@
 """One process, both ends of one NCCL-plugin connection with NVL on over the
-CUDA emulation (csrc/gpu/cuda_emulation.h): the sender's buffer on GPU 1, the
+CUDA emulation (csrc/testing/cuda_emulation.h): the sender's buffer on GPU 1, the
 receiver's on GPU 0, RECCL_NIC_GPUS=0,1. Before the fault the sender's NIC 0 sits
 next to GPU 0 (transit through GPU 0), the receiver's next to its own GPU
 (direct); after NIC 0 goes down both ends use NIC 1, next to GPU 1: the sender
@@ -17,9 +17,9 @@ import numpy as np
 
 from torch_reccl import _native
 
-native = _native.native()
-emu = native.CudaEmulation(2)
-native.nccl_plugin_use_cuda(emu)
+testing = _native.testing()
+emu = testing.CudaEmulation(2)
+testing.nccl_plugin_use_cuda(emu)
 
 import torch_reccl  # noqa: E402
 from nccl_net_harness import PTR_CUDA, SUCCESS, Plugin, message, message_sizes  # noqa: E402

@@ -1,4 +1,4 @@
-"""The process-wide executor (csrc/core/executor.h) and what runs on it: the op
+"""The process-wide executor (csrc/engine/executor.h) and what runs on it: the op
 queues of process groups (pg/op_queue.h) and the channel jobs of collectives
 (engine/worker_pool.h), driven here with Python callables as jobs through _C's
 test hooks. Threads per rank must follow the work in flight, not the number of

@@ -1,6 +1,6 @@
 """The verbs emulation itself: the RC semantics the IB transport tests rely on.
 
-Raw QPs, CQs and MRs of ``_C.IbEmulation`` (``emu.open(device)``), driven
+Raw QPs, CQs and MRs of ``_testing.IbEmulation`` (``emu.open(device)``), driven
 directly: the QP state machine, in-order RDMA writes and write-with-immediate
 completions, SEND into posted receives, lkey/rkey and bounds checks, the error
 state and its flushes, retry-exceeded after 4.096 us * 2^timeout * (retry + 1)
@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, RecclError, _C
 
 from nccl_net_harness import DmaBufArena
@@ -33,7 +34,7 @@ class Pair:
     64 KiB buffer registered for remote write."""
 
     def __init__(self, timeout=10, retry=1, max_send=16, channel=False):
-        self.emu = _C.IbEmulation(["x", "y"])
+        self.emu = emulations().IbEmulation(["x", "y"])
         self.x, self.y = self.emu.open("x"), self.emu.open("y")
         self.bx, self.by = bytearray(65536), bytearray(65536)
         self.mx = self.x.register(self.bx, remote_write=True)
@@ -64,7 +65,7 @@ def poll_until(cq, count, timeout=5.0):
 
 
 def test_qp_state_machine_rejects_illegal_transitions_and_posts():
-    emu = _C.IbEmulation(["x"])
+    emu = emulations().IbEmulation(["x"])
     x = emu.open("x")
     cq = x.create_cq()
     qp = x.create_qp(cq, cq)
@@ -235,7 +236,7 @@ def test_dmabuf_regions_are_reached_through_the_fd_never_through_their_address()
 
 
 def test_dmabuf_and_gpu_pointer_registration_errors_are_clear():
-    emu = _C.IbEmulation(["x"])
+    emu = emulations().IbEmulation(["x"])
     x = emu.open("x")
     arena = DmaBufArena(8192, "emu-bad")
     with pytest.raises(RecclError, match="not a multiple of the 4096-byte page size"):

@@ -3,7 +3,7 @@
 There is no RDMA hardware in CI: every test here runs the real IB transport code
 (QP setup over the bootstrap socket, CTS FIFO written by RDMA, data by RDMA write
 with immediate, port events, CQE errors, resync over the backup QP) on
-``_C.IbEmulation``, which gives RC semantics (in-order execution, write-with-
+``_testing.IbEmulation``, which gives RC semantics (in-order execution, write-with-
 immediate completions, QP error state with flushes, retry-exceeded after
 4.096 us * 2^RECCL_IB_TIMEOUT * (RECCL_IB_RETRY_CNT + 1)) and fault hooks (port
 down/up with async events and a GID table that changes on every flap, blackhole,
@@ -28,6 +28,7 @@ import time
 import pytest
 
 import torch_reccl
+from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
 from conftest import (A0, A1, B0, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
@@ -464,7 +465,7 @@ def test_ib_settings_are_validated():
                                 ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma")]:
         with pytest.raises(ConfigError, match=needle):
             _C.validate_config({name: value})
-    emu = _C.IbEmulation([A0, A1])
+    emu = emulations().IbEmulation([A0, A1])
     with pytest.raises(ConfigError, match="no emulated RDMA device 'mlx5_9'"):
         _C.IbTransport(emu, ib_env(["mlx5_9"]))
     with pytest.raises(ConfigError, match="corruption kind"):
@@ -491,7 +492,7 @@ def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
 
 
 def test_transport_choice_follows_reccl_transport():
-    emu = _C.IbEmulation([A0, A1])
+    emu = emulations().IbEmulation([A0, A1])
     assert _C.choose_transport({"RECCL_TRANSPORT": "tcp"}, emu)["kind"] == "tcp"
     for setting in ("auto", "ib"):
         choice = _C.choose_transport({"RECCL_TRANSPORT": setting}, emu)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import torch_reccl
-from torch_reccl.transport import IbEmulation, RecclError, _C
+from torch_reccl._native import testing as emulations
+from torch_reccl.transport import RecclError, _C
 from nccl_net_harness import (IB_DEVICES, INTERNAL_ERROR, INVALID_ARGUMENT, PTR_CUDA, PTR_DMABUF,
                               PTR_HOST, REMOTE_ERROR, SUCCESS, VERSIONS, DmaBufArena, Plugin,
                               ib_emulation_env, message_sizes, run_pair)
@@ -305,7 +306,7 @@ def test_ib_requested_on_a_host_without_rdma_devices_is_a_clear_error(tmp_path):
 def test_verbs_hook_after_init_is_refused():
     plugin = Plugin(11)
     assert _C.nccl_plugin_transport() == "tcp"
-    emu = IbEmulation(["hook-late-0"])
+    emu = emulations().IbEmulation(["hook-late-0"])
     with pytest.raises(RecclError, match="already runs over tcp"):
-        _C.nccl_plugin_use_verbs(emu)
+        emulations().nccl_plugin_use_verbs(emu)
     assert plugin.devices() == 2

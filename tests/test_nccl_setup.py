@@ -43,6 +43,16 @@ def test_our_plugin_set_by_the_user_is_quiet():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["reccl", "libnccl-net-reccl.so"])
+def test_our_plugin_by_name_is_quiet(name):
+    # NCCL turns "reccl" into libnccl-net-reccl.so and dlopen() by that name finds
+    # the copy torch_reccl._C loaded.
+    out = run({"NCCL_NET_PLUGIN": name})
+    assert out.returncode == 0 and out.stdout.split()[0] == name
+    assert "will not fail over" not in out.stderr
+
+
+@pytest.mark.timeout(60)
 def test_importing_torch_loads_the_library_before_nccl_could():
     code = ("import sys, torch_reccl, torch; "
             "print('torch_reccl._C' in sys.modules)")

@@ -14,19 +14,31 @@ def native():
     return importlib.import_module("torch_reccl._C")
 
 
+PLUGIN_LIBRARY = "libnccl-net-reccl.so"
+
+
 def plugin_path() -> str:
-    """Path of the library that exports the NCCL net plugin (``ncclNetPlugin_v8..v12``).
+    """Absolute path of the NCCL net plugin library (``ncclNetPlugin_v8..v12``),
+    ``libnccl-net-reccl.so``: no torch, no Python, loadable by any NCCL user.
 
     ``NCCL_NET_PLUGIN=$(python -m torch_reccl --plugin-path)`` gives an unmodified
-    ``backend="nccl"`` job failover (inside a Python process that imports torch).
+    NCCL job failover (``NCCL_NET_PLUGIN=reccl`` too, with this directory on
+    ``LD_LIBRARY_PATH``). ``torch_reccl._C`` links this same library, so the
+    plugin NCCL loads and the Python API share one NIC health table.
     """
-    import importlib.util
     import os
 
-    spec = importlib.util.find_spec("torch_reccl._C")
-    if spec is None or spec.origin is None:
-        raise ImportError("torch_reccl._C is not built; run: pip install --no-build-isolation -e .")
-    return os.path.realpath(spec.origin)
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), PLUGIN_LIBRARY)
+    if not os.path.exists(path):
+        raise ImportError(f"{path} is not built; run: pip install --no-build-isolation -e .")
+    return path
+
+
+def testing():
+    """The test module ``torch_reccl._testing``: the verbs and CUDA emulations and
+    the calls that run the NCCL plugin over them. Never part of what NCCL loads."""
+    native()  # registers the types and exceptions the test module builds on
+    return importlib.import_module("torch_reccl._testing")
 
 
 def nics(env: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:

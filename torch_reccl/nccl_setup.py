@@ -1,7 +1,9 @@
 """Points NCCL at our net plugin, so CUDA traffic gets failover too.
 
-Called by ``import torch_reccl``: sets ``NCCL_NET_PLUGIN`` to the library that
-exports the plugin unless the user set it (then warns if it is not ours), and
+Called by ``import torch_reccl``: sets ``NCCL_NET_PLUGIN`` to the absolute path
+of ``libnccl-net-reccl.so`` unless the user set it (then warns if it is not ours:
+our path, or ``reccl`` / ``libnccl-net-reccl.so``, which NCCL resolves to the
+copy ``torch_reccl._C`` already loaded), and
 warns when an NCCL process group already exists (NCCL read its plugin then; that
 group has no failover). Cheap: it neither imports torch nor loads the library.
 """
@@ -11,7 +13,12 @@ import os
 import sys
 import warnings
 
-from torch_reccl._native import plugin_path
+from torch_reccl._native import PLUGIN_LIBRARY, plugin_path
+
+# NCCL_NET_PLUGIN values NCCL turns into our library by name ("reccl" becomes
+# "libnccl-net-reccl.so"); once torch_reccl._C is loaded, dlopen() by that name
+# returns the loaded copy.
+OUR_NAMES = ("reccl", PLUGIN_LIBRARY)
 
 
 def point_nccl_at_plugin() -> None:
@@ -23,7 +30,7 @@ def point_nccl_at_plugin() -> None:
     current = os.environ.get("NCCL_NET_PLUGIN")
     if current is None:
         os.environ["NCCL_NET_PLUGIN"] = ours
-    elif os.path.realpath(current) != ours:
+    elif current not in OUR_NAMES and os.path.realpath(current) != ours:
         warnings.warn(
             f"NCCL_NET_PLUGIN={current} is not torch_reccl's plugin ({ours}); NCCL traffic "
             "will not fail over. Unset it, or set it to the output of "

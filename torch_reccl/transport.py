@@ -32,13 +32,13 @@ ConfigError = _C.ConfigError
 ProtocolError = _C.ProtocolError
 TimeoutError = _C.TimeoutError
 HANDLE_BYTES = _C.HANDLE_BYTES
-# The IB verbs transport (docs/ib.md): IbTransport(verbs=None | IbEmulation, env,
-# bootstrap_address) has the same listen/connect as Transport.
+# The IB verbs transport (docs/ib.md): IbTransport(verbs=None | a VerbsProvider,
+# env, bootstrap_address) has the same listen/connect as Transport. The verbs
+# emulation is torch_reccl._testing.IbEmulation (torch_reccl._native.testing()).
 IbTransport = _C.IbTransport
-IbEmulation = _C.IbEmulation
 
 __all__ = [
     "Transport", "Listener", "SendConnection", "RecvConnection", "Request",
     "RecclError", "ConfigError", "ProtocolError", "TimeoutError", "HANDLE_BYTES",
-    "IbTransport", "IbEmulation",
+    "IbTransport",
 ]

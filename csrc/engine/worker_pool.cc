@@ -2,7 +2,7 @@
 
 #include <exception>
 
-#include "core/executor.h"
+#include "engine/executor.h"
 #include "engine/op_context.h"
 
 namespace reccl {

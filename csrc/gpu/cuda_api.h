@@ -1,6 +1,7 @@
 // What NVL needs from CUDA: devices, memory, streams, events and copies. Two
 // implementations: the CUDA driver with reccl's own contexts (cuda_driver.h)
-// and an in-process emulation for tests without GPUs (cuda_emulation.h). Every
+// and an in-process emulation for tests without GPUs (testing/cuda_emulation.h, in
+// the test module torch_reccl._testing only). Every
 // call throws Error on failure, naming the call.
 #pragma once
 

@@ -1,12 +1,17 @@
 // Our own declarations of NCCL's network plugin ABI (ext-net), versions 8, 10,
 // 11 and 12, written from NCCL's public plugin documentation and headers. Field
-// order is the ABI: change nothing without checking NCCL's definition.
+// order is the ABI: change nothing without checking NCCL's definition. Plain C
+// too: tests/c/plugin_dlopen.c drives the library through these tables.
 #pragma once
 
+#ifdef __cplusplus
 #include <cstddef>
 #include <cstdint>
-
 extern "C" {
+#else
+#include <stddef.h>
+#include <stdint.h>
+#endif
 
 typedef enum {
   ncclSuccess = 0,
@@ -246,4 +251,6 @@ typedef struct {
   RECCL_NCCL_NET_V11_FIELDS(ncclNetProperties_v12_t, ncclNetVDeviceProps_v12_t)
 } ncclNet_v12_t;
 
+#ifdef __cplusplus
 }  // extern "C"
+#endif

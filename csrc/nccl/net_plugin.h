@@ -33,11 +33,14 @@ class NetPlugin {
   static NetPlugin& instance();
 
   ncclResult_t init(ncclDebugLogger_t logger);
-  // For tests: the verbs provider (the emulation) an IB transport uses instead
-  // of the system libibverbs. Must come before init(); throws Error after it.
+  // Provider installation: the verbs API the IB transport runs over instead of
+  // dlopening the system libibverbs (any VerbsApi implementation; the tests
+  // install the emulation of torch_reccl._testing). Must come before init();
+  // throws Error after it.
   void useVerbs(std::shared_ptr<VerbsApi> verbs);
-  // For tests: the CUDA (an emulation) NVL uses instead of the process's
-  // runtime. Must come before init(); throws Error after it.
+  // Provider installation: the CUDA API NVL stages GPU buffers with instead of
+  // the CUDA driver in reccl's own contexts (the tests install the emulation of
+  // torch_reccl._testing). Must come before init(); throws Error after it.
   void useCuda(std::shared_ptr<CudaApi> cuda);
   // "tcp" or "ib" once init() succeeded, else "".
   std::string transportKind();

@@ -1,7 +1,7 @@
 #include "pg/op_queue.h"
 
 #include "core/error.h"
-#include "core/executor.h"
+#include "engine/executor.h"
 
 namespace reccl {
 

@@ -5,7 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "core/error.h"
-#include "core/executor.h"
+#include "engine/executor.h"
 #include "engine/op_context.h"
 #include "engine/worker_pool.h"
 #include "pg/op_queue.h"

@@ -1,17 +1,15 @@
 // Python bindings of the NVL pieces (torch_reccl._C), for tests and bench/:
-// the transit map (pure logic, testable without a GPU), the device stager over
-// the CUDA driver (own contexts), and the CUDA emulation that runs the plugin's NVL
-// path without GPUs. The NCCL plugin uses them directly.
+// the transit map (pure logic, testable without a GPU) and the device stager
+// over the CUDA driver (own contexts). The NCCL plugin uses them directly; the
+// CUDA emulation is in the test module torch_reccl._testing.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "core/error.h"
 #include "core/health.h"
-#include "gpu/cuda_emulation.h"
 #include "gpu/cuda_driver.h"
 #include "gpu/device_stager.h"
 #include "gpu/transit_map.h"
-#include "nccl/net_plugin.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -71,37 +69,6 @@ void bindGpu(py::module_& m) {
     CudaDriver::load(&error);
     return error;
   }, "Why NVL cannot stage here ('' when a CUDA driver with GPUs is loadable)");
-
-  py::class_<CudaEmulation, std::shared_ptr<CudaEmulation>>(m, "CudaEmulation",
-      "Test-only: devices whose memory is checked host memory (gpu/cuda_emulation.h)")
-      .def(py::init<int>(), py::arg("devices"))
-      .def("alloc", [](CudaEmulation& e, int device, size_t bytes, bool virtualMemory) {
-             return reinterpret_cast<uintptr_t>(e.applicationAlloc(device, bytes, virtualMemory));
-           }, py::arg("device"), py::arg("bytes"), py::arg("virtual_memory") = true,
-           "device memory as NCCL allocates it (virtual_memory=False: as cudaMalloc); its address as an int")
-      .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
-             e.deviceFree(device, reinterpret_cast<void*>(address));
-           }, py::arg("device"), py::arg("address"))
-      .def("set_queries_before_done", &CudaEmulation::setQueriesBeforeDone, py::arg("queries"),
-           "events report done only at this query after their record (default 1): copies seem in flight")
-      .def("counters", [](const CudaEmulation& e) {
-        CudaEmulation::Counters c = e.counters();
-        py::dict d;
-        d["to_host_bytes"] = c.toHostBytes;
-        d["to_device_bytes"] = c.toDeviceBytes;
-        d["peer_bytes"] = c.peerBytes;
-        d["device_bytes_allocated"] = c.deviceBytesAllocated;
-        d["pinned_bytes_allocated"] = c.pinnedBytesAllocated;
-        d["streams"] = c.streams;
-        d["events"] = c.events;
-        d["peer_links"] = c.peerLinks;
-        return d;
-      });
-  m.def("nccl_plugin_use_cuda", [](std::shared_ptr<CudaEmulation> emulation) {
-    NetPlugin::instance().useCuda(std::move(emulation));
-  }, py::arg("emulation"),
-     "Test-only: the NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call "
-     "before the plugin's init(); once per process");
 
   py::class_<DeviceStager, std::shared_ptr<DeviceStager>>(m, "DeviceStager",
       "NVL's copies between GPU buffers and pinned host memory (addresses as ints)")

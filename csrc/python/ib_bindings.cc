@@ -1,14 +1,12 @@
 // Python bindings of the IB verbs transport (torch_reccl._C): the transport
-// over the system libibverbs or over the in-process verbs emulation, the
-// emulation's fault hooks and counters, the transport choice (RECCL_TRANSPORT)
-// and the hook that runs the NCCL plugin over the emulation, and a few pure
-// functions for tests.
+// over the system libibverbs or over another verbs provider (the emulation of
+// the test module torch_reccl._testing), the transport choice
+// (RECCL_TRANSPORT), and a few pure functions for tests.
 // Called from the module definition in bindings.cc; connections, listeners
 // and requests are the classes bound there.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -18,7 +16,6 @@
 #include "transport/ib/gid_select.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
-#include "transport/ib/verbs_emulation.h"
 #include "transport/ib/verbs_library.h"
 #include "transport/make_transport.h"
 
@@ -26,16 +23,6 @@ namespace py = pybind11;
 using namespace reccl;
 
 namespace {
-
-const char* gidTypeName(GidType type) {
-  switch (type) {
-    case GidType::kIb: return "IB";
-    case GidType::kRoceV1: return "RoCEv1";
-    case GidType::kRoceV2: return "RoCEv2";
-    case GidType::kUnknown: return "unknown";
-  }
-  return "unknown";
-}
 
 GidType gidTypeFromName(const std::string& name) {
   if (name == "IB") return GidType::kIb;
@@ -53,194 +40,14 @@ std::map<std::string, std::string> envOf(const py::object& env) {
   return out;
 }
 
-py::list gidList(const std::vector<GidEntry>& table) {
-  py::list out;
-  for (const auto& entry : table) {
-    out.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(entry.gid.data()), 16),
-                              gidTypeName(entry.type)));
-  }
-  return out;
-}
-
-// A registered Python buffer (the region keeps it alive), or a dma-buf range
-// the NIC addresses from `base`.
-struct PyRegion {
-  py::object owner;
-  uint64_t base = 0;
-  size_t size = 0;
-  std::unique_ptr<VerbsMemoryRegion> region;
-  uint64_t address(size_t offset, size_t length) const {
-    if (offset > size || length > size - offset) {
-      throw ConfigError("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                        ") outside the registered " + std::to_string(size) + " bytes");
-    }
-    return base + offset;
-  }
-};
-
-py::dict completionDict(const WorkCompletion& wc) {
-  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "rdma_read",
-                                         "other"};
-  py::dict d;
-  d["wr_id"] = wc.wrId;
-  d["status"] = wcStatusName(wc.status);
-  d["opcode"] = kOpcodes[static_cast<int>(wc.opcode)];
-  d["byte_len"] = wc.byteLength;
-  d["imm"] = wc.hasImmediate ? py::object(py::int_(wc.immediate)) : py::none();
-  return d;
-}
-
-SendRequest::Op opFromName(const std::string& op) {
-  if (op == "send") return SendRequest::Op::kSend;
-  if (op == "write") return SendRequest::Op::kWrite;
-  if (op == "write_imm") return SendRequest::Op::kWriteWithImmediate;
-  if (op == "read") return SendRequest::Op::kRead;
-  throw ConfigError("operation '" + op + "' is not valid: expected send, write, write_imm or read");
-}
-
-// Raw verbs objects of the emulation, so tests can check its RC semantics
-// directly (tests/test_ib_emulation.py).
-void bindRawVerbs(py::module_& m) {
-  py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "IbMemoryRegion")
-      .def_property_readonly("lkey", [](const PyRegion& r) { return r.region->lkey(); })
-      .def_property_readonly("rkey", [](const PyRegion& r) { return r.region->rkey(); })
-      .def("address", &PyRegion::address, py::arg("offset") = 0, py::arg("length") = 0);
-  py::class_<VerbsCompletionQueue, std::shared_ptr<VerbsCompletionQueue>>(m, "IbCompletionQueue")
-      .def("poll", [](VerbsCompletionQueue& cq, int max) {
-        std::vector<WorkCompletion> wcs(static_cast<size_t>(std::max(max, 1)));
-        int got = cq.poll(wcs.data(), static_cast<int>(wcs.size()));
-        py::list out;
-        for (int i = 0; i < got; ++i) out.append(completionDict(wcs[i]));
-        return out;
-      }, py::arg("max") = 64)
-      .def("arm", &VerbsCompletionQueue::requestNotify, "ibv_req_notify_cq: one event for the next completion");
-  py::class_<VerbsCompletionChannel, std::shared_ptr<VerbsCompletionChannel>>(m, "IbCompletionChannel")
-      .def_property_readonly("fd", &VerbsCompletionChannel::fd)
-      // The CQ object the event announces (the one create_cq returned), or None.
-      .def("take_event", &VerbsCompletionChannel::takeEvent, py::return_value_policy::reference);
-  py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
-      .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
-      .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
-      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex) {
-        std::string raw = peerGid;
-        if (raw.size() != 16) throw ConfigError("a GID has 16 bytes");
-        QpPeer peer;
-        peer.qpNumber = peerQp;
-        std::memcpy(peer.gid.data(), raw.data(), 16);
-        qp.toReadyToReceive(peer, 1, gidIndex, 3);
-      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
-      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
-           py::arg("timeout"), py::arg("retry_count"))
-      .def("to_error", &VerbsQueuePair::toError)
-      .def("post_send", [](VerbsQueuePair& qp, const std::string& op, const PyRegion& local, size_t offset,
-                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId) {
-        SendRequest request;
-        request.wrId = wrId;
-        request.op = opFromName(op);
-        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
-        request.remoteAddress = remoteAddress;
-        request.rkey = rkey;
-        request.immediate = imm;
-        std::string error;
-        if (!qp.postSend(request, &error)) throw Error(error);
-      }, py::arg("op"), py::arg("local"), py::arg("offset"), py::arg("length"),
-         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0)
-      .def("post_recv", [](VerbsQueuePair& qp, const PyRegion& local, size_t offset, size_t length, uint64_t wrId) {
-        RecvRequest request;
-        request.wrId = wrId;
-        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
-        std::string error;
-        if (!qp.postRecv(request, &error)) throw Error(error);
-      }, py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("wr_id") = 0);
-  py::class_<VerbsDevice, std::shared_ptr<VerbsDevice>>(m, "IbDevice")
-      .def_property_readonly("name", &VerbsDevice::name)
-      .def("port_active", [](VerbsDevice& d) { return d.queryPort(1).active; })
-      .def("gid_table", [](VerbsDevice& d) { return gidList(readGidTable(d, 1)); })
-      .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
-        auto region = std::make_shared<PyRegion>();
-        region->owner = buffer;
-        py::buffer_info info = buffer.request(true);
-        region->base = reinterpret_cast<uint64_t>(info.ptr);
-        region->size = static_cast<size_t>(info.size * info.itemsize);
-        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
-        return region;
-      }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
-      .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
-        auto region = std::make_shared<PyRegion>();
-        region->base = iova;
-        region->size = length;
-        region->region = d.registerDmaBuf(fd, offset, length, iova);
-        return region;
-      }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
-         "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
-      .def("register_gpu_pointer", [](VerbsDevice& d, uint64_t address, size_t length) {
-        auto region = std::make_shared<PyRegion>();
-        region->base = address;
-        region->size = length;
-        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
-        return region;
-      }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
-      .def("create_channel", [](VerbsDevice& d) {
-        return std::shared_ptr<VerbsCompletionChannel>(d.createCompletionChannel());
-      }, py::keep_alive<0, 1>())
-      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel) {
-        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64, channel.get()));
-      }, py::arg("channel") = nullptr, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
-      .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
-                           std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
-        return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));
-      }, py::arg("send_cq"), py::arg("recv_cq"), py::arg("max_send") = 16, py::arg("max_recv") = 16,
-         py::keep_alive<0, 2>(), py::keep_alive<0, 3>())
-      .def("wait_event", [](VerbsDevice& d, double timeout) -> py::object {
-        AsyncEvent event;
-        bool got;
-        {
-          py::gil_scoped_release release;
-          got = d.waitAsyncEvent(&event, Millis(static_cast<int64_t>(timeout * 1000)));
-        }
-        return got ? py::object(py::str(asyncEventName(event.type))) : py::none();
-      }, py::arg("timeout") = 1.0);
-}
 
 }  // namespace
 
 void bindIbTransport(py::module_& m) {
-  bindRawVerbs(m);
-  py::class_<VerbsEmulation, std::shared_ptr<VerbsEmulation>>(
-      m, "IbEmulation", "In-process verbs with RC semantics and fault hooks (docs/ib.md)")
-      .def(py::init<std::vector<std::string>>(), py::arg("devices"))
-      .def("devices", &VerbsEmulation::deviceNames)
-      .def("open", &VerbsEmulation::open, py::arg("device"), py::keep_alive<0, 1>(),
-           "Raw verbs on one device, for tests of the emulation itself")
-      .def("port_down", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, false); })
-      .def("port_up", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, true); })
-      .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
-           "Blackholes the device: packets vanish, no event, retry-exceeded later")
-      .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
-      .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
-           py::call_guard<py::gil_scoped_release>(),
-           "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
-           "responder QP still takes it (docs/ib.md)")
-      .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
-      .def("counters", [](VerbsEmulation& e) {
-        EmulationCounters c = e.counters();
-        py::dict d;
-        d["sends"] = c.sends;
-        d["writes"] = c.writes;
-        d["writes_with_imm"] = c.writesWithImmediate;
-        d["reads"] = c.reads;
-        d["held"] = c.held;
-        d["wire_delivered"] = c.wireDelivered;
-        d["wire_dropped"] = c.wireDropped;
-        d["bytes"] = c.bytes;
-        d["flushed"] = c.flushed;
-        d["retry_exceeded"] = c.retryExceeded;
-        d["access_errors"] = c.accessErrors;
-        d["dropped"] = c.dropped;
-        d["corrupted"] = c.corrupted;
-        d["qp_errors"] = c.qpErrors;
-        return d;
-      });
+  py::class_<VerbsApi, std::shared_ptr<VerbsApi>>(
+      m, "VerbsProvider",
+      "A verbs implementation the IB transport can run over instead of the system "
+      "libibverbs (torch_reccl._testing.IbEmulation is one)");
 
   py::class_<IbTransport, std::shared_ptr<IbTransport>>(m, "IbTransport")
       .def(py::init([](py::object verbs, py::object env, const std::string& bootstrap) {
@@ -252,14 +59,15 @@ void bindIbTransport(py::module_& m) {
                api = loadSystemVerbs(&error);
                if (!api) throw ConfigError(error);
              } else {
-               api = verbs.cast<std::shared_ptr<VerbsEmulation>>();
+               api = verbs.cast<std::shared_ptr<VerbsApi>>();
              }
              py::gil_scoped_release release;
              return std::make_shared<IbTransport>(config, api, bootstrap);
            }),
            py::arg("verbs") = py::none(), py::arg("env") = py::none(),
            py::arg("bootstrap_address") = "127.0.0.1",
-           "An IB transport. `verbs`: an IbEmulation, or None for the system libibverbs. "
+           "An IB transport. `verbs`: a VerbsProvider (e.g. _testing.IbEmulation), or None for "
+           "the system libibverbs. "
            "`env`: RECCL_* settings (default os.environ)")
       .def("nics",
            [](const IbTransport& t) {
@@ -307,22 +115,17 @@ void bindIbTransport(py::module_& m) {
   m.def("choose_transport", [](py::object env, py::object verbs) {
     Config config = Config::fromEnv(envOf(env));
     std::shared_ptr<VerbsApi> api;
-    if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsEmulation>>();
+    if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsApi>>();
     TransportChoice choice = chooseTransport(config, api);
     py::dict d;
     d["kind"] = choice.kind;
     d["reason"] = choice.reason;
     return d;
   }, py::arg("env") = py::none(), py::arg("verbs") = py::none(),
-     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: an "
-     "IbEmulation standing for the system libibverbs; raises ConfigError for ib without devices");
+     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: a "
+     "VerbsProvider standing for the system libibverbs; raises ConfigError for ib without devices");
   m.def("ib_bootstrap_address", [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
         py::arg("env") = py::none());
-  m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
-    NetPlugin::instance().useVerbs(std::move(emulation));
-  }, py::arg("emulation"),
-     "Test-only: the NCCL net plugin's IB transport (RECCL_TRANSPORT=ib or auto) runs over "
-     "this emulation instead of libibverbs. Call before the plugin's init(); once per process");
   m.def("nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
         "'tcp' or 'ib' once the NCCL plugin's init() succeeded, else ''");
   m.def("ib_port_speed_mbps", &portSpeedMbps, py::arg("active_speed"), py::arg("active_width"),

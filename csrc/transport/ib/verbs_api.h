@@ -1,6 +1,7 @@
 // The narrow slice of libibverbs the IB transport uses, as an interface with
 // two implementations: the system library loaded at run time (verbs_library)
-// and an in-process emulation with RC semantics (verbs_emulation). Each method
+// and an in-process emulation with RC semantics (testing/verbs_emulation, in the
+// test module torch_reccl._testing only). Each method
 // stands for one ibv_* call (named in its comment) or a fixed short sequence.
 // The types are our own, so nothing outside verbs_library.cc needs the
 // libibverbs headers and the library builds and loads without them.

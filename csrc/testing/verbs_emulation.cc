@@ -1,4 +1,4 @@
-#include "transport/ib/verbs_emulation.h"
+#include "testing/verbs_emulation.h"
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "core/executor.h"
+#include "engine/executor.h"
 
 #include <pthread.h>
 

@@ -1,6 +1,8 @@
 // One process-wide, elastic pool of threads shared by every process group: it
 // runs their op queues and the channels of their collectives, so the threads of
-// a rank follow the work in flight, not the number of groups.
+// a rank follow the work in flight, not the number of groups. In engine/, not
+// core/: only collectives and process groups use it, so the plugin library NCCL
+// loads (core, transport, gpu, nccl) carries none of it.
 #pragma once
 
 #include <condition_variable>

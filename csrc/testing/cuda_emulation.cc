@@ -1,4 +1,4 @@
-#include "gpu/cuda_emulation.h"
+#include "testing/cuda_emulation.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,0 +1,262 @@
+// The test module torch_reccl._testing: the in-process verbs emulation (RC
+// semantics, fault hooks) with raw verbs objects over it, the CUDA emulation,
+// and the provider-install calls that run the NCCL plugin over them. Nothing
+// here is in libnccl-net-reccl.so, the library NCCL loads; this module links
+// it, so the plugin it configures is the process's one plugin.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "nccl/net_plugin.h"
+#include "testing/cuda_emulation.h"
+#include "testing/verbs_emulation.h"
+#include "transport/ib/gid_select.h"
+
+namespace py = pybind11;
+using namespace reccl;
+
+namespace {
+
+const char* gidTypeName(GidType type) {
+  switch (type) {
+    case GidType::kIb: return "IB";
+    case GidType::kRoceV1: return "RoCEv1";
+    case GidType::kRoceV2: return "RoCEv2";
+    case GidType::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+py::list gidList(const std::vector<GidEntry>& table) {
+  py::list out;
+  for (const auto& entry : table) {
+    out.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(entry.gid.data()), 16),
+                              gidTypeName(entry.type)));
+  }
+  return out;
+}
+
+// A registered Python buffer (the region keeps it alive), or a dma-buf range
+// the NIC addresses from `base`.
+struct PyRegion {
+  py::object owner;
+  uint64_t base = 0;
+  size_t size = 0;
+  std::unique_ptr<VerbsMemoryRegion> region;
+  uint64_t address(size_t offset, size_t length) const {
+    if (offset > size || length > size - offset) {
+      throw ConfigError("range [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") outside the registered " + std::to_string(size) + " bytes");
+    }
+    return base + offset;
+  }
+};
+
+py::dict completionDict(const WorkCompletion& wc) {
+  static const char* const kOpcodes[] = {"send", "rdma_write", "recv", "recv_rdma_with_imm", "rdma_read",
+                                         "other"};
+  py::dict d;
+  d["wr_id"] = wc.wrId;
+  d["status"] = wcStatusName(wc.status);
+  d["opcode"] = kOpcodes[static_cast<int>(wc.opcode)];
+  d["byte_len"] = wc.byteLength;
+  d["imm"] = wc.hasImmediate ? py::object(py::int_(wc.immediate)) : py::none();
+  return d;
+}
+
+SendRequest::Op opFromName(const std::string& op) {
+  if (op == "send") return SendRequest::Op::kSend;
+  if (op == "write") return SendRequest::Op::kWrite;
+  if (op == "write_imm") return SendRequest::Op::kWriteWithImmediate;
+  if (op == "read") return SendRequest::Op::kRead;
+  throw ConfigError("operation '" + op + "' is not valid: expected send, write, write_imm or read");
+}
+
+// Raw verbs objects of the emulation, so tests can check its RC semantics
+// directly (tests/test_ib_emulation.py).
+void bindRawVerbs(py::module_& m) {
+  py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "IbMemoryRegion")
+      .def_property_readonly("lkey", [](const PyRegion& r) { return r.region->lkey(); })
+      .def_property_readonly("rkey", [](const PyRegion& r) { return r.region->rkey(); })
+      .def("address", &PyRegion::address, py::arg("offset") = 0, py::arg("length") = 0);
+  py::class_<VerbsCompletionQueue, std::shared_ptr<VerbsCompletionQueue>>(m, "IbCompletionQueue")
+      .def("poll", [](VerbsCompletionQueue& cq, int max) {
+        std::vector<WorkCompletion> wcs(static_cast<size_t>(std::max(max, 1)));
+        int got = cq.poll(wcs.data(), static_cast<int>(wcs.size()));
+        py::list out;
+        for (int i = 0; i < got; ++i) out.append(completionDict(wcs[i]));
+        return out;
+      }, py::arg("max") = 64)
+      .def("arm", &VerbsCompletionQueue::requestNotify, "ibv_req_notify_cq: one event for the next completion");
+  py::class_<VerbsCompletionChannel, std::shared_ptr<VerbsCompletionChannel>>(m, "IbCompletionChannel")
+      .def_property_readonly("fd", &VerbsCompletionChannel::fd)
+      // The CQ object the event announces (the one create_cq returned), or None.
+      .def("take_event", &VerbsCompletionChannel::takeEvent, py::return_value_policy::reference);
+  py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
+      .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
+      .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
+      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex) {
+        std::string raw = peerGid;
+        if (raw.size() != 16) throw ConfigError("a GID has 16 bytes");
+        QpPeer peer;
+        peer.qpNumber = peerQp;
+        std::memcpy(peer.gid.data(), raw.data(), 16);
+        qp.toReadyToReceive(peer, 1, gidIndex, 3);
+      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
+      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
+           py::arg("timeout"), py::arg("retry_count"))
+      .def("to_error", &VerbsQueuePair::toError)
+      .def("post_send", [](VerbsQueuePair& qp, const std::string& op, const PyRegion& local, size_t offset,
+                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId) {
+        SendRequest request;
+        request.wrId = wrId;
+        request.op = opFromName(op);
+        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
+        request.remoteAddress = remoteAddress;
+        request.rkey = rkey;
+        request.immediate = imm;
+        std::string error;
+        if (!qp.postSend(request, &error)) throw Error(error);
+      }, py::arg("op"), py::arg("local"), py::arg("offset"), py::arg("length"),
+         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0)
+      .def("post_recv", [](VerbsQueuePair& qp, const PyRegion& local, size_t offset, size_t length, uint64_t wrId) {
+        RecvRequest request;
+        request.wrId = wrId;
+        request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
+        std::string error;
+        if (!qp.postRecv(request, &error)) throw Error(error);
+      }, py::arg("local"), py::arg("offset"), py::arg("length"), py::arg("wr_id") = 0);
+  py::class_<VerbsDevice, std::shared_ptr<VerbsDevice>>(m, "IbDevice")
+      .def_property_readonly("name", &VerbsDevice::name)
+      .def("port_active", [](VerbsDevice& d) { return d.queryPort(1).active; })
+      .def("gid_table", [](VerbsDevice& d) { return gidList(readGidTable(d, 1)); })
+      .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
+        auto region = std::make_shared<PyRegion>();
+        region->owner = buffer;
+        py::buffer_info info = buffer.request(true);
+        region->base = reinterpret_cast<uint64_t>(info.ptr);
+        region->size = static_cast<size_t>(info.size * info.itemsize);
+        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
+        return region;
+      }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
+      .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = iova;
+        region->size = length;
+        region->region = d.registerDmaBuf(fd, offset, length, iova);
+        return region;
+      }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
+         "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
+      .def("register_gpu_pointer", [](VerbsDevice& d, uint64_t address, size_t length) {
+        auto region = std::make_shared<PyRegion>();
+        region->base = address;
+        region->size = length;
+        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
+        return region;
+      }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
+      .def("create_channel", [](VerbsDevice& d) {
+        return std::shared_ptr<VerbsCompletionChannel>(d.createCompletionChannel());
+      }, py::keep_alive<0, 1>())
+      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel) {
+        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64, channel.get()));
+      }, py::arg("channel") = nullptr, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
+      .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
+                           std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
+        return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));
+      }, py::arg("send_cq"), py::arg("recv_cq"), py::arg("max_send") = 16, py::arg("max_recv") = 16,
+         py::keep_alive<0, 2>(), py::keep_alive<0, 3>())
+      .def("wait_event", [](VerbsDevice& d, double timeout) -> py::object {
+        AsyncEvent event;
+        bool got;
+        {
+          py::gil_scoped_release release;
+          got = d.waitAsyncEvent(&event, Millis(static_cast<int64_t>(timeout * 1000)));
+        }
+        return got ? py::object(py::str(asyncEventName(event.type))) : py::none();
+      }, py::arg("timeout") = 1.0);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_testing, m) {
+  m.doc() = "torch_reccl test module: verbs and CUDA emulations (never loaded by NCCL)";
+  // _C registers VerbsProvider (the emulation's base, so IbTransport takes an
+  // IbEmulation) and the translators of reccl's exceptions.
+  py::module_::import("torch_reccl._C");
+  bindRawVerbs(m);
+  py::class_<VerbsEmulation, VerbsApi, std::shared_ptr<VerbsEmulation>>(
+      m, "IbEmulation", "In-process verbs with RC semantics and fault hooks (docs/ib.md)")
+      .def(py::init<std::vector<std::string>>(), py::arg("devices"))
+      .def("devices", &VerbsEmulation::deviceNames)
+      .def("open", &VerbsEmulation::open, py::arg("device"), py::keep_alive<0, 1>(),
+           "Raw verbs on one device, for tests of the emulation itself")
+      .def("port_down", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, false); })
+      .def("port_up", [](VerbsEmulation& e, const std::string& d) { e.setPortUp(d, true); })
+      .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
+           "Blackholes the device: packets vanish, no event, retry-exceeded later")
+      .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
+           py::call_guard<py::gil_scoped_release>(),
+           "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
+           "responder QP still takes it (docs/ib.md)")
+      .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
+      .def("counters", [](VerbsEmulation& e) {
+        EmulationCounters c = e.counters();
+        py::dict d;
+        d["sends"] = c.sends;
+        d["writes"] = c.writes;
+        d["writes_with_imm"] = c.writesWithImmediate;
+        d["reads"] = c.reads;
+        d["held"] = c.held;
+        d["wire_delivered"] = c.wireDelivered;
+        d["wire_dropped"] = c.wireDropped;
+        d["bytes"] = c.bytes;
+        d["flushed"] = c.flushed;
+        d["retry_exceeded"] = c.retryExceeded;
+        d["access_errors"] = c.accessErrors;
+        d["dropped"] = c.dropped;
+        d["corrupted"] = c.corrupted;
+        d["qp_errors"] = c.qpErrors;
+        return d;
+      });
+
+  py::class_<CudaEmulation, std::shared_ptr<CudaEmulation>>(m, "CudaEmulation",
+      "Devices whose memory is checked host memory (testing/cuda_emulation.h)")
+      .def(py::init<int>(), py::arg("devices"))
+      .def("alloc", [](CudaEmulation& e, int device, size_t bytes, bool virtualMemory) {
+             return reinterpret_cast<uintptr_t>(e.applicationAlloc(device, bytes, virtualMemory));
+           }, py::arg("device"), py::arg("bytes"), py::arg("virtual_memory") = true,
+           "device memory as NCCL allocates it (virtual_memory=False: as cudaMalloc); its address as an int")
+      .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
+             e.deviceFree(device, reinterpret_cast<void*>(address));
+           }, py::arg("device"), py::arg("address"))
+      .def("set_queries_before_done", &CudaEmulation::setQueriesBeforeDone, py::arg("queries"),
+           "events report done only at this query after their record (default 1): copies seem in flight")
+      .def("counters", [](const CudaEmulation& e) {
+        CudaEmulation::Counters c = e.counters();
+        py::dict d;
+        d["to_host_bytes"] = c.toHostBytes;
+        d["to_device_bytes"] = c.toDeviceBytes;
+        d["peer_bytes"] = c.peerBytes;
+        d["device_bytes_allocated"] = c.deviceBytesAllocated;
+        d["pinned_bytes_allocated"] = c.pinnedBytesAllocated;
+        d["streams"] = c.streams;
+        d["events"] = c.events;
+        d["peer_links"] = c.peerLinks;
+        return d;
+      });
+
+  m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
+    NetPlugin::instance().useVerbs(std::move(emulation));
+  }, py::arg("emulation"),
+     "The NCCL net plugin's IB transport (RECCL_TRANSPORT=ib or auto) runs over this "
+     "emulation instead of libibverbs. Call before the plugin's init(); once per process");
+  m.def("nccl_plugin_use_cuda", [](std::shared_ptr<CudaEmulation> emulation) {
+    NetPlugin::instance().useCuda(std::move(emulation));
+  }, py::arg("emulation"),
+     "The NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call before the "
+     "plugin's init(); once per process");
+}
