@@ -196,7 +196,8 @@ def summary(run: RunResult, reference: Optional[RunResult], verify: Optional[dic
         timing = (f"; interruption (detection to traffic resumed) median {_ms(median(pause))}, "
                   f"max {_ms(max(pause))}") if pause else ""
         lines.append(f"  {kind + 's':<12} {count}{f' ({ranks})' if ranks else ''}{timing}")
-    others = {k: run.count(k) for k in ("nic_down", "nic_up", "path_down", "rebalance")}
+    others = {k: run.count(k) for k in ("nic_down", "nic_up", "path_down", "rebalance",
+                                        "degraded", "recovered")}
     lines.append("  events       " + ", ".join(f"{k} {n}" for k, n in others.items()))
     if verify is not None:
         lines.append("  verify       " + verify["line"])
