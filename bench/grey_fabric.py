@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rank_side:
         return rank_main(args)
+    import torch  # noqa: F401 - loads the libraries the extension links
     import torch_reccl._C as native
 
     command = f"python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}"
