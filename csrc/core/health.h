@@ -44,8 +44,6 @@ const char* greyStateName(GreyState state);
 // looks again: only while the drill lasts, so an idle path is never polled.
 constexpr std::chrono::milliseconds kBlackholeRecheck{10};
 
-class NicHealth;
-
 // One message in flight from a NIC, for as long as the object lives (see
 // NicHealth::beginBusy); complete() credits its bytes. Movable, not copyable.
 class NicBusy {
