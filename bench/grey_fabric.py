@@ -64,8 +64,8 @@ def rank_main(args) -> int:
     def tick(final: bool = False) -> None:
         nics = torch_reccl.stats()["nics"]
         report("tick", rank=rank, t=time.time(), ops=ops, bytes=done_bytes, wrong=wrong,
-               final=final, nics={n: {"sent": s["bytes_sent"], "grey": s["grey"]}
-                                  for n, s in nics.items()})
+               final=final, nics={n: {"sent": s["bytes_sent"], "busy_bytes": s["busy_bytes"],
+                                      "grey": s["grey"]} for n, s in nics.items()})
 
     while True:
         n = count
