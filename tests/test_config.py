@@ -72,6 +72,11 @@ INT_VARS = {
     "RECCL_IB_TIMEOUT": (1, 31),
     "RECCL_IB_RETRY_CNT": (0, 7),
     "RECCL_NVL_MAX_BYTES": (1048576, 1073741824),
+    "RECCL_GREY_PCT": (1, 50),
+    "RECCL_GREY_RECOVER_PCT": (50, 100),
+    "RECCL_GREY_MS": (100, 600000),
+    "RECCL_GREY_MIN_BYTES": (1, 1099511627776),
+    "RECCL_GREY_RETRY_MS": (100, 3600000),
 }
 
 
@@ -96,7 +101,7 @@ def test_integer_whitespace_is_rejected_consistently():
         _C.validate_config({"RECCL_HEARTBEAT_MS": " 100"})
 
 
-@pytest.mark.parametrize("name", ["RECCL_FAILBACK", "RECCL_BACKUP"])
+@pytest.mark.parametrize("name", ["RECCL_FAILBACK", "RECCL_BACKUP", "RECCL_GREY"])
 def test_booleans(name):
     _C.validate_config({name: "0"})
     _C.validate_config({name: "1"})
@@ -375,11 +380,21 @@ def test_topo_cli_table(monkeypatch, capsys):
     monkeypatch.setenv("RECCL_NICS", "127.0.0.1,127.0.0.2,127.0.0.3")
     assert cli.main(["topo"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split()[:6] == ["#", "NIC", "address", "up", "backup", "cost"]
+    assert lines[0].split()[:7] == ["#", "NIC", "address", "up", "health", "backup", "cost"]
     assert len(lines) == 4
     row = lines[1].split()
-    assert row[:6] == ["0", PRIMARY, "127.0.0.1", "yes", BACKUP, "next-in-order"]
-    assert lines[3].split()[:5] == ["2", "lo:127.0.0.3", "127.0.0.3", "yes", PRIMARY]
+    assert row[:7] == ["0", PRIMARY, "127.0.0.1", "yes", "ok", BACKUP, "next-in-order"]
+    assert lines[3].split()[:6] == ["2", "lo:127.0.0.3", "127.0.0.3", "yes", "ok", PRIMARY]
+
+
+def test_topo_table_shows_grey_failures():
+    from torch_reccl.topo import format_table
+
+    rows = torch_reccl.nics({"RECCL_NICS": "127.0.0.1,127.0.0.2,127.0.0.3"})
+    assert {r["grey"] for r in rows} == {"healthy"}
+    rows[1]["grey"], rows[2]["grey"] = "degraded", "probation"
+    lines = format_table(rows).splitlines()
+    assert [line.split()[4] for line in lines[1:]] == ["ok", "DEGRADED", "trial"]
 
 
 def test_topo_cli_json(monkeypatch, capsys):

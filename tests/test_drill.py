@@ -58,11 +58,63 @@ def test_schedule_targets_actions_and_times():
     assert flap.due(0.0, 50) and not flap.due(1e9, 49)
 
 
+def test_schedule_slow_and_lossy_nics():
+    slow, lossy, heal = parse_schedule("h0nic1:slow=10%@5s, H0NIC1:Lossy=2.5%@step 3,h0nic1:heal@9s")
+    assert (slow.host, slow.rail, slow.action, slow.percent, slow.at_s) == (0, 1, "slow", 10.0, 5.0)
+    assert slow.text == "h0nic1:slow=10%@5s"
+    assert (lossy.action, lossy.percent, lossy.at_step, lossy.text) == (
+        "lossy", 2.5, 3, "h0nic1:lossy=2.5%@step 3")
+    assert heal.percent is None
+    assert parse_fault("rail0:slow=.5%@1s").percent == 0.5
+    spans = fault_spans([(slow, 5.0), (heal, 9.0)], end_s=20.0)
+    assert spans == [(5.0, 9.0, "h0nic1 slow")]
+    spans = fault_spans([(parse_fault("rail1:lossy=5%@1s"), 1.0), (parse_fault("rail1:heal@4s"), 4.0)],
+                        end_s=20.0)
+    assert spans == [(1.0, 4.0, "rail1 lossy")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("h0nic1:slow@5s", "slow needs a percent, the share of the fabric rate the NIC keeps: e.g. slow=10%"),
+    ("h0nic1:lossy@5s", "lossy needs a percent, the share of frames it drops: e.g. lossy=10%"),
+    ("h0nic1:slow=10@5s", "'10' is not a percent; use e.g. slow=10%"),
+    ("h0nic1:slow=fast%@5s", "'fast%' is not a percent"),
+    ("h0nic1:slow=0%@5s", "slow=0% is out of range; P must be in (0, 100)"),
+    ("h0nic1:lossy=100%@5s", "lossy=100% is out of range; P must be in (0, 100)"),
+    ("h0nic1:lossy=-5%@5s", "is not a percent"),
+    ("h0nic1:down=5%@5s", "down takes no value (only slow=P%, lossy=P% do)"),
+    ("h0nic1:slower=5%@5s", "unknown action 'slower'; valid actions: down, up, flap, blackhole, "
+                            "slow=P%, lossy=P%, heal"),
+])
+def test_schedule_slow_and_lossy_errors(text, message):
+    with pytest.raises(ScheduleError) as info:
+        parse_schedule(text)
+    assert message in str(info.value)
+
+
+def test_cli_refuses_slow_nics_it_cannot_make(capsys):
+    assert cli.main(["drill", "--mode", "inject", "--fault", "h0nic1:lossy=5%@1s"]) == 2
+    assert "no inject_fault equivalent; they need the emulated fabric" in capsys.readouterr().err
+    assert cli.main(["drill", "--mode", "inject", "--rate-mbit", "0",
+                     "--fault", "h0nic1:slow=10%@1s"]) == 2
+    assert "no inject_fault equivalent" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_slow_nic_without_a_rate_cap(capsys):
+    from torch_reccl.fabric import require_root
+
+    require_root()
+    assert cli.main(["drill", "--mode", "fabric", "--rate-mbit", "0",
+                     "--fault", "h0nic1:slow=10%@1s"]) == 2
+    assert "a slow NIC needs a rate-capped fabric to cut; give --rate-mbit > 0" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, message", [
     ("rail1:down", "has no '@WHEN' (e.g. rail1:down@20s)"),
     ("rail1@20s", "has no ':ACTION'"),
     ("switch1:down@2s", "unknown target 'switch1'; valid targets: railR"),
-    ("rail1:explode@2s", "unknown action 'explode'; valid actions: down, up, flap, blackhole, heal"),
+    ("rail1:explode@2s", "unknown action 'explode'; valid actions: down, up, flap, blackhole, "
+                         "slow=P%, lossy=P%, heal"),
     ("rail1:down@20", "time '20' needs a unit: 20s, 20ms or step 20"),
     ("rail1:down@soon", "'soon' is not a time or step"),
     ("rail1:down@-3s", "is not a time or step"),

@@ -332,7 +332,8 @@ def test_rail_down_affects_every_host(make_fabric, server):
     assert fab.faults()["nic_down"] == [(2, 1)]
     fab.heal()
     assert carrier(fab, 2, 1) == (1, "up")
-    assert fab.faults() == {"nic_down": [], "rail_down": [], "blackhole": [], "flapping": []}
+    assert fab.faults() == {"nic_down": [], "rail_down": [], "blackhole": [], "slow": [],
+                            "lossy": [], "flapping": []}
 
 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (apt-get install nftables)")
@@ -386,6 +387,119 @@ def test_rate_limit_200mbit(make_fabric):
     out, err = rx.communicate(timeout=15)
     rate = float(out)
     assert 25e6 * 0.85 <= rate <= 25e6 * 1.15, f"{rate / 1e6:.1f} MB/s, want 25 +- 15%"
+
+
+def _throughput(fab, src, dst, rail, port, seconds=1.8):
+    """Steady-state bytes/s of one TCP stream from host src to host dst over rail."""
+    rx = _start(fab, dst, RECEIVER, port, 0.3)
+    fab.run(src, [sys.executable, "-c", SENDER, fab.nic_ip(dst, rail), str(port),
+                  str(seconds)], timeout=20, check=True)
+    out, err = rx.communicate(timeout=15)
+    return float(out)
+
+
+def test_slow_nic_cuts_rate_both_ways_and_heals(make_fabric):
+    fab = make_fabric("s", hosts=2, rails=2, rate_mbit=200)
+    fab.slow(0, 1, 10)
+    assert fab.faults()["slow"] == [(0, 1, 10.0)]
+    assert fab.nic_rate_mbit(0, 1) == pytest.approx(20, rel=0.01)
+    assert fab.nic_rate_mbit(0, 0) == pytest.approx(200, rel=0.01)
+    out_rate = _throughput(fab, 0, 1, 1, PORT + 2)  # host 0's egress tbf
+    in_rate = _throughput(fab, 1, 0, 1, PORT + 3)   # the bridge port's tbf: host 0's ingress
+    for rate in (out_rate, in_rate):
+        assert 2.5e6 * 0.75 <= rate <= 2.5e6 * 1.25, f"{rate / 1e6:.2f} MB/s, want 2.5 +- 25%"
+    # the link stays up and the other NIC keeps its full rate
+    assert carrier(fab, 0, 1) == (1, "up")
+    other = _throughput(fab, 0, 1, 0, PORT + 4, seconds=1.2)
+    assert other >= 25e6 * 0.85, f"untouched NIC at {other / 1e6:.1f} MB/s"
+    fab.slow(0, 1, on=False)
+    assert fab.faults()["slow"] == []
+    healed = _throughput(fab, 0, 1, 1, PORT + 5, seconds=1.2)
+    assert 25e6 * 0.85 <= healed <= 25e6 * 1.15, f"healed at {healed / 1e6:.1f} MB/s"
+    fab.slow(1, 0, 50)
+    fab.heal()
+    assert fab.nic_rate_mbit(1, 0) == pytest.approx(200, rel=0.01)
+    assert fab.faults()["slow"] == []
+
+
+# UDP counter: receive datagrams for argv[2] seconds after "ready", print the count
+UDP_COUNT = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.settimeout(0.2)
+print("ready", flush=True)
+seen = set()
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        msg = s.recv(64)
+        if not msg.startswith(b"w"):
+            seen.add(msg)
+    except socket.timeout:
+        pass
+print(len(seen))
+"""
+
+UDP_SEND = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(20):  # resolve ARP first: datagrams sent before it resolves are dropped
+    s.sendto(b"w", (sys.argv[1], int(sys.argv[2])))
+    time.sleep(0.01)
+for i in range(int(sys.argv[3])):
+    s.sendto(str(i).encode(), (sys.argv[1], int(sys.argv[2])))
+    if i % 50 == 49:
+        time.sleep(0.002)  # stay far below any queue limit: only the fault drops
+"""
+
+
+def _udp_delivered(fab, src, dst, rail, port, count=4000):
+    rx = _start(fab, dst, UDP_COUNT, port, 3.0)
+    fab.run(src, [sys.executable, "-c", UDP_SEND, fab.nic_ip(dst, rail), str(port),
+                  str(count)], timeout=20, check=True)
+    out, _ = rx.communicate(timeout=15)
+    return int(out) / count
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (apt-get install nftables)")
+def test_lossy_nic_drops_a_share_and_heals(make_fabric, server):
+    fab = make_fabric("l")
+    server(fab, 1)
+    assert _udp_delivered(fab, 0, 1, 0, PORT + 6) == 1.0  # no loss before
+    fab.lossy(1, 0, 20)
+    assert fab.faults()["lossy"] == [(1, 0, 20.0)]
+    assert carrier(fab, 1, 0) == (1, "up")
+    # 4000 draws at p = 0.8: sd 0.6%, so 0.75..0.85 fails only on a real error
+    into = _udp_delivered(fab, 0, 1, 0, PORT + 7)
+    assert 0.75 <= into <= 0.85, f"{into:.3f} delivered into the lossy NIC, want ~0.80"
+    out_of = _udp_delivered(fab, 1, 0, 0, PORT + 8)
+    assert 0.75 <= out_of <= 0.85, f"{out_of:.3f} delivered out of the lossy NIC, want ~0.80"
+    assert _udp_delivered(fab, 0, 1, 1, PORT + 9) == 1.0  # the other NIC is clean
+    fab.lossy(1, 0, on=False)
+    assert fab.faults()["lossy"] == []
+    assert _udp_delivered(fab, 0, 1, 0, PORT + 10) == 1.0
+    fab.lossy(0, 1, 50)
+    fab.heal()
+    assert fab.faults()["lossy"] == []
+    assert _udp_delivered(fab, 0, 1, 1, PORT + 11) == 1.0
+
+
+def test_slow_and_lossy_reject_bad_input(make_fabric):
+    fab = make_fabric("v", hosts=2, rails=1)  # no rate cap
+    with pytest.raises(FabricError, match="needs a rate-capped fabric"):
+        fab.slow(0, 0, 10)
+    for bad in (0, 100, -5, 150, "10%", None, True):
+        with pytest.raises(ValueError, match=r"percent .* in \(0, 100\)"):
+            fab.lossy(0, 0, bad)
+    with pytest.raises(ValueError, match="resolution"):
+        fab.lossy(0, 0, 0.001)
+    with pytest.raises(ValueError, match="rail must be an int in 0..0"):
+        fab.lossy(0, 1, 5)
+    capped = Fabric(hosts=1, rails=1, rate_mbit=100, name="zz")  # validation only, not built
+    with pytest.raises(ValueError, match=r"slow: percent of the fabric rate must be"):
+        capped.slow(0, 0, 0)
+    assert fab.faults()["lossy"] == [] and fab.faults()["slow"] == []
 
 
 # --------------------------------------------------------------- lifecycle
@@ -521,9 +635,23 @@ def test_cli_round_trip(root):
         assert cp.returncode == 0, cp.stderr
         fab = Fabric.attach(name)
         assert carrier(fab, 0, 1) == (0, "down") and carrier(fab, 1, 0) == (1, "up")
+        cp = _cli("fail", "--name", name, "slow", "1:0", "--percent", "20")
+        assert cp.returncode == 0 and "slowed to 20%" in cp.stdout, cp.stderr
+        assert fab.nic_rate_mbit(1, 0) == pytest.approx(100, rel=0.01)
+        cp = _cli("fail", "--name", name, "lossy", "0:0")  # default 5%
+        assert cp.returncode == 0 and "drops 5% of its frames" in cp.stdout, cp.stderr
+        cp = _cli("show", "--name", name)
+        assert "SLOW 20%" in cp.stdout and "LOSSY 5%" in cp.stdout, cp.stdout
+        cp = _cli("fail", "--name", name, "lossy", "0:0", "--percent", "120")
+        assert cp.returncode == 2 and "in (0, 100)" in cp.stderr, cp.stderr
+        cp = _cli("heal", "--name", name, "slow", "1:0")
+        assert cp.returncode == 0, cp.stderr
+        assert fab.nic_rate_mbit(1, 0) == pytest.approx(500, rel=0.01)
+        assert fab.faults()["lossy"] == [(0, 0, 5.0)]
         cp = _cli("heal", "--name", name)
         assert cp.returncode == 0, cp.stderr
         assert carrier(fab, 0, 1) == (1, "up")
+        assert fab.faults()["lossy"] == []
         cp = _cli("down", "--name", name)
         assert cp.returncode == 0, cp.stderr
         assert _leftovers(name) == ([], [])

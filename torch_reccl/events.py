@@ -31,6 +31,8 @@ EVENT_KINDS = (
     "nic_up",
     "connection_failed",
     "handshake_rejected",
+    "degraded",    # a NIC up but far slower than its peers (grey failure): traffic moved off it
+    "recovered",   # a degraded NIC back near its peers' goodput: traffic returned
     "slowdown",
 )
 
@@ -44,7 +46,7 @@ class Event:
     rank: Optional[int]
     nic: str
     peer: str
-    reason: str               # "link down", "error", "timeout", "injected", "peer", "healed", "measured", ...
+    reason: str               # "link down", "error", "timeout", "injected", "peer", "healed", "slow", "measured", ...
     detail: str
     connection: int = 0
     from_path: int = -1       # 0 primary, 1 backup, 2.. last-resort rails

@@ -7,12 +7,15 @@ from torch_reccl._native import nics
 
 
 def format_table(rows) -> str:
-    header = ("#", "NIC", "address", "up", "backup", "cost", "NUMA", "PCI path")
+    header = ("#", "NIC", "address", "up", "health", "backup", "cost", "NUMA", "PCI path")
     lines = [header]
     for nic in rows:
         cost = nic["backup_cost"]
         lines.append((
             str(nic["index"]), nic["name"], nic["address"], "yes" if nic["up"] else "NO",
+            # a grey failure: up, but far slower than its peers (docs/grey_failures.md)
+            "DEGRADED" if nic.get("grey") == "degraded" else
+            "trial" if nic.get("grey") == "probation" else "ok",
             nic["backup"] or "-", "next-in-order" if cost < 0 and nic["backup"] else str(cost),
             str(nic["numa_node"]), nic["pci_path"] or "-",
         ))

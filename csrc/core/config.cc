@@ -111,6 +111,26 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_DCR_OFFSET", "0", 0, 1000000, storeNumber<&Config::dcrOffset>,
             "CPU engine: a new channel plan starts this many collectives after the one at which "
             "the ranks agreed on the fault state (0: that same collective)"),
+    flag("RECCL_GREY", "1", storeFlag<&Config::grey>,
+         "grey-failure detection: a NIC that is up but far slower than its peers under load is "
+         "marked degraded and traffic moves off it as if it were down (docs/grey_failures.md)"),
+    integer("RECCL_GREY_PCT", "25", 1, 50, storeNumber<&Config::greyPct>,
+            "a NIC whose goodput while busy stays below this percent of the median of its "
+            "loaded peer NICs (or of its own history, with no loaded peer) is degraded"),
+    integer("RECCL_GREY_RECOVER_PCT", "50", 50, 100, storeNumber<&Config::greyRecoverPct>,
+            "a degraded NIC on trial is recovered once its goodput stays at or above this percent "
+            "of the median (hysteresis: the ranges keep it at or above RECCL_GREY_PCT)"),
+    integer("RECCL_GREY_MS", "2000", 100, 600000, storeNumber<&Config::greyMs>,
+            "how long (ms of the NIC being busy) goodput must stay below (or, to recover, above) "
+            "the threshold; windows without load do not count"),
+    integer("RECCL_GREY_MIN_BYTES", "1048576", 1, int64_t{1} << 40,
+            storeNumber<&Config::greyMinBytes>,
+            "a NIC counts as loaded in a sample window (250 ms) only with at least this many "
+            "bytes acknowledged; lighter windows are ignored, so small or bursty traffic never "
+            "marks a NIC degraded"),
+    integer("RECCL_GREY_RETRY_MS", "30000", 100, 3600000, storeNumber<&Config::greyRetryMs>,
+            "a degraded NIC carries no traffic; after this long it is put on trial (traffic "
+            "returns to it and is measured); a failed trial doubles the wait, up to 8 times this"),
     integer("RECCL_SMALL_BYTES", "65536", 0, 4 << 20, storeNumber<&Config::smallBytes>,
             "CPU engine: a collective whose largest message is at most this many bytes runs by "
             "recursive doubling (log2 N steps, its data riding with the per-op agreement); larger "

@@ -34,6 +34,13 @@ struct Config {
   int dcrPeriodMs;                 // RECCL_DCR_PERIOD_MS: republish period while degraded
   int dcrOffset;                   // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
   int64_t smallBytes;              // RECCL_SMALL_BYTES: recursive doubling up to this size
+  // Grey failures (core/grey_detector.h): a NIC up but far slower than its peers.
+  bool grey;                       // RECCL_GREY
+  int greyPct;                     // RECCL_GREY_PCT: below this % of the peer median: slow
+  int greyRecoverPct;              // RECCL_GREY_RECOVER_PCT: at or above: recovered
+  int greyMs;                      // RECCL_GREY_MS: busy time a verdict must hold for
+  int64_t greyMinBytes;            // RECCL_GREY_MIN_BYTES: load that makes a window count
+  int greyRetryMs;                 // RECCL_GREY_RETRY_MS: degraded -> on trial after this
   std::string hostId;              // RECCL_HOST_ID; empty = this kernel and network namespace
   std::string transport;           // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device

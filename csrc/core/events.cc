@@ -15,6 +15,8 @@ const char* eventKindName(EventKind kind) {
     case EventKind::kConnectionFailed: return "connection_failed";
     case EventKind::kHandshakeRejected: return "handshake_rejected";
     case EventKind::kRebalance: return "rebalance";
+    case EventKind::kDegraded: return "degraded";
+    case EventKind::kRecovered: return "recovered";
   }
   return "unknown";
 }
@@ -29,6 +31,7 @@ const char* reasonName(Reason reason) {
     case Reason::kInjected: return "injected";
     case Reason::kPeer: return "peer";
     case Reason::kHealed: return "healed";
+    case Reason::kSlow: return "slow";
   }
   return "unknown";
 }

@@ -22,6 +22,8 @@ enum class EventKind : uint8_t {
   kConnectionFailed,
   kHandshakeRejected,
   kRebalance,  // a process group switched channel plans (DCR)
+  kDegraded,   // a NIC is up but far slower than its peers: traffic moves off it
+  kRecovered,  // a degraded NIC is back near its peers' goodput: traffic returns
 };
 
 enum class Reason : uint8_t {
@@ -33,6 +35,7 @@ enum class Reason : uint8_t {
   kInjected,   // inject_fault()
   kPeer,       // the peer told us over another path
   kHealed,     // a failed path or NIC came back
+  kSlow,       // goodput far below the peer NICs' (grey failure)
 };
 
 const char* eventKindName(EventKind kind);

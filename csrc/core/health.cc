@@ -43,22 +43,90 @@ std::vector<std::string> NicHealth::names() const {
 }
 
 void NicHealth::setLinkUp(int id, bool up, Reason reason) {
-  bool wasUsable = usable(id);
+  const bool wasUp = linkUsable(id), wasUsable = usable(id);
   entries_.at(id).linkUp.store(up);
-  notify(id, wasUsable, reason);
+  notify(id, wasUp, wasUsable, reason);
 }
 
 void NicHealth::setInjectedDown(int id, bool down) {
-  bool wasUsable = usable(id);
+  const bool wasUp = linkUsable(id), wasUsable = usable(id);
   entries_.at(id).injectedDown.store(down);
-  notify(id, wasUsable, Reason::kInjected);
+  notify(id, wasUp, wasUsable, Reason::kInjected);
+}
+
+bool NicHealth::linkUsable(int id) const {
+  const Entry& entry = entries_.at(id);
+  return entry.linkUp.load() && !entry.injectedDown.load();
 }
 
 void NicHealth::setBlackhole(int id, bool on) { entries_.at(id).blackhole.store(on); }
 
 bool NicHealth::usable(int id) const {
+  return linkUsable(id) && entries_.at(id).grey.load() != GreyState::kDegraded;
+}
+
+const char* greyStateName(GreyState state) {
+  switch (state) {
+    case GreyState::kHealthy: return "healthy";
+    case GreyState::kDegraded: return "degraded";
+    case GreyState::kProbation: return "probation";
+  }
+  return "unknown";
+}
+
+void NicHealth::setGrey(int id, GreyState state, double ratio, bool announce,
+                        const std::string& detail) {
+  Entry& entry = entries_.at(id);
+  const bool linkWasUp = linkUsable(id), wasUsable = usable(id);
+  entry.greyRatio.store(state == GreyState::kHealthy ? 1.0 : ratio);
+  entry.grey.store(state);
+  if (announce) {
+    Event event;
+    event.kind = state == GreyState::kHealthy ? EventKind::kRecovered : EventKind::kDegraded;
+    event.reason = state == GreyState::kHealthy ? Reason::kHealed : Reason::kSlow;
+    event.nic = entry.name;
+    event.detail = detail;
+    emit(std::move(event));
+  }
+  // Connections move off (or back) as on a link change, but the event said it.
+  notify(id, linkWasUp, wasUsable, state == GreyState::kHealthy ? Reason::kHealed : Reason::kSlow);
+}
+
+GreyState NicHealth::grey(int id) const { return entries_.at(id).grey.load(); }
+
+double NicHealth::weight(int id) const {
   const Entry& entry = entries_.at(id);
-  return entry.linkUp.load() && !entry.injectedDown.load();
+  return entry.grey.load() == GreyState::kHealthy ? 1.0 : entry.greyRatio.load();
+}
+
+void NicHealth::beginBusy(int id) {
+  Entry& entry = entries_.at(id);
+  std::lock_guard<std::mutex> lock(entry.busyMutex);
+  if (entry.inFlight++ == 0) entry.busySinceNs = nowNs();
+}
+
+void NicHealth::endBusy(int id, uint64_t bytes) {
+  Entry& entry = entries_.at(id);
+  std::lock_guard<std::mutex> lock(entry.busyMutex);
+  if (--entry.inFlight == 0) entry.counters.busyNs.fetch_add(nowNs() - entry.busySinceNs);
+  entry.counters.busyBytes.fetch_add(bytes);
+}
+
+NicBusy::NicBusy(int healthId) : id_(healthId) { NicHealth::instance().beginBusy(id_); }
+
+NicBusy& NicBusy::operator=(NicBusy&& other) noexcept {
+  if (this != &other) {
+    end(0);
+    id_ = other.id_;
+    other.id_ = -1;
+  }
+  return *this;
+}
+
+void NicBusy::end(uint64_t bytes) {
+  if (id_ < 0) return;
+  NicHealth::instance().endBusy(id_, bytes);
+  id_ = -1;
 }
 
 bool NicHealth::blackholed(int id) const { return entries_.at(id).blackhole.load(); }
@@ -85,9 +153,9 @@ void NicHealth::emit(Event event) {
   events_.push(std::move(event));
 }
 
-void NicHealth::notify(int id, bool wasUsable, Reason reason) {
-  bool nowUsable = usable(id);
-  if (nowUsable == wasUsable) return;
+void NicHealth::notify(int id, bool linkWasUp, bool wasUsable, Reason reason) {
+  const bool linkUp = linkUsable(id), nowUsable = usable(id);
+  if (nowUsable == wasUsable && linkUp == linkWasUp) return;
   std::string name;
   std::vector<Listener> listeners;
   {
@@ -95,11 +163,14 @@ void NicHealth::notify(int id, bool wasUsable, Reason reason) {
     name = entries_.at(id).name;
     for (const auto& [token, listener] : listeners_) listeners.push_back(listener);
   }
-  Event event;
-  event.kind = nowUsable ? EventKind::kNicUp : EventKind::kNicDown;
-  event.reason = reason;
-  event.nic = name;
-  emit(std::move(event));
+  if (linkUp != linkWasUp) {
+    Event change;
+    change.kind = linkUp ? EventKind::kNicUp : EventKind::kNicDown;
+    change.reason = reason;
+    change.nic = name;
+    emit(std::move(change));
+  }
+  if (nowUsable == wasUsable) return;
   // Listeners only queue work for their own threads; they never block here.
   for (const auto& listener : listeners) listener(name, nowUsable, reason);
 }

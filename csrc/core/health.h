@@ -25,11 +25,42 @@ struct NicCounters {
   std::atomic<uint64_t> failbacks{0};   // failbacks onto a path on this NIC
   std::atomic<uint64_t> pathsDown{0};
   std::atomic<uint64_t> nvlBytes{0};    // bytes staged through a transit GPU for this NIC
+  // Grey-failure input: wall time with at least one message in flight from this
+  // NIC, and the bytes those messages carried, so goodput while busy can be
+  // compared across NICs whatever load each was offered.
+  std::atomic<int64_t> busyNs{0};
+  std::atomic<uint64_t> busyBytes{0};
 };
+
+// Grey-failure verdict on a NIC (core/grey_detector.h decides it).
+enum class GreyState : uint8_t {
+  kHealthy = 0,
+  kDegraded,   // far slower than its peers: path choice treats it as down
+  kProbation,  // degraded, on trial: carries traffic again so it can be measured
+};
+const char* greyStateName(GreyState state);
 
 // How often a path paused by an injected blackhole (NicHealth::setBlackhole)
 // looks again: only while the drill lasts, so an idle path is never polled.
 constexpr std::chrono::milliseconds kBlackholeRecheck{10};
+
+// One message in flight from a NIC, for as long as the object lives (see
+// NicHealth::beginBusy); complete() credits its bytes. Movable, not copyable.
+class NicBusy {
+ public:
+  NicBusy() = default;
+  explicit NicBusy(int healthId);
+  NicBusy(NicBusy&& other) noexcept : id_(other.id_) { other.id_ = -1; }
+  NicBusy& operator=(NicBusy&& other) noexcept;
+  NicBusy(const NicBusy&) = delete;
+  NicBusy& operator=(const NicBusy&) = delete;
+  ~NicBusy() { end(0); }
+  void complete(uint64_t bytes) { end(bytes); }
+
+ private:
+  void end(uint64_t bytes);
+  int id_ = -1;
+};
 
 class NicHealth {
  public:
@@ -50,6 +81,24 @@ class NicHealth {
   void setInjectedDown(int id, bool down);
   void setBlackhole(int id, bool on);
 
+  // Grey failures. A degraded NIC is not usable (connections fail over, DCR
+  // plans around it, handshakes on it are declined) until put on trial; the
+  // event (degraded / recovered) is emitted only when `announce` is set, so a
+  // trial that fails changes path choice without another event.
+  void setGrey(int id, GreyState state, double ratio, bool announce, const std::string& detail);
+  GreyState grey(int id) const;
+  // Share of traffic a NIC should carry relative to a healthy one: 1.0 while
+  // healthy, the goodput ratio to its peers' median that condemned it while
+  // degraded or on trial. For striping over surviving NICs.
+  double weight(int id) const;
+
+  // One message in flight from NIC `id` begins / ends (`bytes` carried, 0 if
+  // it did not complete here). Feeds NicCounters::busyNs and busyBytes.
+  void beginBusy(int id);
+  void endBusy(int id, uint64_t bytes);
+
+  // Link up and not held down by a drill; usable() also needs it not degraded.
+  bool linkUsable(int id) const;
   bool usable(int id) const;
   bool blackholed(int id) const;
   NicCounters& counters(int id);
@@ -74,10 +123,17 @@ class NicHealth {
     std::atomic<bool> linkUp{true};
     std::atomic<bool> injectedDown{false};
     std::atomic<bool> blackhole{false};
+    std::atomic<GreyState> grey{GreyState::kHealthy};
+    std::atomic<double> greyRatio{1.0};
     NicCounters counters;
+    std::mutex busyMutex;     // orders the begin/end of busy intervals
+    int inFlight = 0;         // messages in flight, under busyMutex
+    int64_t busySinceNs = 0;  // when inFlight went 0 -> 1, under busyMutex
   };
   NicHealth() = default;
-  void notify(int id, bool wasUsable, Reason reason);
+  // Emits nic_up/nic_down when the link changed, and tells listeners when
+  // usable(id) changed (a link change or a grey verdict).
+  void notify(int id, bool linkWasUp, bool wasUsable, Reason reason);
 
   mutable std::mutex mutex_;
   // Fixed slots, so readers on data paths index them without taking the lock.

@@ -91,6 +91,7 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     return false;
   }
   const std::shared_ptr<Path>& path = slots_.at(active_).path;
+  send.busy = NicBusy(env_.localHealthIds.at(slots_.at(active_).nics.localNic));
   uint64_t offset = send.resumeOffset - send.resumeOffset % chunkBytes_;
   do {
     DataChunk chunk{};
@@ -160,6 +161,7 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       NicHealth::instance()
           .counters(env_.localHealthIds.at(slots_.at(std::max(active_, 0)).nics.localNic))
           .bytesSent.fetch_add(frame.ack.bytes);
+      it->second.busy.complete(frame.ack.bytes);
       it->second.request->complete(frame.ack.bytes);
       sends_.erase(it);
       return;
@@ -197,6 +199,7 @@ void SendConnection::applyResyncLocked(const ControlFrame& frame) {
     auto found = outstanding.find(it->first);
     if (it->first < frame.resync.nextSeq && found == outstanding.end()) {
       // The receiver completed it; only the ACK was lost with the path.
+      it->second.busy.complete(it->second.request->capacity());
       it->second.request->complete(it->second.request->capacity());
       it = sends_.erase(it);
       continue;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/connection.h"
+#include "core/health.h"
 
 namespace reccl {
 
@@ -56,6 +57,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
     uint64_t resumeOffset = 0;
     const MemoryRegistration* registration = nullptr;  // the caller's, or none
     std::shared_ptr<const Placement> placement;        // the receiver's PLACE, if any
+    NicBusy busy;  // in flight on the NIC it was last posted from (grey-failure input)
   };
 
   void onDialed(int index, std::shared_ptr<Path> path, const std::string& error);

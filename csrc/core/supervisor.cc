@@ -2,13 +2,18 @@
 
 #include <algorithm>
 
+#include "core/grey_detector.h"
 #include "core/log.h"
 #include "core/thread_name.h"
 
 namespace reccl {
 
 Supervisor::Supervisor(Millis tick, Millis quietTick)
-    : tick_(tick), quietTick_(quietTick), thread_([this] { run(); }) {}
+    : tick_(tick), quietTick_(quietTick), thread_([this] { run(); }) {
+  // Grey-failure detection rides on every supervisor's rounds (no thread of its own).
+  greyTicker_ = std::make_shared<GreyTicker>(this);
+  add(greyTicker_);
+}
 
 Supervisor::~Supervisor() {
   {

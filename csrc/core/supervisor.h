@@ -54,6 +54,7 @@ class Supervisor {
   Clock::time_point wakeBy_ = Clock::time_point::max();  // the earliest wakeBy() pending
   bool stopping_ = false;
   std::thread thread_;
+  std::shared_ptr<Serviced> greyTicker_;  // GreyMonitor's driver (core/grey_detector.h)
 };
 
 }  // namespace reccl

@@ -20,7 +20,7 @@ namespace reccl {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x42434552;  // "RECB" little-endian
-constexpr uint32_t kRecordVersion = 1;
+constexpr uint32_t kRecordVersion = 2;  // 2: nicsSlow
 constexpr Millis kStopBound(2000);      // destruction never waits longer for the thread
 constexpr Millis kMaxRetryDelay(5000);  // a store that does not answer: retry this rarely at most
 const char* const kLogKey = "reccl/board/log";
@@ -35,6 +35,7 @@ struct WireRecord {
   uint64_t nicsDown;
   uint64_t deviceOps;
   int64_t wallNs;
+  uint64_t nicsSlow;
 };
 #pragma pack(pop)
 
@@ -46,6 +47,17 @@ uint64_t localNicsDown() {
   const size_t count = std::min<size_t>(health.names().size(), 64);
   for (size_t id = 0; id < count; ++id) {
     if (!health.usable(static_cast<int>(id))) mask |= uint64_t{1} << id;
+  }
+  return mask;
+}
+
+// The NICs with a grey-failure verdict (degraded, or on trial after one).
+uint64_t localNicsSlow() {
+  NicHealth& health = NicHealth::instance();
+  uint64_t mask = 0;
+  const size_t count = std::min<size_t>(health.names().size(), 64);
+  for (size_t id = 0; id < count; ++id) {
+    if (health.grey(static_cast<int>(id)) != GreyState::kHealthy) mask |= uint64_t{1} << id;
   }
   return mask;
 }
@@ -149,10 +161,11 @@ void FaultBoard::loop(std::shared_ptr<Shared> s) {
     for (const auto& [token, counter] : s->counters) deviceOps += counter();
     lock.unlock();
     const uint64_t nicsDown = localNicsDown();
-    const bool degraded = nicsDown != 0;
+    const uint64_t nicsSlow = localNicsSlow();
+    const bool degraded = nicsDown != 0 || nicsSlow != 0;
     bool ok = true;
     if (degraded || degradedPublished) {
-      BoardRecord record{s->rank, nicsDown, deviceOps, wallNs()};
+      BoardRecord record{s->rank, nicsDown, deviceOps, wallNs(), nicsSlow};
       try {
         s->connection().set(recordKey(s->rank), encode(record));
         boardRequests.fetch_add(1);
@@ -227,14 +240,14 @@ std::vector<BoardRecord> FaultBoard::degraded() {
   std::vector<BoardRecord> out;
   for (const auto& bytes : raw) {
     BoardRecord record = decode(bytes);
-    if (record.nicsDown != 0) out.push_back(record);
+    if (record.nicsDown != 0 || record.nicsSlow != 0) out.push_back(record);
   }
   return out;
 }
 
 std::vector<uint8_t> FaultBoard::encode(const BoardRecord& record) {
   WireRecord wire{kRecordMagic, kRecordVersion, record.rank, 0, record.nicsDown, record.deviceOps,
-                  record.wallNs};
+                  record.wallNs, record.nicsSlow};
   std::vector<uint8_t> out(sizeof(wire));
   std::memcpy(out.data(), &wire, sizeof(wire));
   return out;
@@ -250,7 +263,7 @@ BoardRecord FaultBoard::decode(const std::vector<uint8_t>& bytes) {
   if (wire.magic != kRecordMagic || wire.version != kRecordVersion || wire.rank < 0) {
     throw ProtocolError("not a fault record (bad magic, version or rank)");
   }
-  return BoardRecord{wire.rank, wire.nicsDown, wire.deviceOps, wire.wallNs};
+  return BoardRecord{wire.rank, wire.nicsDown, wire.deviceOps, wire.wallNs, wire.nicsSlow};
 }
 
 }  // namespace reccl

@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/frame.h"
+#include "core/grey_detector.h"
 #include "core/health.h"
 #include "core/log.h"
 #include "core/topology.h"
@@ -49,7 +50,8 @@ py::dict nicDict(const NicInfo& nic, int index, const std::vector<NicInfo>& all)
   d["backup_index"] = nic.backup;
   d["backup_cost"] = nic.backupCost;
   int id = NicHealth::instance().idOf(nic.name);
-  d["up"] = id >= 0 ? NicHealth::instance().usable(id) : nic.linkUp;
+  d["up"] = id >= 0 ? NicHealth::instance().linkUsable(id) : nic.linkUp;
+  d["grey"] = id >= 0 ? greyStateName(NicHealth::instance().grey(id)) : "healthy";
   return d;
 }
 
@@ -354,6 +356,46 @@ PYBIND11_MODULE(_C, m) {
       throw ConfigError("fault kind '" + kind + "' is not valid here; valid: down, up, blackhole");
     }
   }, py::arg("nic"), py::arg("kind"));
+  py::class_<GreyDetector>(m, "GreyDetector",
+                           "For tests: the grey-failure decision logic fed with synthetic counters")
+      .def(py::init([](const py::dict& settings) {
+             // The defaults of RECCL_GREY_*, overridden by the process environment.
+             Config config = Config::fromProcessEnv();
+             GreySettings s = GreySettings::fromConfig(config);
+             for (const auto& [key, value] : settings) {
+               const std::string name = py::str(key);
+               if (name == "low_ratio") s.lowRatio = value.cast<double>();
+               else if (name == "recover_ratio") s.recoverRatio = value.cast<double>();
+               else if (name == "sustain_ms") s.sustainNs = value.cast<int64_t>() * 1000000;
+               else if (name == "min_bytes") s.minBytes = value.cast<uint64_t>();
+               else if (name == "retry_ms") s.retryNs = value.cast<int64_t>() * 1000000;
+               else throw ConfigError("GreyDetector: unknown setting '" + name + "'; valid: low_ratio, "
+                                      "recover_ratio, sustain_ms, min_bytes, retry_ms");
+             }
+             return GreyDetector(s);
+           }),
+           py::arg("settings") = py::dict())
+      .def("sample",
+           [](GreyDetector& detector, int64_t nowNs, const std::vector<std::tuple<uint64_t, int64_t, bool>>& nics) {
+             std::vector<GreySample> samples;
+             for (const auto& [bytes, busyNs, linkUp] : nics) samples.push_back({bytes, busyNs, linkUp});
+             py::list out;
+             for (const GreyChange& c : detector.sample(nowNs, samples)) {
+               py::dict d;
+               d["nic"] = c.nic;
+               d["state"] = greyStateName(c.state);
+               d["ratio"] = c.ratio;
+               d["announce"] = c.announce;
+               d["detail"] = c.detail;
+               out.append(d);
+             }
+             return out;
+           },
+           py::arg("now_ns"), py::arg("nics"),
+           "nics: (busy bytes, busy ns, link up) cumulative per NIC; returns the verdicts that changed")
+      .def("state", [](const GreyDetector& d, int nic) { return std::string(greyStateName(d.state(nic))); })
+      .def("ratio", &GreyDetector::ratio)
+      .def_property_readonly("loaded", &GreyDetector::loaded);
   m.def("drain_events", [](size_t max) {
     py::list out;
     for (const auto& event : NicHealth::instance().events().drain(max)) out.append(eventDict(event));
@@ -366,7 +408,7 @@ PYBIND11_MODULE(_C, m) {
     for (size_t i = 0; i < names.size(); ++i) {
       NicCounters& c = health.counters(static_cast<int>(i));
       py::dict d;
-      d["up"] = health.usable(static_cast<int>(i));
+      d["up"] = health.linkUsable(static_cast<int>(i));
       d["blackholed"] = health.blackholed(static_cast<int>(i));
       d["bytes_sent"] = c.bytesSent.load();
       d["bytes_received"] = c.bytesReceived.load();
@@ -374,6 +416,11 @@ PYBIND11_MODULE(_C, m) {
       d["failbacks"] = c.failbacks.load();
       d["paths_down"] = c.pathsDown.load();
       d["nvl_bytes"] = c.nvlBytes.load();
+      d["grey"] = greyStateName(health.grey(static_cast<int>(i)));
+      d["degraded"] = health.grey(static_cast<int>(i)) != GreyState::kHealthy;
+      d["weight"] = health.weight(static_cast<int>(i));
+      d["busy_bytes"] = c.busyBytes.load();
+      d["busy_s"] = static_cast<double>(c.busyNs.load()) / 1e9;
       out[py::str(names[i])] = d;
     }
     return out;

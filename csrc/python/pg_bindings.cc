@@ -134,6 +134,7 @@ void bindProcessGroup(py::module_& m) {
           e["ops_done"] = r.faults.opsDone;
           e["channels_on_backup"] = channelList(r.faults.backupChannels, channels);
           e["nics_down"] = channelList(r.faults.nicsDown, 64);
+          e["nics_degraded"] = py::list();  // the board knows grey verdicts; the agreement does not
           e["device_ops_done"] = r.faults.deviceOps;
           byRank[r.rank] = e;
         }
@@ -146,6 +147,7 @@ void bindProcessGroup(py::module_& m) {
             e["channels_on_backup"] = py::list();
           }
           e["nics_down"] = channelList(r.nicsDown, 64);
+          e["nics_degraded"] = channelList(r.nicsSlow, 64);
           e["device_ops_done"] = r.deviceOps;
           byRank[r.rank] = e;
         }

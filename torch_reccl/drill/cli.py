@@ -196,7 +196,8 @@ def summary(run: RunResult, reference: Optional[RunResult], verify: Optional[dic
         timing = (f"; interruption (detection to traffic resumed) median {_ms(median(pause))}, "
                   f"max {_ms(max(pause))}") if pause else ""
         lines.append(f"  {kind + 's':<12} {count}{f' ({ranks})' if ranks else ''}{timing}")
-    others = {k: run.count(k) for k in ("nic_down", "nic_up", "path_down", "rebalance")}
+    others = {k: run.count(k) for k in ("nic_down", "nic_up", "path_down", "rebalance",
+                                        "degraded", "recovered")}
     lines.append("  events       " + ", ".join(f"{k} {n}" for k, n in others.items()))
     if verify is not None:
         lines.append("  verify       " + verify["line"])
@@ -270,6 +271,17 @@ def run(args) -> int:
         mode = "fabric"
     flap_s = args.flap_period * args.flap_count
     rate = None if args.rate_mbit == 0 else args.rate_mbit
+    kernel_only = sorted(f.text for f in faults if f.action in InjectedFaults.FABRIC_ONLY)
+    slow = sorted(f.text for f in faults if f.action == "slow")
+    if kernel_only and mode == "inject":
+        print(f"reccl drill: error: {', '.join(kernel_only)}: slow and lossy NICs are kernel "
+              f"faults (tbf, nftables) with no inject_fault equivalent; they need the emulated "
+              f"fabric (root)", file=sys.stderr)
+        return 2
+    if slow and rate is None:
+        print(f"reccl drill: error: {', '.join(slow)}: a slow NIC needs a rate-capped fabric "
+              f"to cut; give --rate-mbit > 0", file=sys.stderr)
+        return 2
 
     fabric = None
     run_result: Optional[RunResult] = None

@@ -1,7 +1,7 @@
 """How a scheduled fault is made real: in the emulated fabric, or by inject_fault.
 
 :class:`FabricFaults` (root) changes the kernel's view: veths and bridges go
-down, nftables drops packets, links flap. :class:`InjectedFaults` (anyone)
+down, nftables drops packets (all or a share), links flap, tbf slows a NIC. :class:`InjectedFaults` (anyone)
 asks each affected rank to call :func:`torch_reccl.inject_fault` on its
 loopback NIC, which the transport treats like the real event. Both take a
 :class:`~torch_reccl.drill.schedule.Fault` and return a line describing what
@@ -52,6 +52,15 @@ class FabricFaults:
                 self._flaps[(h, r)] = f.flap(h, r, period_s=self.flap_period_s, count=self.flap_count)
             return (f"{where} flapping: down/up every {self.flap_period_s:g} s, "
                     f"{self.flap_count} times")
+        if fault.action == "slow":
+            for h in hosts:
+                f.slow(h, r, fault.percent)
+            return (f"{where} slowed to {fault.percent:g}% of {f.rate_mbit:g} mbit/s "
+                    f"(link stays up)")
+        if fault.action == "lossy":
+            for h in hosts:
+                f.lossy(h, r, fault.percent)
+            return f"{where}: {fault.percent:g}% of frames dropped each way (link stays up)"
         # heal: undo every fault on the target
         for h in hosts:
             self._stop_flap(h, r)
@@ -63,6 +72,10 @@ class FabricFaults:
                 f.blackhole(h, r, on=False)
             if (h, r) in current["nic_down"]:
                 f.nic_up(h, r)
+            if any((sh, sr) == (h, r) for sh, sr, _ in current["slow"]):
+                f.slow(h, r, on=False)
+            if any((lh, lr) == (h, r) for lh, lr, _ in current["lossy"]):
+                f.lossy(h, r, on=False)
         return f"{where} healed"
 
     def _stop_flap(self, host: int, rail: int) -> None:
@@ -83,6 +96,8 @@ class InjectedFaults:
     """Faults by torch_reccl.inject_fault inside the ranks (loopback NICs)."""
 
     KIND = {"down": "down", "up": "up", "blackhole": "blackhole", "flap": "flap", "heal": "up"}
+    # a slow or lossy NIC is a kernel fault (tbf, nftables): no in-process equivalent
+    FABRIC_ONLY = ("slow", "lossy")
 
     def __init__(self, job, placement, flap_period_s: float, flap_count: int):
         self.job = job
@@ -91,6 +106,9 @@ class InjectedFaults:
         self.flap_count = flap_count
 
     def apply(self, fault: Fault) -> str:
+        if fault.action in self.FABRIC_ONLY:
+            raise ValueError(f"fault {fault.text!r}: a {fault.action} NIC needs the emulated "
+                             f"fabric; inject_fault has no equivalent")
         kind = self.KIND[fault.action]
         ranks: List[int] = fault.hosts(self.placement.ranks)
         nic = self.placement.nic_names(0)[fault.rail]

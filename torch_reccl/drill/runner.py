@@ -18,7 +18,8 @@ from torch_reccl.launch import Job, LaunchError
 TICK_S = 0.05            # how often the driver checks the schedule and the ranks
 UPDATE_EVERY_S = 0.25    # how often the live line is redrawn
 FINISH_TIMEOUT_S = 60.0  # after the last step: every rank reports "done" and exits
-FAILOVER_KINDS = ("failover", "failback", "rebalance", "nic_down", "nic_up", "path_down")
+FAILOVER_KINDS = ("failover", "failback", "rebalance", "nic_down", "nic_up", "path_down",
+                  "degraded", "recovered")
 
 
 @dataclasses.dataclass

@@ -3,12 +3,15 @@
     rail1:down@20s,rail1:up@40s         rail switch 1 dies at 20 s, comes back at 40 s
     h0nic0:flap@step 50                 host 0's NIC 0 flaps from step 50 on
     nic1:blackhole@1500ms,nic1:heal@5s  host 0's NIC 1 drops every packet for 3.5 s
+    h0nic1:slow=10%@5s,h0nic1:heal@20s  host 0's NIC 1 runs at 10% of the fabric rate
+    h0nic1:lossy=5%@5s                  host 0's NIC 1 drops 5% of its frames each way
 
 TARGET  railR     NIC R of every host (the rail switch R)
         hHnicR    NIC R of host H
         nicR      NIC R of host 0
-ACTION  down | up | flap | blackhole | heal
-        (up undoes down; heal undoes every fault on the target)
+ACTION  down | up | flap | blackhole | slow=P% | lossy=P% | heal
+        (up undoes down; heal undoes every fault on the target; slow keeps P%
+        of the fabric rate, lossy drops P% of the frames; P in (0, 100))
 WHEN    Ns or Nms (time since the first training step started; N may have
         decimals) or "step N" / "stepN" (when step N has finished)
 
@@ -22,16 +25,21 @@ import dataclasses
 import re
 from typing import Iterable, List, Optional
 
-ACTIONS = ("down", "up", "flap", "blackhole", "heal")
+ACTIONS = ("down", "up", "flap", "blackhole", "slow", "lossy", "heal")
+# actions that take a percent: slow=10%, lossy=5%
+PERCENT_ACTIONS = ("slow", "lossy")
 # actions that start a fault, and the actions that end each
-STARTS = {"down": ("up", "heal"), "blackhole": ("heal",), "flap": ("heal",)}
+STARTS = {"down": ("up", "heal"), "blackhole": ("heal",), "flap": ("heal",),
+          "slow": ("heal",), "lossy": ("heal",)}
 
 TARGET_RE = re.compile(r"^(?:rail(?P<rail>\d+)|h(?P<host>\d+)nic(?P<hrail>\d+)|nic(?P<nic>\d+))$")
+PERCENT_RE = re.compile(r"^(?P<value>\d+(?:\.\d+)?|\.\d+)%$")
 SECONDS_RE = re.compile(r"^(?P<value>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s)$")
 STEP_RE = re.compile(r"^step\s*(?P<step>\d+)$")
 
+ACTION_NAMES = ", ".join(f"{a}=P%" if a in PERCENT_ACTIONS else a for a in ACTIONS)
 GRAMMAR = ("TARGET:ACTION@WHEN[,...] where TARGET is railR, hHnicR or nicR, ACTION is one of "
-           f"{', '.join(ACTIONS)}, and WHEN is a time (20s, 1500ms) or a step (step 40)")
+           f"{ACTION_NAMES}, and WHEN is a time (20s, 1500ms) or a step (step 40)")
 
 
 class ScheduleError(ValueError):
@@ -48,6 +56,7 @@ class Fault:
     action: str
     at_s: Optional[float] = None
     at_step: Optional[int] = None
+    percent: Optional[float] = None  # slow: share of the rate kept; lossy: share dropped
 
     @property
     def target(self) -> str:
@@ -102,15 +111,41 @@ def parse_fault(item: str) -> Fault:
         rail, host = int(match.group("hrail")), int(match.group("host"))
     else:
         rail, host = int(match.group("nic")), 0
+    action, eq, value = action.strip().partition("=")
     action = action.strip()
     if action not in ACTIONS:
         raise ScheduleError(f"fault {raw.strip()!r}: unknown action {action!r}; valid actions: "
-                            f"{', '.join(ACTIONS)}")
+                            f"{ACTION_NAMES}")
+    percent = parse_percent(action, value.strip() if eq else None, raw.strip())
     at_s, at_step = parse_when(when.strip(), raw.strip())
     target_text = f"rail{rail}" if host is None else f"h{host}nic{rail}"
     when_text = f"step {at_step}" if at_step is not None else f"{at_s:g}s"
-    return Fault(text=f"{target_text}:{action}@{when_text}", rail=rail, host=host, action=action,
-                 at_s=at_s, at_step=at_step)
+    action_text = action if percent is None else f"{action}={percent:g}%"
+    return Fault(text=f"{target_text}:{action_text}@{when_text}", rail=rail, host=host,
+                 action=action, at_s=at_s, at_step=at_step, percent=percent)
+
+
+def parse_percent(action: str, value: Optional[str], item: str) -> Optional[float]:
+    """The P of slow=P% / lossy=P%; None for the actions that take none."""
+    meaning = {"slow": "the share of the fabric rate the NIC keeps",
+               "lossy": "the share of frames it drops"}
+    if action not in PERCENT_ACTIONS:
+        if value is not None:
+            raise ScheduleError(f"fault {item!r}: {action} takes no value (only "
+                                f"{', '.join(f'{a}=P%' for a in PERCENT_ACTIONS)} do)")
+        return None
+    if value is None:
+        raise ScheduleError(f"fault {item!r}: {action} needs a percent, {meaning[action]}: "
+                            f"e.g. {action}=10%")
+    match = PERCENT_RE.match(value)
+    if not match:
+        raise ScheduleError(f"fault {item!r}: {value!r} is not a percent; use e.g. {action}=10% "
+                            f"(P in (0, 100), {meaning[action]})")
+    percent = float(match.group("value"))
+    if not 0 < percent < 100:
+        raise ScheduleError(f"fault {item!r}: {action}={value} is out of range; P must be in "
+                            f"(0, 100) ({meaning[action]})")
+    return percent
 
 
 def parse_when(when: str, item: str):

@@ -2,8 +2,10 @@
 
     reccl fabric up    --name N --hosts H --rails R [--rate-mbit M]
     reccl fabric down  --name N
-    reccl fabric fail  --name N (nic H:R | rail R | blackhole H:R | flap H:R [--period S --count C])
-    reccl fabric heal  --name N [nic H:R | rail R | blackhole H:R]     (no target: heal all)
+    reccl fabric fail  --name N (nic H:R | rail R | blackhole H:R | flap H:R [--period S --count C]
+                                 | slow H:R --percent P | lossy H:R --percent P)
+    reccl fabric heal  --name N [nic H:R | rail R | blackhole H:R | slow H:R | lossy H:R]
+                                                                     (no target: heal all)
     reccl fabric exec  --name N HOST [--timeout S] -- CMD...
     reccl fabric show  --name N [--json]
     reccl fabric list
@@ -18,8 +20,10 @@ import json
 import subprocess
 import sys
 
-FAULT_KINDS = ("nic", "rail", "blackhole", "flap")
-HEAL_KINDS = ("nic", "rail", "blackhole")
+FAULT_KINDS = ("nic", "rail", "blackhole", "flap", "slow", "lossy")
+HEAL_KINDS = ("nic", "rail", "blackhole", "slow", "lossy")
+# --percent: what a slow NIC keeps of the fabric rate / what a lossy NIC drops
+DEFAULT_PERCENT = {"slow": 10.0, "lossy": 5.0}
 
 
 def _host_rail(text: str):
@@ -75,6 +79,10 @@ def format_show(info: dict) -> str:
             flags = [n["operstate"] or "?", "carrier" if n["carrier"] else "NO-CARRIER"]
             if n["blackhole"]:
                 flags.append("BLACKHOLE")
+            if n.get("slow_pct") is not None:
+                flags.append(f"SLOW {n['slow_pct']:g}%")
+            if n.get("lossy_pct") is not None:
+                flags.append(f"LOSSY {n['lossy_pct']:g}%")
             lines.append(f"  {n['nic']:<5} {n['ip']:<15} {' '.join(flags)}")
     f = info["faults"]
     lines.append("faults: " + ", ".join(
@@ -118,6 +126,16 @@ def cmd_fail(args) -> int:
         h, r = _host_rail(target)
         fab.blackhole(h, r, True)
         print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} blackholed")
+    elif kind in ("slow", "lossy"):
+        h, r = _host_rail(target)
+        pct = DEFAULT_PERCENT[kind] if args.percent is None else args.percent
+        if kind == "slow":
+            fab.slow(h, r, pct)
+            print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} slowed to {pct:g}% "
+                  f"of {fab.rate_mbit:g} mbit/s")
+        else:
+            fab.lossy(h, r, pct)
+            print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} drops {pct:g}% of its frames")
     else:  # flap: runs in the foreground until done (Ctrl-C stops it, link up)
         h, r = _host_rail(target)
         handle = fab.flap(h, r, period_s=args.period, count=args.count)
@@ -143,7 +161,7 @@ def cmd_heal(args) -> int:
         if target is not None:
             raise ValueError(f"heal: give a kind ({', '.join(HEAL_KINDS)}) before {target!r}")
         fab.heal()
-        print(f"fabric {fab.name}: healed (all links up, no blackholes)")
+        print(f"fabric {fab.name}: healed (all links up, no blackholes, full rate, no loss)")
         return 0
     if target is None:
         raise ValueError(f"heal {kind}: missing target "
@@ -156,6 +174,14 @@ def cmd_heal(args) -> int:
         h, r = _host_rail(target)
         fab.nic_up(h, r)
         print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} up")
+    elif kind == "slow":
+        h, r = _host_rail(target)
+        fab.slow(h, r, on=False)
+        print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} back at full rate")
+    elif kind == "lossy":
+        h, r = _host_rail(target)
+        fab.lossy(h, r, on=False)
+        print(f"fabric {fab.name}: host {h} {fab.nic_name(r)} loses no frames")
     else:
         h, r = _host_rail(target)
         fab.blackhole(h, r, False)
@@ -251,15 +277,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     q = named("fail", "inject a fault")
     q.add_argument("kind", choices=FAULT_KINDS, help="fault kind")
-    q.add_argument("target", help="HOST:RAIL for nic/blackhole/flap, RAIL for rail")
+    q.add_argument("target", help="HOST:RAIL for nic/blackhole/flap/slow/lossy, RAIL for rail")
     q.add_argument("--period", type=float, default=0.2,
                    help="flap: seconds per down+up cycle (default 0.2)")
     q.add_argument("--count", type=int, default=10, help="flap: cycles (default 10)")
+    q.add_argument("--percent", type=float, default=None,
+                   help="slow: percent of the fabric rate the NIC keeps (default 10); "
+                        "lossy: percent of frames dropped each way (default 5)")
     q.set_defaults(func=cmd_fail)
 
     q = named("heal", "undo one fault, or all of them")
     q.add_argument("kind", nargs="?", choices=HEAL_KINDS, help="fault kind (default: all)")
-    q.add_argument("target", nargs="?", help="HOST:RAIL for nic/blackhole, RAIL for rail")
+    q.add_argument("target", nargs="?",
+                   help="HOST:RAIL for nic/blackhole/slow/lossy, RAIL for rail")
     q.set_defaults(func=cmd_heal)
 
     q = named("exec", "run a command inside a host's namespace")

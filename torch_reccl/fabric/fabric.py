@@ -23,7 +23,12 @@ Faults are real kernel events:
 * ``rail_down``: the rail bridge and all its ports go down;
 * ``blackhole``: an nftables ``netdev`` table inside the host's namespace drops
   every frame on eth{r}'s ingress and egress hooks (the link stays up);
-* ``flap``: ``nic_down``/``nic_up`` in a loop on a background thread.
+* ``flap``: ``nic_down``/``nic_up`` in a loop on a background thread;
+* ``slow``: the NIC's tbf (both directions) is cut to a percentage of the
+  fabric rate (a grey failure: link up, most of the speed gone);
+* ``lossy``: an nftables ``netdev`` table inside the host drops a random
+  percentage of the frames on eth{r}'s ingress and egress hooks (``numgen
+  random``; this kernel has no netem).
 
 Only pyroute2 (netlink) and, for blackholes, the ``nft`` binary are used;
 the ``ip`` command is not needed.
@@ -57,6 +62,19 @@ MAX_RATE_MBIT = 32000  # tbf's 32-bit rate field (bytes/s)
 LINK_SETTLE_S = 3.0
 # bounded waits for subprocesses we start ourselves
 NFT_TIMEOUT_S = 10.0
+# lossy: nft draws numgen random mod LOSS_SCALE, so a percentage has two decimals
+LOSS_SCALE = 10000
+FAULT_KEYS = ("nic_down", "rail_down", "blackhole", "slow", "lossy")
+
+
+def _check_percent(what: str, percent, high: float = 100.0) -> float:
+    """A percentage in (0, high): slow/lossy faults take the share as a number."""
+    ok = (isinstance(percent, (int, float)) and not isinstance(percent, bool)
+          and 0 < float(percent) < high)
+    if not ok:
+        raise ValueError(f"{what} must be a number of percent in (0, {high:g}) "
+                         f"(e.g. 10 for 10%); got {percent!r}")
+    return float(percent)
 
 
 class FabricError(RuntimeError):
@@ -300,7 +318,7 @@ class Fabric:
             "created": time.time(),
             "netns": [self.netns(h) for h in range(self.hosts)],
             "bridges": [self.rail_bridge(r) for r in range(self.rails)] + [self.mgmt_bridge],
-            "faults": faults or {"nic_down": [], "rail_down": [], "blackhole": []},
+            "faults": faults or {k: [] for k in FAULT_KEYS},
         }
 
     @staticmethod
@@ -333,31 +351,42 @@ class Fabric:
                 if st is None:
                     raise FabricError(f"fabric {self.name!r} is not up (no state file "
                                       f"{_state_path(self.name)})")
-                raw = st.get("faults") or {}
-                faults = {
-                    "nic_down": {tuple(x) for x in raw.get("nic_down", [])},
-                    "rail_down": set(raw.get("rail_down", [])),
-                    "blackhole": {tuple(x) for x in raw.get("blackhole", [])},
-                }
+                faults = self._decode_faults(st.get("faults") or {})
                 yield faults
                 st["faults"] = {
                     "nic_down": sorted(list(x) for x in faults["nic_down"]),
                     "rail_down": sorted(faults["rail_down"]),
                     "blackhole": sorted(list(x) for x in faults["blackhole"]),
+                    "slow": sorted([h, r, p] for (h, r), p in faults["slow"].items()),
+                    "lossy": sorted([h, r, p] for (h, r), p in faults["lossy"].items()),
                 }
                 self._write_state(st)
             finally:
                 fcntl.flock(lk, fcntl.LOCK_UN)
 
+    @staticmethod
+    def _decode_faults(raw: dict) -> dict:
+        """The state file's fault lists as sets (and {(h, r): percent} maps)."""
+        return {
+            "nic_down": {tuple(x) for x in raw.get("nic_down", [])},
+            "rail_down": set(raw.get("rail_down", [])),
+            "blackhole": {tuple(x) for x in raw.get("blackhole", [])},
+            "slow": {(h, r): p for h, r, p in raw.get("slow", [])},
+            "lossy": {(h, r): p for h, r, p in raw.get("lossy", [])},
+        }
+
     def faults(self) -> dict:
         """The faults currently set: {"nic_down": [(h, r)], "rail_down": [r],
-        "blackhole": [(h, r)], "flapping": [(h, r)]}."""
+        "blackhole": [(h, r)], "slow": [(h, r, percent)], "lossy": [(h, r, percent)],
+        "flapping": [(h, r)]}."""
         st = self._read_state(self.name) or {}
-        raw = st.get("faults") or {}
+        raw = self._decode_faults(st.get("faults") or {})
         return {
-            "nic_down": sorted(tuple(x) for x in raw.get("nic_down", [])),
-            "rail_down": sorted(raw.get("rail_down", [])),
-            "blackhole": sorted(tuple(x) for x in raw.get("blackhole", [])),
+            "nic_down": sorted(raw["nic_down"]),
+            "rail_down": sorted(raw["rail_down"]),
+            "blackhole": sorted(raw["blackhole"]),
+            "slow": sorted((h, r, p) for (h, r), p in raw["slow"].items()),
+            "lossy": sorted((h, r, p) for (h, r), p in raw["lossy"].items()),
             "flapping": sorted((f.host, f.rail) for f in self._flaps if f.running),
         }
 
@@ -566,14 +595,44 @@ class Fabric:
         except Exception as e:
             raise FabricError(f"fabric {self.name!r}: {what} failed: {e}") from e
 
-    def _tbf(self, ipr, idx: int) -> None:
-        rate_bps = float(self.rate_mbit) * 1e6 / 8.0  # bytes/s
+    def _tbf(self, ipr, idx: int, percent: float = 100.0, action: str = "add") -> None:
+        rate_bps = float(self.rate_mbit) * 1e6 / 8.0 * percent / 100.0  # bytes/s
         # burst: ~4 ms at rate, at least 32 KiB (one GSO super-packet fits, so tbf
         # never has to segment the common case); queue: ~20 ms at rate, >= 256 KiB
         burst = int(max(32 * 1024, rate_bps * 0.004))
         limit = int(max(256 * 1024, rate_bps * 0.02)) + burst
-        ipr.tc("add", "tbf", idx, handle=0x10000, rate=int(rate_bps),
+        ipr.tc(action, "tbf", idx, handle=0x10000, rate=int(rate_bps),
                burst=burst, limit=limit)
+
+    def _set_nic_rate(self, host: int, rail: int, percent: float) -> None:
+        """Both tbfs of NIC ``rail`` of ``host`` (host egress and the bridge
+        port's egress, i.e. the host's ingress) at ``percent`` of the fabric rate."""
+        port = self.port_name(host, rail)
+        try:
+            self._tbf(self._rt(), self._index(self._rt(), port, "the root namespace"),
+                      percent, "replace")
+            with self._in_ns(host) as nsr:
+                self._tbf(nsr, self._index(nsr, self.nic_name(rail), self.netns(host)),
+                          percent, "replace")
+        except FabricError:
+            raise
+        except Exception as e:
+            raise FabricError(f"fabric {self.name!r}: setting host {host} rail {rail} to "
+                              f"{percent:g}% of {self.rate_mbit:g} mbit/s failed: {e}") from e
+
+    def nic_rate_mbit(self, host: int, rail: int) -> float:
+        """The rate the kernel's tbf on host ``host``'s eth{rail} (egress) has now."""
+        self._check_host(host)
+        self._check_rail(rail)
+        if self.rate_mbit is None:
+            raise FabricError(f"fabric {self.name!r} has no rate cap (built without rate_mbit)")
+        with self._in_ns(host) as nsr:
+            idx = self._index(nsr, self.nic_name(rail), self.netns(host))
+            for q in nsr.get_qdiscs(index=idx):
+                if q.get_attr("TCA_KIND") == "tbf":
+                    parms = q.get_nested("TCA_OPTIONS", "TCA_TBF_PARMS")
+                    return parms["rate"] * 8 / 1e6
+        raise FabricError(f"fabric {self.name!r}: no tbf on host {host} {self.nic_name(rail)}")
 
     # ------------------------------------------------------------- teardown
     def down(self) -> None:
@@ -759,12 +818,7 @@ class Fabric:
 
     def _faults_snapshot(self) -> dict:
         st = self._read_state(self.name) or {}
-        raw = st.get("faults") or {}
-        return {
-            "nic_down": {tuple(x) for x in raw.get("nic_down", [])},
-            "rail_down": set(raw.get("rail_down", [])),
-            "blackhole": {tuple(x) for x in raw.get("blackhole", [])},
-        }
+        return self._decode_faults(st.get("faults") or {})
 
     def flap(self, host: int, rail: int, period_s: float = 0.2, count: int = 10) -> FlapHandle:
         """Take NIC ``rail`` of ``host`` down and up ``count`` times, each state
@@ -817,7 +871,8 @@ class Fabric:
         nft = shutil.which("nft") or next(
             (p for p in ("/usr/sbin/nft", "/sbin/nft") if os.path.exists(p)), None)
         if nft is None:
-            raise FabricError("blackholes need the nft command (apt-get install -y nftables)")
+            raise FabricError("blackholes and lossy NICs need the nft command "
+                              "(apt-get install -y nftables)")
         try:
             cp = self.run(host, [nft, "-f", "-"], input=script, timeout=NFT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -866,8 +921,64 @@ class Fabric:
                 rails.append(int(m.group(1)))
         return sorted(rails)
 
+    def slow(self, host: int, rail: int, percent: float = 10.0, on: bool = True) -> None:
+        """A grey failure: NIC ``rail`` of ``host`` keeps its link but carries only
+        ``percent`` of the fabric rate, both directions (tbf rate cut).
+        ``on=False`` gives it the full rate back."""
+        self._check_host(host)
+        self._check_rail(rail)
+        if on:
+            percent = _check_percent("slow: percent of the fabric rate", percent)
+        if self.rate_mbit is None:
+            raise FabricError(
+                f"fabric {self.name!r}: a slow NIC needs a rate-capped fabric (build it with "
+                f"rate_mbit=..., `reccl fabric up --rate-mbit M`); this one has no tbf to cut")
+        with self._lock, self._faults() as faults:
+            self._set_nic_rate(host, rail, percent if on else 100.0)
+            if on:
+                faults["slow"][(host, rail)] = percent
+            else:
+                faults["slow"].pop((host, rail), None)
+
+    @staticmethod
+    def _loss_table(rail: int) -> str:
+        return f"reccl_loss_eth{rail}"
+
+    def _loss_script(self, rail: int, percent: Optional[float]) -> str:
+        t, dev = self._loss_table(rail), self.nic_name(rail)
+        s = f"add table netdev {t}\ndelete table netdev {t}\n"
+        if percent is not None:
+            below = int(round(percent * LOSS_SCALE / 100.0))
+            rule = f"numgen random mod {LOSS_SCALE} < {below} drop"
+            s += (f"table netdev {t} {{\n"
+                  f"  chain in {{ type filter hook ingress device \"{dev}\" priority -400; "
+                  f"policy accept; {rule}; }}\n"
+                  f"  chain out {{ type filter hook egress device \"{dev}\" priority -400; "
+                  f"policy accept; {rule}; }}\n"
+                  f"}}\n")
+        return s
+
+    def lossy(self, host: int, rail: int, percent: float = 5.0, on: bool = True) -> None:
+        """NIC ``rail`` of ``host`` drops ``percent`` of its frames at random, in
+        each direction (nftables netdev ingress+egress, ``numgen random``; the
+        link stays up). ``on=False`` stops the loss."""
+        self._check_host(host)
+        self._check_rail(rail)
+        if on:
+            percent = _check_percent("lossy: percent of frames dropped", percent)
+            if int(round(percent * LOSS_SCALE / 100.0)) == 0:
+                raise ValueError(f"lossy: percent must be at least {100.0 / LOSS_SCALE:g} "
+                                 f"(the resolution of the random draw); got {percent!r}")
+        with self._lock, self._faults() as faults:
+            self._nft(host, self._loss_script(rail, percent if on else None))
+            if on:
+                faults["lossy"][(host, rail)] = percent
+            else:
+                faults["lossy"].pop((host, rail), None)
+
     def heal(self, wait: bool = True) -> None:
-        """Undo every fault: stop flapping, all links up, no blackholes."""
+        """Undo every fault: stop flapping, all links up, no blackholes, full
+        rate, no loss."""
         with self._lock:
             flaps = list(self._flaps)
         for fl in flaps:
@@ -877,6 +988,10 @@ class Fabric:
             faults["rail_down"].clear()
             faults["blackhole"].clear()
             self._flap_down.clear()
+            for h, r in sorted(faults["slow"]):
+                self._set_nic_rate(h, r, 100.0)
+            faults["slow"].clear()
+            faults["lossy"].clear()
             for r in range(self.rails):
                 self._set_link(self.rail_bridge(r), True)
             for h in range(self.hosts):
@@ -884,15 +999,19 @@ class Fabric:
                     self._apply_port(faults, h, r)
             if shutil.which("nft"):
                 for h in range(self.hosts):
-                    self._nft(h, "".join(self._bh_script(r, False) for r in range(self.rails)))
+                    self._nft(h, "".join(self._bh_script(r, False) + self._loss_script(r, None)
+                                         for r in range(self.rails)))
         if wait:
             self._wait_links({(h, r): True for h in range(self.hosts)
                               for r in range(self.rails)})
 
     # ------------------------------------------------------------- report
     def show(self) -> dict:
-        """Live state: per host, per NIC carrier/operstate/ip/blackhole."""
+        """Live state: per host, per NIC carrier/operstate/ip/blackhole, and the
+        slow/lossy percentages set (None when not set)."""
         faults = self.faults()
+        slow = {(h, r): p for h, r, p in faults["slow"]}
+        lossy = {(h, r): p for h, r, p in faults["lossy"]}
         hosts = []
         for h in range(self.hosts):
             bh = set(self.blackholes_in_kernel(h))
@@ -902,7 +1021,8 @@ class Fabric:
             for r, st in enumerate(links):
                 nics.append({"nic": self.nic_name(r), "ip": self.nic_ip(h, r),
                              "carrier": st["carrier"], "operstate": st["operstate"],
-                             "blackhole": r in bh})
+                             "blackhole": r in bh, "slow_pct": slow.get((h, r)),
+                             "lossy_pct": lossy.get((h, r))})
             hosts.append({"host": h, "netns": self.netns(h), "mgmt_ip": self.mgmt_ip(h),
                           "nics": nics})
         return {"name": self.name, "hosts": self.hosts, "rails": self.rails,

@@ -1,0 +1,121 @@
+// Grey failures: a NIC whose link is up but that delivers a fraction of its
+// speed (bad optics, a congested or mis-set port). No heartbeat ever times
+// out on it; only its goodput shows it. The detector compares each NIC's
+// goodput while busy (bytes acknowledged / time with a message in flight,
+// NicCounters::busyBytes and busyNs) with the median of its loaded peer NICs,
+// or with its own history when no peer is loaded, and never flaps on noise:
+// a window counts only with enough bytes in it (load), a verdict needs the
+// NIC busy for RECCL_GREY_MS on the same side of the threshold (sustained),
+// and recovering needs a higher ratio than degrading did (hysteresis).
+//
+// A degraded NIC carries no traffic, so it cannot be measured: after
+// RECCL_GREY_RETRY_MS it goes on trial (probation), traffic returns to it and
+// it is measured again; a failed trial doubles the wait (up to 8x).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/health.h"
+#include "core/supervisor.h"
+
+namespace reccl {
+
+struct GreySettings {
+  double lowRatio = 0.25;      // RECCL_GREY_PCT / 100
+  double recoverRatio = 0.5;   // RECCL_GREY_RECOVER_PCT / 100
+  int64_t sustainNs = 2000000000;
+  uint64_t minBytes = 1 << 20; // per window, for the window to count as load
+  int64_t retryNs = 30000000000;
+
+  static GreySettings fromConfig(const Config& config);
+};
+
+// Cumulative counters of one NIC at one instant.
+struct GreySample {
+  uint64_t bytes = 0;  // busyBytes
+  int64_t busyNs = 0;
+  bool linkUp = true;  // a NIC without link carries nothing and is no peer
+};
+
+// A verdict that changed: NicHealth::setGrey(nic, state, ratio, announce, detail).
+struct GreyChange {
+  int nic = -1;
+  GreyState state = GreyState::kHealthy;
+  double ratio = 1.0;
+  bool announce = false;  // degraded / recovered events; a trial starting or failing is silent
+  std::string detail;
+};
+
+// The decision logic alone, fed with counters: unit-testable with synthetic ones.
+class GreyDetector {
+ public:
+  explicit GreyDetector(GreySettings settings) : settings_(settings) {}
+
+  // `nics[i]`: NIC i's cumulative counters at `nowNs` (the same NIC at the same
+  // index every call; the list may grow). Returns what changed.
+  std::vector<GreyChange> sample(int64_t nowNs, const std::vector<GreySample>& nics);
+
+  GreyState state(int nic) const;
+  // The last measured goodput / reference of a NIC (1.0 before any).
+  double ratio(int nic) const;
+  // Whether the last window carried enough bytes on any NIC to be load.
+  bool loaded() const { return loaded_; }
+
+ private:
+  struct Track {
+    GreySample last;
+    bool seen = false;
+    GreyState state = GreyState::kHealthy;
+    int64_t lowNs = 0;     // busy time spent below the threshold, in a row
+    int64_t goodNs = 0;    // on trial: busy time spent at or above the recover ratio
+    int64_t retryAtNs = 0; // degraded: when the trial starts
+    int64_t retryNs = 0;   // degraded: the wait before that trial
+    double ratio = 1.0;
+    double history = 0.0;  // bytes/ns while healthy (EWMA); 0 before any
+  };
+
+  const GreySettings settings_;
+  std::vector<Track> tracks_;
+  bool loaded_ = false;
+};
+
+// The process's detector, fed from NicHealth's counters and applying its
+// verdicts there. Driven by every Supervisor (no thread of its own): a round
+// samples when a window is due and, while bytes are moving, asks to be woken
+// for the next window; an idle process is never woken for it.
+class GreyMonitor {
+ public:
+  static constexpr int64_t kWindowNs = 250000000;  // 250 ms between samples under load
+
+  static GreyMonitor& instance();
+  // Samples if a window is due. Returns when the next sample is due while
+  // traffic moves, or -1 when idle (or disabled): then the supervisor's own
+  // quiet round (1 s) samples next, which also starts a degraded NIC's trial.
+  int64_t tick(int64_t nowNs);
+
+ private:
+  GreyMonitor();
+  explicit GreyMonitor(const Config& config);
+  std::mutex mutex_;
+  const bool enabled_;
+  GreyDetector detector_;
+  int64_t lastNs_ = 0;
+};
+
+// A Supervisor item that drives GreyMonitor; always quiet.
+class GreyTicker : public Serviced {
+ public:
+  explicit GreyTicker(Supervisor* supervisor) : supervisor_(supervisor) {}
+  void service() override;
+  bool quiet() override { return true; }
+
+ private:
+  Supervisor* const supervisor_;
+};
+
+}  // namespace reccl
