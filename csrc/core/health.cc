@@ -63,6 +63,11 @@ bool NicHealth::usable(int id) const {
 
 bool NicHealth::blackholed(int id) const { return entries_.at(id).blackhole.load(); }
 
+double NicHealth::weight(int id) const {
+  (void)entries_.at(id);  // range check, as every accessor
+  return 1.0;
+}
+
 NicCounters& NicHealth::counters(int id) { return entries_.at(id).counters; }
 
 uint64_t NicHealth::addListener(Listener listener) {

@@ -52,6 +52,10 @@ class NicHealth {
 
   bool usable(int id) const;
   bool blackholed(int id) const;
+  // How much of a spread connection's traffic this NIC should carry relative
+  // to its peers (1.0: its full share). Spreading multiplies it into each
+  // path's weight.
+  double weight(int id) const;
   NicCounters& counters(int id);
 
   uint64_t addListener(Listener listener);
