@@ -95,7 +95,7 @@ constexpr SettingSpec kSettings[] = {
          "return to the primary path when it heals"),
     flag("RECCL_BACKUP", "1", storeFlag<&Config::backup>,
          "open a backup path per connection; 0 disables failover (baseline runs)"),
-    choice("RECCL_SPREAD", "off", "on|off", storeSpread,
+    choice("RECCL_SPREAD", "on", "on|off", storeSpread,
            "on: a connection whose primary path is down spreads its chunks over one path per "
            "surviving NIC (the backup and the last-resort rails), weighted by each path's measured "
            "goodput, instead of loading the backup NIC alone; failback returns it to the primary. "
