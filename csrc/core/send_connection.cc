@@ -315,6 +315,7 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
       if (discard) discard->shutdown();
     } else {
       uint64_t pathId = installPathLocked(index, path);
+      lanes_.forget(index);  // a new path: its speed is not known yet
       try {
         path->start(this, pathId);
       } catch (const Error& e) {

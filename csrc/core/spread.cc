@@ -95,11 +95,6 @@ void SpreadLanes::acked(int slot, uint64_t bytes, Clock::time_point now) {
   if (lane->outstanding == 0) meter.busy = false;
 }
 
-double SpreadLanes::goodput(int slot) const {
-  auto it = meters_.find(slot);
-  return it == meters_.end() ? 0 : it->second.goodput;
-}
-
 void SpreadLanes::forget(int slot) { meters_.erase(slot); }
 
 SpreadTable& SpreadTable::instance() {

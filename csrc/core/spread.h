@@ -37,8 +37,6 @@ class SpreadLanes {
   int pick(uint64_t bytes);
   // `bytes` that `slot` carried were acknowledged at `now`.
   void acked(int slot, uint64_t bytes, Clock::time_point now);
-  // The measured goodput of `slot` in bytes/s; 0 until measured.
-  double goodput(int slot) const;
   // Forgets the goodput measured on `slot` (its path was replaced).
   void forget(int slot);
 
