@@ -17,7 +17,7 @@ import pytest
 import torch_reccl
 from torch_reccl.transport import ConfigError, Transport
 
-from conftest import plan_sizes, reccl_env, stream, wait_until
+from conftest import close_both, plan_sizes, reccl_env, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("healed_nics")]
 
@@ -134,3 +134,64 @@ def test_spreading_off_loads_the_backup_alone(pair_factory):
     moved = sent_since(before)
     assert lanes_of(send.id) == []
     assert moved[NICS[1]] == sum(sizes), moved
+
+
+def test_ib_emulation_spreads_replays_a_lost_lane_and_fails_back(events):
+    """The IB transport takes the same lanes: three emulated devices per host."""
+    from conftest import A0, A1, B0, B1, IB_CHUNK, ib_env, native
+    from test_ib_transport import registered_stream
+
+    a, b = [A0, A1, "ib-a-2"], [B0, B1, "ib-b-2"]
+    emu = native().IbEmulation(a + b)
+    sender = native().IbTransport(emu, ib_env(a, RECCL_SPREAD="on"))
+    receiver = native().IbTransport(emu, ib_env(b, RECCL_SPREAD="on"))
+    listener = receiver.listen(0)
+    send = sender.connect(0, listener.handle)
+    send.wait_ready(10)
+    recv = listener.accept(10)
+    try:
+        emu.port_down(A0)
+        assert wait_until(lambda: lanes_of(send.id) == [A1, "ib-a-2"], 5), send.paths()
+        lost = threading.Event()
+
+        def on_sent(index):
+            if index == 50 and not lost.is_set():
+                lost.set()
+                emu.port_down("ib-a-2")
+
+        stream(send, recv, plan_sizes(67, 200, 1 << 20, big=2), 67, on_sent=on_sent)
+        assert lost.is_set() and lanes_of(send.id) == [], send.paths()  # one lane left
+        emu.port_up("ib-a-2")
+        assert wait_until(lambda: lanes_of(send.id) == [A1, "ib-a-2"], 10), send.paths()
+        stream(send, recv, plan_sizes(68, 80, 1 << 20), 68)
+        # Registered buffers: chunks RDMA-written straight into the receive
+        # buffer over both lanes; a lane lost mid-stream is fenced (NOTIFY)
+        # and the surviving one drained before the new epoch replays.
+        lost.clear()
+        before = emu.counters()
+
+        def lose_again(index):
+            if index == 30 and not lost.is_set():
+                lost.set()
+                emu.port_down("ib-a-2")
+
+        registered_stream(sender, receiver, send, recv, plan_sizes(70, 80, 4 * IB_CHUNK, big=1), 70,
+                          on_sent=lose_again)
+        assert lost.is_set()
+        emu.port_up("ib-a-2")
+        assert wait_until(lambda: lanes_of(send.id) == [A1, "ib-a-2"], 10), send.paths()
+        registered_stream(sender, receiver, send, recv, plan_sizes(71, 40, 4 * IB_CHUNK), 71)
+        after = emu.counters()
+        # Placed directly on every lane (each with its own device's key), none staged
+        # but the empty messages.
+        assert after["access_errors"] == before["access_errors"]
+        assert after["writes_with_imm"] - before["writes_with_imm"] == 2  # the two 0-byte ones
+        emu.port_up(A0)
+        assert events.wait_for(10, "failback", connection=send.id)
+        assert wait_until(lambda: lanes_of(send.id) == [] and send.active_path == 0, 5)
+        stream(send, recv, plan_sizes(69, 40, 1 << 20), 69)
+    finally:
+        for nic in a + b:
+            emu.port_up(nic)
+        close_both(send, recv)
+        listener.close()
