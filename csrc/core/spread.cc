@@ -1,6 +1,7 @@
 #include "core/spread.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace reccl {
@@ -9,6 +10,8 @@ namespace {
 // Goodput samples span at least this long, so one ACK's burst is no rate.
 constexpr Millis kSampleSpan{100};
 constexpr double kEwmaGain = 0.3;
+// Goodputs within this fraction of the lanes' mean count as equal.
+constexpr double kNoise = 0.3;
 }  // namespace
 
 void SpreadLanes::reset(const std::vector<int>& slots, const std::vector<double>& factors) {
@@ -49,9 +52,15 @@ double SpreadLanes::weightOf(const Lane& lane) const {
       ++measured;
     }
   }
-  double goodput = measured > 0 ? sum / measured : 1.0;
+  const double mean = measured > 0 ? sum / measured : 1.0;
+  double goodput = mean;
   auto it = meters_.find(lane.slot);
   if (it != meters_.end() && it->second.goodput > 0) goodput = it->second.goodput;
+  // A sample holds a few messages' ACKs, so lanes equally fast read up to
+  // ~30% apart; weighting by that noise would load one NIC more than another
+  // (and the collective waits for it). Only a lane clearly off the mean (a
+  // slower path, a NIC another connection also loads) is weighted by it.
+  if (std::abs(goodput - mean) < kNoise * mean) goodput = mean;
   return goodput * lane.factor;
 }
 
