@@ -45,6 +45,8 @@ void storeNumbers(Config& config, SettingValue&& value) {
 
 void storeZeroCopy(Config& config, SettingValue&& value) { config.ibZeroCopy = value.text == "on"; }
 
+void storeSpread(Config& config, SettingValue&& value) { config.spread = value.text == "on"; }
+
 constexpr SettingSpec integer(const char* name, const char* defaultValue, int64_t lo, int64_t hi,
                               Store store, const char* doc, const char* option = nullptr) {
   return {name, SettingType::kInt, defaultValue, nullptr, lo, hi, nullptr, option, doc, store};
@@ -93,6 +95,11 @@ constexpr SettingSpec kSettings[] = {
          "return to the primary path when it heals"),
     flag("RECCL_BACKUP", "1", storeFlag<&Config::backup>,
          "open a backup path per connection; 0 disables failover (baseline runs)"),
+    choice("RECCL_SPREAD", "on", "on|off", storeSpread,
+           "on: a connection whose primary path is down spreads its chunks over one path per "
+           "surviving NIC (the backup and the last-resort rails), weighted by each path's measured "
+           "goodput, instead of loading the backup NIC alone; failback returns it to the primary. "
+           "off: everything moves to the backup path (docs/transport.md, \"Spreading\")"),
     choice("RECCL_DEBUG", "WARN", "NONE|WARN|INFO|TRACE", storeText<&Config::debug>,
            "log level on stderr"),
     integer("RECCL_CHANNELS", "0", 0, 64, storeNumber<&Config::channels>,

@@ -25,6 +25,7 @@ struct Config {
   int64_t chunkBytes;              // RECCL_CHUNK_BYTES: unit of striping and resync
   bool failback;                   // RECCL_FAILBACK
   bool backup;                     // RECCL_BACKUP: false = no backup path (baseline runs)
+  bool spread;                     // RECCL_SPREAD: stripe over surviving NICs while the primary is down
   std::string debug;               // RECCL_DEBUG: NONE | WARN | INFO | TRACE
   // The CPU engine (defaults of a process group's options; pg_options override them).
   int channels;                    // RECCL_CHANNELS: connections per peer pair; 0 = one per NIC

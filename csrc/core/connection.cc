@@ -114,6 +114,8 @@ void Connection::failPathLocked(int index, Reason reason, const std::string& det
   if (index == active_) {
     active_ = -1;
     onActiveLostLocked(index, reason);
+  } else {
+    onOtherLostLocked(index, reason);
   }
   env_.supervisor->poke();
 }
@@ -395,6 +397,11 @@ ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
   for (const auto& nic : nics) env.localNicNames.push_back(nic.name);
   env.localHealthIds = healthIds;
   env.peerName = peer;
+  for (const auto& a : nics) {
+    std::vector<int> row;
+    for (const auto& b : nics) row.push_back(&a == &b ? 0 : nicDistance(a, b));
+    env.nicDistances.push_back(std::move(row));
+  }
   return env;
 }
 

@@ -29,6 +29,8 @@ struct ConnectionEnv {
   std::string peerName;                    // for events and errors
   std::vector<std::string> remoteNicAddresses;  // by remote NIC index, where known
   const void* registrar = nullptr;  // the transport whose registrations isend/irecv take
+  // PCI distance cost between local NICs [a][b] (topology.h); -1 where unknown.
+  std::vector<std::vector<int>> nicDistances;
 };
 
 // The environment of a connection of a transport with these NICs.
@@ -121,6 +123,8 @@ class Connection : public PathOwner, public Serviced {
   virtual void failPendingLocked(const std::string& why) = 0;
   // Role-specific reaction to losing the active path.
   virtual void onActiveLostLocked(int index, Reason reason) = 0;
+  // Role-specific reaction to losing a path that was up but not active.
+  virtual void onOtherLostLocked(int index, Reason reason) {}
   // Role-specific work the supervisor still has to do (quiet() otherwise holds).
   virtual bool roleQuietLocked() const { return true; }
   // A control frame only this end understands; throws ProtocolError for others.

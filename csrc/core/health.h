@@ -89,7 +89,7 @@ class NicHealth {
   GreyState grey(int id) const;
   // Share of traffic a NIC should carry relative to a healthy one: 1.0 while
   // healthy, the goodput ratio to its peers' median that condemned it while
-  // degraded or on trial. For striping over surviving NICs.
+  // degraded or on trial. Spreading multiplies it into each path's weight.
   double weight(int id) const;
 
   // One message in flight from NIC `id` begins / ends (`bytes` carried, 0 if

@@ -9,7 +9,11 @@ namespace reccl {
 RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
                                std::vector<PathCandidate> candidates, uint64_t chunkBytes)
     : Connection(std::move(env), id, std::move(candidates)),
-      chunkBytes_(chunkBytes) {}
+      chunkBytes_(chunkBytes),
+      // A failback's old path, or a spreading sender's other lanes, are healthy
+      // and finish the chunk they are in: within 50 ms plus a chunk's time at
+      // 10 MB/s (a socket's share of a 1 Gbit NIC several paths load at once).
+      fenceGrace_(Millis(50) + Millis(chunkBytes / 10000)) {}
 
 RecvConnection::~RecvConnection() { destroyAllPaths(); }
 
@@ -71,13 +75,6 @@ uint64_t RecvConnection::resumeOffsetLocked(const PostedRecv& recv) const {
   return offset;
 }
 
-namespace {
-// How long copies of the old epoch get before their paths are stopped. A
-// failback's old path is healthy and finishes the chunk it is in within this;
-// a failover's old path is stopped at once anyway.
-constexpr Millis kFenceGrace{50};
-}  // namespace
-
 void RecvConnection::ResyncAnswer::send() const {
   if (!path) return;
   for (const auto& frame : frames) path->sendControl(frame);
@@ -87,6 +84,7 @@ void RecvConnection::activateLocked(int index, const ActivateBody& body) {
   epoch_ = body.epoch;
   const int previous = active_;
   active_ = index;
+  dataSlots_ = 0;
   // A failover means the sender has already dropped the old path: stop it now,
   // so a copy stuck on its dead socket ends at once instead of at the fence's
   // deadline (50 ms per failover, measured). A failback leaves it healthy.
@@ -100,7 +98,7 @@ void RecvConnection::activateLocked(int index, const ActivateBody& body) {
   pending.index = index;
   pending.body = body;
   pending.previous = previous;
-  pending.cutAt = now + kFenceGrace;
+  pending.cutAt = now + fenceGrace_;
   pending.giveUpAt = pending.cutAt + Millis(env_.config.heartbeatMs);
   pendingResync_ = pending;
 }
@@ -209,8 +207,10 @@ void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
 
 uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bool placed) {
   Lock lock(mutex_);
+  // Any path of the connection may carry the epoch's chunks (a spreading
+  // sender uses several); chunks of an older epoch are stale.
   int index = slotOf(pathId);
-  if (index < 0 || index != active_ || header.epoch != epoch_) return nullptr;  // stale
+  if (index < 0 || active_ < 0 || header.epoch != epoch_) return nullptr;
   if (header.seq >= nextSeq_) {
     throw ProtocolError("DATA for message " + std::to_string(header.seq) +
                         ", for which no receive was posted");
@@ -259,6 +259,7 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
   }
   if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
   ++copying_[{header.epoch, pathId}];
+  if (index < 64) dataSlots_ |= uint64_t{1} << index;
   return recv.request->data() + header.offset;
 }
 
@@ -309,6 +310,12 @@ void RecvConnection::onActiveLostLocked(int index, Reason reason) {
   lostActiveFrom_ = index;
   lostActiveReason_ = reason;
   notifyQueue_.push_back({index, reason});
+}
+
+void RecvConnection::onOtherLostLocked(int index, Reason reason) {
+  // A lane of a spreading sender: it replays the lane's chunks on the others
+  // once it knows, and may not see the loss itself for a heartbeat.
+  if (index < 64 && (dataSlots_ >> index & 1) != 0) notifyQueue_.push_back({index, reason});
 }
 
 void RecvConnection::failPendingLocked(const std::string& why) {

@@ -40,6 +40,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
+  void onOtherLostLocked(int index, Reason reason) override;
   bool roleQuietLocked() const override { return notifyQueue_.empty() && !pendingResync_; }
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
@@ -82,6 +83,8 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   uint64_t resumeOffsetLocked(const PostedRecv& recv) const;
 
   const uint64_t chunkBytes_;
+  // How long copies of the old epoch get before their paths are stopped.
+  const Millis fenceGrace_;
   std::map<uint64_t, PostedRecv> recvs_;
   uint64_t nextSeq_ = 0;
   // Payload copies in progress per (epoch, path id). Keyed by epoch, not path:
@@ -90,8 +93,12 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   // be fenced too.
   std::map<std::pair<uint64_t, uint64_t>, int> copying_;
   std::optional<PendingResync> pendingResync_;
-  // Paths that failed while active, to tell the sender about over another path.
+  // Paths that failed while active or carrying data, to tell the sender about
+  // over another path.
   std::vector<std::pair<int, Reason>> notifyQueue_;
+  // Slots that delivered data this epoch: more than the active one while the
+  // sender spreads (send_connection.h). Bit i: slot i.
+  uint64_t dataSlots_ = 0;
   int64_t lostActiveNs_ = 0;
   int lostActiveFrom_ = -1;
   Reason lostActiveReason_ = Reason::kNone;

@@ -1,5 +1,6 @@
 #include "core/send_connection.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -19,7 +20,10 @@ SendConnection::SendConnection(ConnectionEnv env, uint64_t id,
       dialer_(std::move(dialer)),
       chunkBytes_(chunkBytes) {}
 
-SendConnection::~SendConnection() { destroyAllPaths(); }
+SendConnection::~SendConnection() {
+  destroyAllPaths();
+  SpreadTable::instance().set(id_, env_.peerName, {});
+}
 
 std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes,
                                                const MemoryRegistration* registration) {
@@ -90,9 +94,8 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     env_.supervisor->poke();
     return false;
   }
-  const std::shared_ptr<Path>& path = slots_.at(active_).path;
-  send.busy = NicBusy(env_.localHealthIds.at(slots_.at(active_).nics.localNic));
   uint64_t offset = send.resumeOffset - send.resumeOffset % chunkBytes_;
+  send.carried.clear();
   do {
     DataChunk chunk{};
     chunk.header.seq = seq;
@@ -105,9 +108,21 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
       chunk.placement = send.placement;
       chunk.source = send.registration;
     }
-    path->sendData(chunk);
+    const int lane = lanes_.pick(chunk.header.bytes);
+    slots_.at(lane).path->sendData(chunk);
+    auto carried = std::find_if(send.carried.begin(), send.carried.end(),
+                                [&](const auto& entry) { return entry.first == lane; });
+    if (carried == send.carried.end()) {
+      send.carried.push_back({lane, chunk.header.bytes});
+    } else {
+      carried->second += chunk.header.bytes;
+    }
     offset += chunk.header.bytes;
   } while (offset < bytes);
+  send.busy.clear();  // an earlier posting's busy time ends uncredited
+  for (const auto& entry : send.carried) {
+    send.busy.emplace_back(env_.localHealthIds.at(slots_.at(entry.first).nics.localNic));
+  }
   send.posted = true;
   return true;
 }
@@ -158,10 +173,22 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
     case FrameType::kAck: {
       auto it = sends_.find(frame.ack.seq);
       if (it == sends_.end()) return;
-      NicHealth::instance()
-          .counters(env_.localHealthIds.at(slots_.at(std::max(active_, 0)).nics.localNic))
-          .bytesSent.fetch_add(frame.ack.bytes);
-      it->second.busy.complete(frame.ack.bytes);
+      // Each NIC is credited with the bytes its lane carried in the last
+      // posting; bytes that landed in an earlier epoch go to the active one.
+      NicHealth& health = NicHealth::instance();
+      const Clock::time_point now = Clock::now();
+      uint64_t credited = 0;
+      for (const auto& [lane, bytes] : it->second.carried) {
+        lanes_.acked(lane, bytes, now);
+        health.counters(env_.localHealthIds.at(slots_.at(lane).nics.localNic))
+            .bytesSent.fetch_add(bytes);
+        credited += bytes;
+      }
+      if (frame.ack.bytes > credited) {
+        health.counters(env_.localHealthIds.at(slots_.at(std::max(active_, 0)).nics.localNic))
+            .bytesSent.fetch_add(frame.ack.bytes - credited);
+      }
+      it->second.completeBusy();
       it->second.request->complete(frame.ack.bytes);
       sends_.erase(it);
       return;
@@ -199,7 +226,7 @@ void SendConnection::applyResyncLocked(const ControlFrame& frame) {
     auto found = outstanding.find(it->first);
     if (it->first < frame.resync.nextSeq && found == outstanding.end()) {
       // The receiver completed it; only the ACK was lost with the path.
-      it->second.busy.complete(it->second.request->capacity());
+      it->second.completeBusy();
       it->second.request->complete(it->second.request->capacity());
       it = sends_.erase(it);
       continue;
@@ -259,9 +286,22 @@ void SendConnection::onActiveLostLocked(int index, Reason reason) {
   }
 }
 
+void SendConnection::onOtherLostLocked(int index, Reason reason) {
+  if (!lanes_.has(index)) return;
+  // A lane's unacknowledged chunks are replayed on the others exactly as a
+  // failover replays the active path's: a new epoch, whose RESYNC says where
+  // each message resumes. The receiver hears first that the lane is gone, so
+  // its fence does not wait for that lane's stalled copies.
+  lostLanes_.push_back({index, reason});
+  active_ = -1;
+  onActiveLostLocked(index, reason);
+}
+
 void SendConnection::failPendingLocked(const std::string& why) {
   for (auto& [seq, send] : sends_) send.request->fail(why);
   sends_.clear();
+  lanes_.reset({}, {});
+  publishLanesLocked();
 }
 
 void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::string& error) {
@@ -281,6 +321,7 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
       if (discard) discard->shutdown();
     } else {
       uint64_t pathId = installPathLocked(index, path);
+      lanes_.forget(index);  // a new path: its speed is not known yet
       try {
         path->start(this, pathId);
       } catch (const Error& e) {
@@ -302,7 +343,9 @@ void SendConnection::dialLocked() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
     if (slot.state != SlotState::kIdle || now < slot.nextDial) continue;
-    if (!slot.nics.upFront && !(noneUp && env_.config.backup)) continue;
+    // Spreading needs the rails as soon as the primary is down.
+    const bool railsWanted = noneUp || spreadWantedLocked();
+    if (!slot.nics.upFront && !(railsWanted && env_.config.backup)) continue;
     const int healthId = env_.localHealthIds.at(slot.nics.localNic);
     // A blackholed NIC would complete no handshake for real; dialing it would
     // only fail back onto a dead path.
@@ -330,8 +373,78 @@ bool SendConnection::roleQuietLocked() const {
   return true;
 }
 
-std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* frame,
-                                                          std::shared_ptr<Path>* drainFirst) {
+bool SendConnection::spreadWantedLocked() const {
+  const SlotState primary = slots_.at(0).state;
+  return env_.config.spread && primary != SlotState::kUp && primary != SlotState::kDialing;
+}
+
+double SendConnection::laneFactorLocked(int slot) const {
+  const int nic = slots_.at(slot).nics.localNic;
+  const int home = slots_.at(0).nics.localNic;
+  double factor = NicHealth::instance().weight(env_.localHealthIds.at(nic));
+  // A NIC across the host bridge or another NUMA node from the primary's moves
+  // fewer bytes per second for the same buffers (DESIGN's cost: +100, +200).
+  if (home < static_cast<int>(env_.nicDistances.size()) &&
+      nic < static_cast<int>(env_.nicDistances[home].size())) {
+    const int cost = env_.nicDistances[home][nic];
+    if (cost > 0) factor /= 1.0 + cost / 100.0;
+  }
+  return factor;
+}
+
+std::vector<int> SendConnection::chooseLanesLocked(int active) const {
+  std::vector<int> lanes{active};
+  if (!spreadWantedLocked()) return lanes;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    if (slot.state != SlotState::kUp) continue;
+    if (NicHealth::instance().blackholed(env_.localHealthIds.at(slot.nics.localNic))) continue;
+    bool distinct = true;  // one lane per NIC at either end
+    for (int lane : lanes) {
+      distinct = distinct && slots_[lane].nics.localNic != slot.nics.localNic &&
+                 slots_[lane].nics.remoteNic != slot.nics.remoteNic;
+    }
+    if (distinct) lanes.push_back(static_cast<int>(i));
+  }
+  return lanes;
+}
+
+void SendConnection::startLanesLocked(const std::vector<int>& lanes) {
+  std::vector<double> factors;
+  for (int lane : lanes) factors.push_back(laneFactorLocked(lane));
+  lanes_.reset(lanes, factors);
+  publishLanesLocked();
+}
+
+void SendConnection::growLanesLocked() {
+  if (active_ < 0 || awaitingResync_) return;
+  bool grown = false;
+  for (int lane : chooseLanesLocked(active_)) {
+    bool clash = false;  // a NIC an existing lane already uses
+    for (int existing : lanes_.slots()) {
+      clash = clash || existing == lane ||
+              slots_[existing].nics.localNic == slots_[lane].nics.localNic ||
+              slots_[existing].nics.remoteNic == slots_[lane].nics.remoteNic;
+    }
+    if (clash) continue;
+    // Safe within the epoch: every chunk is still posted once per epoch, and
+    // the receiver takes the epoch's chunks from any of its paths.
+    lanes_.add(lane, laneFactorLocked(lane));
+    grown = true;
+  }
+  if (grown) publishLanesLocked();
+}
+
+void SendConnection::publishLanesLocked() const {
+  std::vector<std::string> nics;
+  if (lanes_.slots().size() > 1) {
+    for (int lane : lanes_.slots()) nics.push_back(env_.localNicNames.at(slots_[lane].nics.localNic));
+  }
+  SpreadTable::instance().set(id_, env_.peerName, std::move(nics));
+}
+
+std::shared_ptr<Path> SendConnection::maybeActivateLocked(
+    std::vector<std::vector<uint8_t>>* frames, std::vector<std::shared_ptr<Path>>* drainFirst) {
   int best = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].state == SlotState::kUp) {
@@ -357,26 +470,37 @@ std::shared_ptr<Path> SendConnection::maybeActivateLocked(std::vector<uint8_t>* 
     switchFrom_ = active_;
     switchReason_ = Reason::kHealed;
     switchStartNs_ = nowNs();
-    // The path stays up, so a write it placed directly could still land after
-    // the receive completed over the new one: service() drains it first.
-    *drainFirst = slots_.at(active_).path;
-    drainFirst->get()->dropQueuedData();
   }
   if (!failback && switchPending_) switchIsFailback_ = false;
+  // The old epoch's paths that stay up (a failback's old path, the lanes a
+  // spreading connection keeps): a write one placed directly could still
+  // land after the receive completed over another, so service() drains them
+  // before the ACTIVATE; what they still queue is stale either way.
+  for (int lane : lanes_.slots()) {
+    if (slots_.at(lane).state != SlotState::kUp) continue;
+    slots_[lane].path->dropQueuedData();
+    drainFirst->push_back(slots_[lane].path);
+  }
   ++epoch_;
   active_ = best;
   awaitingResync_ = true;
   resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
   for (auto& [seq, send] : sends_) send.posted = false;
-  *frame = encodeActivate(epoch_, static_cast<uint8_t>(best),
-                          static_cast<uint8_t>(switchPending_ ? switchReason_ : Reason::kNone));
+  startLanesLocked(chooseLanesLocked(best));
+  frames->clear();
+  for (const auto& [lane, reason] : lostLanes_) {
+    frames->push_back(encodeNotify(static_cast<uint8_t>(lane), static_cast<uint8_t>(reason)));
+  }
+  lostLanes_.clear();
+  frames->push_back(encodeActivate(epoch_, static_cast<uint8_t>(best),
+                                   static_cast<uint8_t>(switchPending_ ? switchReason_ : Reason::kNone)));
   return slots_.at(best).path;
 }
 
 void SendConnection::service() {
   std::shared_ptr<Path> activateOn;
-  std::shared_ptr<Path> drainFirst;
-  std::vector<uint8_t> activateFrame;
+  std::vector<std::shared_ptr<Path>> drainFirst;
+  std::vector<std::vector<uint8_t>> activateFrames;
   std::shared_ptr<Path> cancelOn;
   std::vector<std::pair<uint64_t, uint64_t>> cancels;
   {
@@ -406,7 +530,8 @@ void SendConnection::service() {
     }
     checkActiveSlotLocked();
     dialLocked();
-    activateOn = maybeActivateLocked(&activateFrame, &drainFirst);
+    activateOn = maybeActivateLocked(&activateFrames, &drainFirst);
+    growLanesLocked();
     if (!cancels_.empty() && active_ >= 0 && !awaitingResync_) {
       cancelOn = slots_.at(active_).path;
       cancels.swap(cancels_);
@@ -414,31 +539,39 @@ void SendConnection::service() {
     checkStalledLocked(active_ < 0 || awaitingResync_,
                        everActive_ ? "no usable path" : "could not connect");
   }
-  if (drainFirst) {
+  if (!drainFirst.empty()) {
     // Bounded: a path whose writes do not complete in half a heartbeat is
     // failed (its QP to ERR here) and the ACTIVATE no longer says "healed",
-    // so the receiver fences it too before it reports what it has.
-    const bool drained =
-        drainFirst->drainDirectWrites(Millis(std::max(1, env_.config.heartbeatMs / 2)));
+    // so the receiver fences it too before it reports what it has. The paths
+    // drain one after another, each bounded: they were all told to stop at once.
+    std::vector<std::shared_ptr<Path>> stuck;
+    for (const auto& path : drainFirst) {
+      if (!path->drainDirectWrites(Millis(std::max(1, env_.config.heartbeatMs / 2)))) {
+        stuck.push_back(path);
+      }
+    }
     Lock lock(mutex_);
-    if (!drained) {
+    if (!stuck.empty()) {
       for (size_t i = 0; i < slots_.size(); ++i) {
-        if (slots_[i].path == drainFirst) {
+        if (std::find(stuck.begin(), stuck.end(), slots_[i].path) != stuck.end()) {
           failPathLocked(static_cast<int>(i), Reason::kTimeout,
-                         "direct writes did not complete before failback");
+                         "direct writes did not complete before the switch");
         }
       }
+      std::vector<uint8_t>& activate = activateFrames.back();
       ActivateBody body{};
-      std::memcpy(&body, activateFrame.data() + sizeof(FrameHeader), sizeof(body));
-      activateFrame = encodeActivate(body.epoch, body.pathIndex, static_cast<uint8_t>(Reason::kTimeout));
+      std::memcpy(&body, activate.data() + sizeof(FrameHeader), sizeof(body));
+      activate = encodeActivate(body.epoch, body.pathIndex, static_cast<uint8_t>(Reason::kTimeout));
     }
     // The RESYNC is due a heartbeat after the ACTIVATE leaves, not after the drain began.
     if (awaitingResync_) resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
     lock.unlock();
-    drainFirst.reset();
+    drainFirst.clear();
   }
-  if (activateOn && !activateOn->sendControl(activateFrame)) {
-    RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");
+  if (activateOn) {
+    bool sent = true;
+    for (const auto& frame : activateFrames) sent = sent && activateOn->sendControl(frame);
+    if (!sent) RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");
   }
   activateOn.reset();
   for (const auto& [seq, bytes] : cancels) cancelOn->sendControl(encodeCancel(seq, bytes));

@@ -8,6 +8,7 @@
 
 #include "core/connection.h"
 #include "core/health.h"
+#include "core/spread.h"
 
 namespace reccl {
 
@@ -45,6 +46,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
  protected:
   void failPendingLocked(const std::string& why) override;
   void onActiveLostLocked(int index, Reason reason) override;
+  void onOtherLostLocked(int index, Reason reason) override;
   bool roleQuietLocked() const override;
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
@@ -57,7 +59,14 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
     uint64_t resumeOffset = 0;
     const MemoryRegistration* registration = nullptr;  // the caller's, or none
     std::shared_ptr<const Placement> placement;        // the receiver's PLACE, if any
-    NicBusy busy;  // in flight on the NIC it was last posted from (grey-failure input)
+    std::vector<std::pair<int, uint64_t>> carried;     // (slot, bytes) of its last posting
+    // In flight on the NIC of each entry of `carried` (grey-failure input).
+    std::vector<NicBusy> busy;
+    // Ends the busy time of the last posting, crediting each NIC its lane's bytes.
+    void completeBusy() {
+      for (size_t i = 0; i < busy.size() && i < carried.size(); ++i) busy[i].complete(carried[i].second);
+      busy.clear();
+    }
   };
 
   void onDialed(int index, std::shared_ptr<Path> path, const std::string& error);
@@ -68,11 +77,21 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   // Throws ProtocolError for a receive announced (CTS, PLACE, RESYNC) further
   // ahead of our sends than a receiver can post.
   void requireAnnounceableLocked(uint64_t seq, const char* what) const;
-  // Picks the path to use now; fills `frame` with the ACTIVATE to send on it.
-  // On a failback, `drainFirst` is the path being left: its direct writes
-  // must all have completed before the ACTIVATE goes out (service() waits).
-  std::shared_ptr<Path> maybeActivateLocked(std::vector<uint8_t>* frame,
-                                            std::shared_ptr<Path>* drainFirst);
+  // Picks the path to use now; fills `frames` with what to send on it, the
+  // ACTIVATE last. `drainFirst` gets the paths of the old epoch that stay up
+  // (a failback's old path, spreading's other lanes): their direct writes must
+  // all have completed before the ACTIVATE goes out (service() waits).
+  std::shared_ptr<Path> maybeActivateLocked(std::vector<std::vector<uint8_t>>* frames,
+                                            std::vector<std::shared_ptr<Path>>* drainFirst);
+  // The lanes of an epoch on `active`: it alone, or while the primary is down
+  // and RECCL_SPREAD is on, one up path per other NIC too.
+  std::vector<int> chooseLanesLocked(int active) const;
+  double laneFactorLocked(int slot) const;
+  void startLanesLocked(const std::vector<int>& lanes);
+  // Adds paths that came up since the epoch began to a spreading epoch.
+  void growLanesLocked();
+  bool spreadWantedLocked() const;
+  void publishLanesLocked() const;
   // Fails `send` (and, by CANCEL, its receive) when its bytes cannot travel:
   // device memory at one end needs direct placement, i.e. both ends registered.
   bool checkCarriableLocked(uint64_t seq, PendingSend& send);
@@ -86,6 +105,8 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   // Oversized sends (seq, bytes) whose receive must be failed too: sent as CANCEL.
   std::vector<std::pair<uint64_t, uint64_t>> cancels_;
   uint64_t nextSeq_ = 0;
+  SpreadLanes lanes_;  // the paths carrying data this epoch ({active_} unless spreading)
+  std::vector<std::pair<int, Reason>> lostLanes_;  // told to the receiver before the next ACTIVATE
   bool awaitingResync_ = false;
   Clock::time_point resyncDeadline_{};
   bool everActive_ = false;

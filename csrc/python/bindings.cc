@@ -11,6 +11,7 @@
 #include "core/grey_detector.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/spread.h"
 #include "core/topology.h"
 #include "python/registered_buffer.h"
 #include "transport/event_loop.h"
@@ -434,6 +435,16 @@ PYBIND11_MODULE(_C, m) {
     // The event loops running now (RECCL_IO_THREADS per NIC in use), which
     // serve TCP sockets and IB completion channels alike.
     d["io_threads"] = EventLoops::instance().runningThreads();
+    // Connections spreading now (RECCL_SPREAD), each with its lanes' NICs.
+    py::list spreading;
+    for (const SpreadInfo& info : SpreadTable::instance().list()) {
+      py::dict entry;
+      entry["connection"] = info.connection;
+      entry["peer"] = info.peer;
+      entry["nics"] = info.nics;
+      spreading.append(entry);
+    }
+    d["spreading"] = spreading;
     return d;
   });
   m.def("parse_frame", [](py::bytes data) {
