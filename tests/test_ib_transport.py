@@ -127,6 +127,41 @@ def test_corrupted_delivery_fails_the_path_not_the_data(fabric, events, kind):
     assert any("protocol error" in e.detail for e in downs), [e.detail for e in downs]
 
 
+@pytest.mark.parametrize("device", [A0, B0])
+def test_a_failing_poll_cq_fails_the_path_and_the_data_moves_over(fabric, events, device):
+    """ibv_poll_cq returning < 0 (here on the sender's or the receiver's NIC of
+    rail 0) fails that path with the reason, on the loop thread that polled, and
+    the stream goes on over rail 1 bit for bit: no std::terminate."""
+    f = fabric()
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(60, 5, CHUNK), 60)
+    f.emu.fail_next(device, "poll_cq")
+    stream(send, recv, plan_sizes(61, 30, 2 * CHUNK), 61)
+    end = send if device == A0 else recv
+    downs = events.wait_for(3, "path_down", connection=end.id)
+    assert any("ibv_poll_cq failed" in e.detail for e in downs), [e.detail for e in downs]
+    stream(send, recv, plan_sizes(62, 10, CHUNK), 62)
+
+
+def test_modify_qp_timeouts_are_retried_then_fail_the_dial_clearly(fabric):
+    """ibv_modify_qp answering ETIMEDOUT (RoCE neighbour resolution still under
+    way) is tried again: three timeouts on rail 0 still give a rail-0 primary.
+    Timeouts that never end fail each dial, bounded, with a clear reason, which
+    the connection's error names once no path ever came up."""
+    f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1500")
+    f.emu.fail_next(A0, "modify_qp", 3)
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(63, 10, CHUNK), 63)
+    assert send.active_path == recv.active_path == 0, send.paths()
+    for device in (A0, A1):
+        f.emu.fail_next(device, "modify_qp", 1000)
+    start = time.monotonic()
+    with pytest.raises(RecclError, match="RTR still timed out after 10 attempts 50 ms apart"):
+        f.pair()
+    assert time.monotonic() - start < 10
+    stream(send, recv, plan_sizes(64, 10, CHUNK), 64)  # connected QPs are not affected
+
+
 def test_control_frames_beyond_the_send_buffers_wait_in_order_without_blocking(fabric, events):
     """sendControl never waits (its caller may hold its connection's lock, and a
     path's event loop serves other paths): while every control send buffer is in
@@ -470,6 +505,8 @@ def test_ib_settings_are_validated():
         _C.IbTransport(emu, ib_env(["mlx5_9"]))
     with pytest.raises(ConfigError, match="corruption kind"):
         emu.corrupt_next(A0, "everything")
+    with pytest.raises(ConfigError, match="expected poll_cq or modify_qp"):
+        emu.fail_next(A0, "post_send")
 
 
 def test_real_verbs_backend_is_compiled_and_loads_at_run_time():

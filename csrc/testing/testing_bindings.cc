@@ -198,6 +198,9 @@ PYBIND11_MODULE(_testing, m) {
       .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
            "Blackholes the device: packets vanish, no event, retry-exceeded later")
       .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("fail_next", &VerbsEmulation::failNext, py::arg("device"), py::arg("call"),
+           py::arg("times") = 1,
+           "The next `times` poll_cq (returns < 0) or modify_qp (ETIMEDOUT) calls on the device fail")
       .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
            py::call_guard<py::gil_scoped_release>(),
            "Parks what the device sends on the wire; hold(dev, False) delivers it where the "

@@ -114,6 +114,8 @@ struct DeviceRecord {
   bool hold = false;
   int flaps = 0;
   std::string corruptKind;
+  int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
+  int modifyTimeouts = 0;  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
   std::vector<AsyncQueue*> listeners;  // one per open handle
 };
@@ -571,8 +573,9 @@ class EmulatedCompletionChannel : public VerbsCompletionChannel {
 
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
  public:
-  EmulatedCompletionQueue(std::shared_ptr<State> state, CompletionChannelRecord* channel)
-      : state_(std::move(state)) {
+  EmulatedCompletionQueue(std::shared_ptr<State> state, int device,
+                          CompletionChannelRecord* channel)
+      : state_(std::move(state)), device_(device) {
     record_.handle = this;
     record_.channel = channel;
     Lock lock(state_->mutex);
@@ -601,6 +604,11 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
   }
   int poll(WorkCompletion* out, int max) override {
     Lock lock(state_->mutex);
+    int& failures = state_->devices[device_].pollFailures;
+    if (failures > 0) {
+      --failures;
+      throw Error("ibv_poll_cq failed (returned -1)");
+    }
     int count = 0;
     while (count < max && !record_.entries.empty()) {
       out[count++] = record_.entries.front();
@@ -617,6 +625,7 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
 
  private:
   std::shared_ptr<State> state_;
+  const int device_;
   CompletionQueueRecord record_;
 };
 
@@ -651,6 +660,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
   void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
     Lock lock(state_->mutex);
     expect(QpState::kInit, "RTR");
+    timeOutIfAsked("RTR");
     const auto& gids = state_->devices[record_.device].gids;
     if (gidIndex < 0 || gidIndex >= static_cast<int>(gids.size()) || gids[gidIndex].gid == Gid{}) {
       throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
@@ -664,6 +674,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
   void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) override {
     Lock lock(state_->mutex);
     expect(QpState::kReadyToReceive, "RTS");
+    timeOutIfAsked("RTS");
     if (timeout < 1 || timeout > 31 || retryCount < 0 || retryCount > 7) {
       throw Error("timeout " + std::to_string(timeout) + " / retry count " +
                   std::to_string(retryCount) + " outside 1..31 / 0..7");
@@ -717,6 +728,14 @@ class EmulatedQueuePair : public VerbsQueuePair {
   }
 
  private:
+  // failNext(device, "modify_qp"): the transition is refused with ETIMEDOUT
+  // and the QP keeps its state, as when RoCE neighbour resolution times out.
+  void timeOutIfAsked(const char* to) {
+    int& timeouts = state_->devices[record_.device].modifyTimeouts;
+    if (timeouts == 0) return;
+    --timeouts;
+    throw ModifyQpTimedOut(std::string("ibv_modify_qp to ") + to + ": " + std::strerror(ETIMEDOUT));
+  }
   void expect(QpState from, const char* to) {
     if (record_.state != from) {
       throw Error(std::string("invalid QP transition ") + qpStateName(record_.state) + "->" + to);
@@ -805,7 +824,7 @@ class EmulatedDevice : public VerbsDevice {
       if (emulated == nullptr) throw Error("a completion channel of another provider");
       events = emulated->record();
     }
-    return std::make_unique<EmulatedCompletionQueue>(state_, events);
+    return std::make_unique<EmulatedCompletionQueue>(state_, device_, events);
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,
@@ -932,6 +951,16 @@ void VerbsEmulation::setHold(const std::string& device, bool hold) {
   state_->devices[index].hold = hold;
   if (!hold) state_->releaseWire(index);
   state_->work.notify_all();
+}
+
+void VerbsEmulation::failNext(const std::string& device, const std::string& call, int times) {
+  if (call != "poll_cq" && call != "modify_qp") {
+    throw ConfigError("verbs call '" + call + "' cannot be failed: expected poll_cq or modify_qp");
+  }
+  if (times < 0) throw ConfigError("failNext times must be >= 0, not " + std::to_string(times));
+  Lock lock(state_->mutex);
+  DeviceRecord& record = state_->devices[state_->deviceIndex(device)];
+  (call == "poll_cq" ? record.pollFailures : record.modifyTimeouts) = times;
 }
 
 void VerbsEmulation::corruptNext(const std::string& device, const std::string& kind) {

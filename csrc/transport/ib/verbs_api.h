@@ -14,8 +14,17 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/error.h"
 
 namespace reccl {
+
+// ibv_modify_qp answered ETIMEDOUT: on RoCE the kernel did not resolve the
+// peer's MAC address (neighbour discovery) in time. The QP keeps its state, so
+// the same transition may be tried again (IbEndpoint::connect does).
+class ModifyQpTimedOut : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class WcStatus : uint8_t {
   kSuccess,
@@ -126,7 +135,8 @@ class VerbsMemoryRegion {
 class VerbsCompletionQueue {
  public:
   virtual ~VerbsCompletionQueue() = default;  // ibv_destroy_cq
-  // ibv_poll_cq: up to `max` completions into `out`; returns how many.
+  // ibv_poll_cq: up to `max` completions into `out`; returns how many. Throws
+  // Error when ibv_poll_cq returns < 0 (the CQ is unusable: callers fail the path).
   virtual int poll(WorkCompletion* out, int max) = 0;
   // ibv_req_notify_cq (any completion, not only solicited ones): arms the CQ,
   // so the next completion added to it raises one event on its channel. One
@@ -156,6 +166,7 @@ class VerbsQueuePair {
   // read access.
   virtual void toInit(int port) = 0;
   // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID.
+  // This and toReadyToSend throw ModifyQpTimedOut on ETIMEDOUT, Error otherwise.
   virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) = 0;
   // ibv_modify_qp RTR->RTS; the ACK timeout is 4.096 us * 2^timeout per try.
   virtual void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) = 0;

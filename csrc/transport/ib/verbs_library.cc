@@ -122,7 +122,7 @@ class SystemCompletionQueue : public VerbsCompletionQueue {
   int poll(WorkCompletion* out, int max) override {
     ibv_wc wcs[32];
     int got = ibv_poll_cq(cq_, std::min(max, 32), wcs);
-    if (got < 0) throw Error("ibv_poll_cq failed");
+    if (got < 0) throw Error("ibv_poll_cq failed (returned " + std::to_string(got) + ")");
     for (int i = 0; i < got; ++i) {
       WorkCompletion& wc = out[i];
       wc.wrId = wcs[i].wr_id;
@@ -258,7 +258,10 @@ class SystemQueuePair : public VerbsQueuePair {
  private:
   void modify(ibv_qp_attr* attr, int mask, const char* state) {
     int rc = fn_->modifyQp(qp_, attr, mask);
-    if (rc != 0) throw Error(std::string("ibv_modify_qp to ") + state + ": " + std::strerror(rc));
+    if (rc == 0) return;
+    const std::string what = std::string("ibv_modify_qp to ") + state + ": " + std::strerror(rc);
+    if (rc == ETIMEDOUT) throw ModifyQpTimedOut(what);
+    throw Error(what);
   }
 
   std::shared_ptr<Functions> fn_;
