@@ -528,6 +528,20 @@ def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
 # ------------------------------------------------------------------ transport choice
 
 
+def test_fork_init_is_called_unless_fork_protection_is_on_already():
+    """ibv_fork_init (DataLoader workers fork after registration) is called by
+    the system loader exactly when ibv_is_fork_initialized does not say it is on
+    or unneeded and neither RDMAV_FORK_SAFE nor IBV_FORK_SAFE is set (libibverbs
+    then turns it on itself; any value counts, as in libibverbs)."""
+    needs = emulations().ib_needs_fork_init
+    assert needs("disabled") and needs("unknown")
+    assert not needs("enabled") and not needs("unneeded")
+    assert not needs("disabled", rdmav_fork_safe="1")
+    assert not needs("unknown", ibv_fork_safe="")
+    with pytest.raises(ConfigError, match="expected unknown, disabled, enabled or unneeded"):
+        needs("on")
+
+
 def test_transport_choice_follows_reccl_transport():
     emu = emulations().IbEmulation([A0, A1])
     assert _C.choose_transport({"RECCL_TRANSPORT": "tcp"}, emu)["kind"] == "tcp"

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "nccl/net_plugin.h"
 #include "testing/cuda_emulation.h"
 #include "testing/verbs_emulation.h"
 #include "transport/ib/gid_select.h"
+#include "transport/ib/verbs_library.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -252,6 +255,21 @@ PYBIND11_MODULE(_testing, m) {
         return d;
       });
 
+  m.def("ib_needs_fork_init", [](const std::string& state, std::optional<std::string> rdmavForkSafe,
+                                 std::optional<std::string> ibvForkSafe) {
+    static const std::map<std::string, ForkState> kStates = {
+        {"unknown", ForkState::kUnknown}, {"disabled", ForkState::kDisabled},
+        {"enabled", ForkState::kEnabled}, {"unneeded", ForkState::kUnneeded}};
+    auto it = kStates.find(state);
+    if (it == kStates.end()) {
+      throw ConfigError("fork state '" + state + "' is not valid: expected unknown, disabled, "
+                        "enabled or unneeded");
+    }
+    return needsForkInit(it->second, rdmavForkSafe ? rdmavForkSafe->c_str() : nullptr,
+                         ibvForkSafe ? ibvForkSafe->c_str() : nullptr);
+  }, py::arg("state"), py::arg("rdmav_fork_safe") = py::none(), py::arg("ibv_fork_safe") = py::none(),
+     "Whether the system verbs loader calls ibv_fork_init (verbs_library.h needsForkInit); "
+     "the variables' values, None when unset");
   m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
     NetPlugin::instance().useVerbs(std::move(emulation));
   }, py::arg("emulation"),

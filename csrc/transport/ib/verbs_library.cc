@@ -12,13 +12,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #endif
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace reccl {
+
+bool needsForkInit(ForkState state, const char* rdmavForkSafe, const char* ibvForkSafe) {
+  if (rdmavForkSafe != nullptr || ibvForkSafe != nullptr) return false;
+  return state == ForkState::kUnknown || state == ForkState::kDisabled;
+}
 
 #ifdef RECCL_HAVE_VERBS_HEADERS
 
@@ -493,6 +500,25 @@ class SystemVerbs : public VerbsApi {
   std::shared_ptr<Functions> fn_;
 };
 
+// Before any other libibverbs call that allocates (ibv_fork_init's rule).
+void initForkProtection(void* handle) {
+  ForkState state = ForkState::kUnknown;
+  // ibv_is_fork_initialized (rdma-core v35+) returns enum ibv_fork_status:
+  // 0 disabled, 1 enabled, 2 unneeded; typed here so older headers build too.
+  if (auto isForkInitialized = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_is_fork_initialized"))) {
+    const int status = isForkInitialized();
+    state = status == 1 ? ForkState::kEnabled : status == 2 ? ForkState::kUnneeded : ForkState::kDisabled;
+  }
+  if (!needsForkInit(state, std::getenv("RDMAV_FORK_SAFE"), std::getenv("IBV_FORK_SAFE"))) return;
+  auto forkInit = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_fork_init"));
+  const int rc = forkInit != nullptr ? forkInit() : ENOSYS;
+  if (rc != 0) {
+    RECCL_LOG(kWarn, std::string("ibv_fork_init failed: ") + std::strerror(rc) +
+                         "; a process that forks after registering memory (DataLoader workers) "
+                         "may corrupt registered buffers (set RDMAV_FORK_SAFE=1)");
+  }
+}
+
 }  // namespace
 
 bool verbsHeadersCompiledIn() { return true; }
@@ -535,6 +561,7 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     return nullptr;
   }
   fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
+  initForkProtection(h);
   return std::make_shared<SystemVerbs>(fn);
 }
 
