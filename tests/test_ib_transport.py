@@ -31,7 +31,7 @@ import torch_reccl
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import (A0, A1, B0, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
+from conftest import (A0, A1, B0, B1, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
                       stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
@@ -497,7 +497,8 @@ def test_gid_choice_prefers_roce_v2_ipv4_and_skips_empty_entries():
 
 def test_ib_settings_are_validated():
     for name, value, needle in [("RECCL_IB_TIMEOUT", "0", "1..31"), ("RECCL_IB_TIMEOUT", "32", "1..31"),
-                                ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma")]:
+                                ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma"),
+                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15")]:
         with pytest.raises(ConfigError, match=needle):
             _C.validate_config({name: value})
     emu = emulations().IbEmulation([A0, A1])
@@ -526,6 +527,22 @@ def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
 
 
 # ------------------------------------------------------------------ transport choice
+
+
+def test_traffic_class_and_service_level_reach_every_qp(fabric):
+    """RECCL_IB_TC / RECCL_IB_SL go into every QP's address vector at INIT->RTR,
+    at both ends and on both rails (a lossless RoCE class must carry all of it);
+    the defaults are NCCL's, 0 and 0."""
+    f = fabric(RECCL_IB_TC="106", RECCL_IB_SL="3")
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(65, 10, CHUNK), 65)
+    for device in (A0, A1, B0, B1):
+        routes = f.emu.qp_routes(device)
+        assert routes and set(routes) == {(106, 3)}, (device, routes)
+    g = fabric()
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(66, 5, CHUNK), 66)
+    assert set(g.emu.qp_routes(A0)) == set(g.emu.qp_routes(B0)) == {(0, 0)}
 
 
 def test_fork_init_is_called_unless_fork_protection_is_on_already():

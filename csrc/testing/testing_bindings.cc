@@ -107,7 +107,7 @@ void bindRawVerbs(py::module_& m) {
         QpPeer peer;
         peer.qpNumber = peerQp;
         std::memcpy(peer.gid.data(), raw.data(), 16);
-        qp.toReadyToReceive(peer, 1, gidIndex, 3);
+        qp.toReadyToReceive(peer, 1, gidIndex, 3, QpRoute{});
       }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
       .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
            py::arg("timeout"), py::arg("retry_count"))
@@ -208,6 +208,11 @@ PYBIND11_MODULE(_testing, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
            "responder QP still takes it (docs/ib.md)")
+      .def("qp_routes", [](VerbsEmulation& e, const std::string& d) {
+             std::vector<std::pair<int, int>> out;
+             for (const QpRoute& r : e.connectedRoutes(d)) out.emplace_back(r.trafficClass, r.serviceLevel);
+             return out;
+           }, py::arg("device"), "(traffic class, service level) of the device's QPs in RTR/RTS")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();

@@ -85,6 +85,7 @@ struct QueuePairRecord {
   QpPeer peer;
   int gidIndex = 0;
   Gid sourceGid{};
+  QpRoute route;
   int64_t retryBudgetNs = 0;
   size_t maxSend = 0;
   size_t maxRecv = 0;
@@ -657,7 +658,8 @@ class EmulatedQueuePair : public VerbsQueuePair {
     if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
     record_.state = QpState::kInit;
   }
-  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                        const QpRoute& route) override {
     Lock lock(state_->mutex);
     expect(QpState::kInit, "RTR");
     timeOutIfAsked("RTR");
@@ -666,9 +668,13 @@ class EmulatedQueuePair : public VerbsQueuePair {
       throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
     }
     if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
+    if (route.serviceLevel > 15) {
+      throw Error("service level " + std::to_string(route.serviceLevel) + " not in 0..15 (4 bits)");
+    }
     record_.peer = peer;
     record_.gidIndex = gidIndex;
     record_.sourceGid = gids[gidIndex].gid;
+    record_.route = route;
     record_.state = QpState::kReadyToReceive;
   }
   void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) override {
@@ -969,6 +975,19 @@ void VerbsEmulation::corruptNext(const std::string& device, const std::string& k
   }
   Lock lock(state_->mutex);
   state_->devices[state_->deviceIndex(device)].corruptKind = kind;
+}
+
+std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<QpRoute> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->route);
+    }
+  }
+  return out;
 }
 
 std::vector<GidEntry> VerbsEmulation::gidTable(const std::string& device) {

@@ -82,6 +82,8 @@ class VerbsEmulation : public VerbsApi {
   // QPs' INIT->RTR and RTR->RTS transitions answer ETIMEDOUT, state unchanged).
   void failNext(const std::string& device, const std::string& call, int times);
   std::vector<GidEntry> gidTable(const std::string& device);
+  // The traffic class and service level of each of the device's QPs now in RTR or RTS.
+  std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();
 
   struct State;  // shared with the handles it gives out

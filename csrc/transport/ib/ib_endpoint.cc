@@ -93,10 +93,11 @@ void modifyRetryingTimeouts(const char* what, Transition transition) {
 
 }  // namespace
 
-void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount) {
+void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount,
+                         const QpRoute& route) {
   if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
   modifyRetryingTimeouts("moving the QP to RTR", [&] {
-    qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu));
+    qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu), route);
   });
   modifyRetryingTimeouts("moving the QP to RTS",
                          [&] { qp_->toReadyToSend(packetSequence_, timeout, retryCount); });

@@ -51,7 +51,7 @@ class IbEndpoint {
   QpExchange describe();
   // INIT -> RTR -> RTS towards `peer`; a transition that answers ETIMEDOUT
   // is retried (kModifyQpAttempts, kModifyQpRetryDelay), then throws Error.
-  void connect(const QpExchange& peer, int timeout, int retryCount);
+  void connect(const QpExchange& peer, int timeout, int retryCount, const QpRoute& route);
   // Proves the connected QP reaches the peer before the path is used: one
   // 8-byte RDMA WRITE into the start of the peer's region (overwritten before
   // it is ever read) must complete within `timeout`. Throws Error otherwise

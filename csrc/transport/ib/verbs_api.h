@@ -125,6 +125,13 @@ struct QpPeer {
   bool global = true;  // route by GID (always for RoCE)
 };
 
+// How our packets are marked (the address vector of INIT->RTR): settings of
+// this end, not exchanged, as NCCL's NCCL_IB_TC / NCCL_IB_SL.
+struct QpRoute {
+  uint8_t trafficClass = 0;  // GRH traffic class (RoCE v2: the IP header's DSCP + ECN byte)
+  uint8_t serviceLevel = 0;  // SL (IB: the virtual lane; RoCE: the priority the driver maps it to)
+};
+
 class VerbsMemoryRegion {
  public:
   virtual ~VerbsMemoryRegion() = default;  // ibv_dereg_mr
@@ -165,9 +172,11 @@ class VerbsQueuePair {
   // ibv_modify_qp RESET->INIT on `port`, with local write and remote write and
   // read access.
   virtual void toInit(int port) = 0;
-  // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID.
+  // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID,
+  // `route` the traffic class (in the GRH) and service level we send with.
   // This and toReadyToSend throw ModifyQpTimedOut on ETIMEDOUT, Error otherwise.
-  virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) = 0;
+  virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                                const QpRoute& route) = 0;
   // ibv_modify_qp RTR->RTS; the ACK timeout is 4.096 us * 2^timeout per try.
   virtual void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) = 0;
   // ibv_modify_qp to ERR: outstanding requests complete with kFlushed and no

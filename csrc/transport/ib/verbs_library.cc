@@ -188,7 +188,8 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
-  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                        const QpRoute& route) override {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_RTR;
     attr.path_mtu = static_cast<ibv_mtu>(mtu);
@@ -198,11 +199,13 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.min_rnr_timer = 12;
     attr.ah_attr.dlid = peer.lid;
     attr.ah_attr.port_num = static_cast<uint8_t>(port);
+    attr.ah_attr.sl = route.serviceLevel;
     if (peer.global) {
       attr.ah_attr.is_global = 1;
       std::memcpy(attr.ah_attr.grh.dgid.raw, peer.gid.data(), 16);
       attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gidIndex);
       attr.ah_attr.grh.hop_limit = 255;
+      attr.ah_attr.grh.traffic_class = route.trafficClass;
     }
     modify(&attr,
            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
