@@ -31,7 +31,7 @@ import torch_reccl
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import (A0, A1, B0, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
+from conftest import (A0, A1, B0, B1, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
                       stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
@@ -125,6 +125,41 @@ def test_corrupted_delivery_fails_the_path_not_the_data(fabric, events, kind):
     assert f.emu.counters()["corrupted"] == before + 1
     downs = events.wait_for(3, "path_down", connection=recv.id)
     assert any("protocol error" in e.detail for e in downs), [e.detail for e in downs]
+
+
+@pytest.mark.parametrize("device", [A0, B0])
+def test_a_failing_poll_cq_fails_the_path_and_the_data_moves_over(fabric, events, device):
+    """ibv_poll_cq returning < 0 (here on the sender's or the receiver's NIC of
+    rail 0) fails that path with the reason, on the loop thread that polled, and
+    the stream goes on over rail 1 bit for bit: no std::terminate."""
+    f = fabric()
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(60, 5, CHUNK), 60)
+    f.emu.fail_next(device, "poll_cq")
+    stream(send, recv, plan_sizes(61, 30, 2 * CHUNK), 61)
+    end = send if device == A0 else recv
+    downs = events.wait_for(3, "path_down", connection=end.id)
+    assert any("ibv_poll_cq failed" in e.detail for e in downs), [e.detail for e in downs]
+    stream(send, recv, plan_sizes(62, 10, CHUNK), 62)
+
+
+def test_modify_qp_timeouts_are_retried_then_fail_the_dial_clearly(fabric):
+    """ibv_modify_qp answering ETIMEDOUT (RoCE neighbour resolution still under
+    way) is tried again: three timeouts on rail 0 still give a rail-0 primary.
+    Timeouts that never end fail each dial, bounded, with a clear reason, which
+    the connection's error names once no path ever came up."""
+    f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1500")
+    f.emu.fail_next(A0, "modify_qp", 3)
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(63, 10, CHUNK), 63)
+    assert send.active_path == recv.active_path == 0, send.paths()
+    for device in (A0, A1):
+        f.emu.fail_next(device, "modify_qp", 1000)
+    start = time.monotonic()
+    with pytest.raises(RecclError, match="RTR still timed out after 10 attempts 50 ms apart"):
+        f.pair()
+    assert time.monotonic() - start < 10
+    stream(send, recv, plan_sizes(64, 10, CHUNK), 64)  # connected QPs are not affected
 
 
 def test_control_frames_beyond_the_send_buffers_wait_in_order_without_blocking(fabric, events):
@@ -462,7 +497,8 @@ def test_gid_choice_prefers_roce_v2_ipv4_and_skips_empty_entries():
 
 def test_ib_settings_are_validated():
     for name, value, needle in [("RECCL_IB_TIMEOUT", "0", "1..31"), ("RECCL_IB_TIMEOUT", "32", "1..31"),
-                                ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma")]:
+                                ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma"),
+                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15")]:
         with pytest.raises(ConfigError, match=needle):
             _C.validate_config({name: value})
     emu = emulations().IbEmulation([A0, A1])
@@ -470,6 +506,8 @@ def test_ib_settings_are_validated():
         _C.IbTransport(emu, ib_env(["mlx5_9"]))
     with pytest.raises(ConfigError, match="corruption kind"):
         emu.corrupt_next(A0, "everything")
+    with pytest.raises(ConfigError, match="expected poll_cq or modify_qp"):
+        emu.fail_next(A0, "post_send")
 
 
 def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
@@ -489,6 +527,36 @@ def test_real_verbs_backend_is_compiled_and_loads_at_run_time():
 
 
 # ------------------------------------------------------------------ transport choice
+
+
+def test_traffic_class_and_service_level_reach_every_qp(fabric):
+    """RECCL_IB_TC / RECCL_IB_SL go into every QP's address vector at INIT->RTR,
+    at both ends and on both rails (a lossless RoCE class must carry all of it);
+    the defaults are NCCL's, 0 and 0."""
+    f = fabric(RECCL_IB_TC="106", RECCL_IB_SL="3")
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(65, 10, CHUNK), 65)
+    for device in (A0, A1, B0, B1):
+        routes = f.emu.qp_routes(device)
+        assert routes and set(routes) == {(106, 3)}, (device, routes)
+    g = fabric()
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(66, 5, CHUNK), 66)
+    assert set(g.emu.qp_routes(A0)) == set(g.emu.qp_routes(B0)) == {(0, 0)}
+
+
+def test_fork_init_is_called_unless_fork_protection_is_on_already():
+    """ibv_fork_init (DataLoader workers fork after registration) is called by
+    the system loader exactly when ibv_is_fork_initialized does not say it is on
+    or unneeded and neither RDMAV_FORK_SAFE nor IBV_FORK_SAFE is set (libibverbs
+    then turns it on itself; any value counts, as in libibverbs)."""
+    needs = emulations().ib_needs_fork_init
+    assert needs("disabled") and needs("unknown")
+    assert not needs("enabled") and not needs("unneeded")
+    assert not needs("disabled", rdmav_fork_safe="1")
+    assert not needs("unknown", ibv_fork_safe="")
+    with pytest.raises(ConfigError, match="expected unknown, disabled, enabled or unneeded"):
+        needs("on")
 
 
 def test_transport_choice_follows_reccl_transport():

@@ -175,6 +175,14 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_IB_RETRY_CNT", "7", 0, 7, storeNumber<&Config::ibRetryCount>,
             "IB transport: QP retries before a request fails with retry-exceeded (as "
             "`NCCL_IB_RETRY_CNT`)"),
+    integer("RECCL_IB_TC", "0", 0, 255, storeNumber<&Config::ibTrafficClass>,
+            "IB transport: traffic class of every QP, in the GRH (on RoCE v2 the IP header's "
+            "DSCP and ECN bits: DSCP * 4), as `NCCL_IB_TC`. A lossless (PFC) RoCE fabric "
+            "carries RDMA in its own class: set that here (e.g. 106 for DSCP 26), or traffic "
+            "goes in class 0 and may be dropped under congestion"),
+    integer("RECCL_IB_SL", "0", 0, 15, storeNumber<&Config::ibServiceLevel>,
+            "IB transport: service level of every QP (the address vector's SL: the virtual "
+            "lane on InfiniBand, the priority the driver maps it to on RoCE), as `NCCL_IB_SL`"),
     choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeZeroCopy,
            "IB transport. on: buffers registered with the transport (the NCCL plugin's `regMr` / "
            "`regMrDmaBuf`) are RDMA-written straight into the peer's registered receive buffer, "

@@ -48,6 +48,8 @@ struct Config {
   std::string ibBootstrap;         // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
   int ibTimeout;                   // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
   int ibRetryCount;                // RECCL_IB_RETRY_CNT: retries before a QP errors out
+  int ibTrafficClass;              // RECCL_IB_TC: GRH traffic class of every QP
+  int ibServiceLevel;              // RECCL_IB_SL: service level of every QP
   bool ibZeroCopy;                 // RECCL_IB_ZERO_COPY: registered buffers placed directly
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
   std::string nvl;                 // RECCL_NVL: off | on (docs/nvl.md)

@@ -185,15 +185,16 @@ std::string Connection::slotSummaryLocked() const {
     if (!slot.everUp && !slot.nics.upFront && slot.state == SlotState::kIdle) continue;
     if (!out.empty()) out += "; ";
     out += slotName(static_cast<int>(i));
-    switch (slot.state) {
-      case SlotState::kUp: out += " up"; break;
-      case SlotState::kDialing: out += " dialing"; break;
-      default:
-        out += " down";
-        if (slot.lastFailure != Reason::kNone) {
-          out += std::string(" (") + reasonName(slot.lastFailure) +
-                 (slot.lastDetail.empty() ? "" : ": " + slot.lastDetail) + ")";
-        }
+    if (slot.state == SlotState::kUp) {
+      out += " up";
+      continue;
+    }
+    // A slot dialing again still names its last failure (a dial that keeps failing).
+    out += slot.state == SlotState::kDialing ? " dialing" : " down";
+    if (slot.lastFailure != Reason::kNone) {
+      out += std::string(slot.state == SlotState::kDialing ? " (last failure: " : " (") +
+             reasonName(slot.lastFailure) +
+             (slot.lastDetail.empty() ? "" : ": " + slot.lastDetail) + ")";
     }
   }
   return out;

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "nccl/net_plugin.h"
 #include "testing/cuda_emulation.h"
 #include "testing/verbs_emulation.h"
 #include "transport/ib/gid_select.h"
+#include "transport/ib/verbs_library.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -104,7 +107,7 @@ void bindRawVerbs(py::module_& m) {
         QpPeer peer;
         peer.qpNumber = peerQp;
         std::memcpy(peer.gid.data(), raw.data(), 16);
-        qp.toReadyToReceive(peer, 1, gidIndex, 3);
+        qp.toReadyToReceive(peer, 1, gidIndex, 3, QpRoute{});
       }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
       .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
            py::arg("timeout"), py::arg("retry_count"))
@@ -198,10 +201,18 @@ PYBIND11_MODULE(_testing, m) {
       .def("drop", &VerbsEmulation::setDrop, py::arg("device"), py::arg("on") = true,
            "Blackholes the device: packets vanish, no event, retry-exceeded later")
       .def("corrupt_next", &VerbsEmulation::corruptNext, py::arg("device"), py::arg("kind"))
+      .def("fail_next", &VerbsEmulation::failNext, py::arg("device"), py::arg("call"),
+           py::arg("times") = 1,
+           "The next `times` poll_cq (returns < 0) or modify_qp (ETIMEDOUT) calls on the device fail")
       .def("hold", &VerbsEmulation::setHold, py::arg("device"), py::arg("on") = true,
            py::call_guard<py::gil_scoped_release>(),
            "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
            "responder QP still takes it (docs/ib.md)")
+      .def("qp_routes", [](VerbsEmulation& e, const std::string& d) {
+             std::vector<std::pair<int, int>> out;
+             for (const QpRoute& r : e.connectedRoutes(d)) out.emplace_back(r.trafficClass, r.serviceLevel);
+             return out;
+           }, py::arg("device"), "(traffic class, service level) of the device's QPs in RTR/RTS")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();
@@ -249,6 +260,21 @@ PYBIND11_MODULE(_testing, m) {
         return d;
       });
 
+  m.def("ib_needs_fork_init", [](const std::string& state, std::optional<std::string> rdmavForkSafe,
+                                 std::optional<std::string> ibvForkSafe) {
+    static const std::map<std::string, ForkState> kStates = {
+        {"unknown", ForkState::kUnknown}, {"disabled", ForkState::kDisabled},
+        {"enabled", ForkState::kEnabled}, {"unneeded", ForkState::kUnneeded}};
+    auto it = kStates.find(state);
+    if (it == kStates.end()) {
+      throw ConfigError("fork state '" + state + "' is not valid: expected unknown, disabled, "
+                        "enabled or unneeded");
+    }
+    return needsForkInit(it->second, rdmavForkSafe ? rdmavForkSafe->c_str() : nullptr,
+                         ibvForkSafe ? ibvForkSafe->c_str() : nullptr);
+  }, py::arg("state"), py::arg("rdmav_fork_safe") = py::none(), py::arg("ibv_fork_safe") = py::none(),
+     "Whether the system verbs loader calls ibv_fork_init (verbs_library.h needsForkInit); "
+     "the variables' values, None when unset");
   m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
     NetPlugin::instance().useVerbs(std::move(emulation));
   }, py::arg("emulation"),

@@ -85,6 +85,7 @@ struct QueuePairRecord {
   QpPeer peer;
   int gidIndex = 0;
   Gid sourceGid{};
+  QpRoute route;
   int64_t retryBudgetNs = 0;
   size_t maxSend = 0;
   size_t maxRecv = 0;
@@ -114,6 +115,8 @@ struct DeviceRecord {
   bool hold = false;
   int flaps = 0;
   std::string corruptKind;
+  int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
+  int modifyTimeouts = 0;  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
   std::vector<AsyncQueue*> listeners;  // one per open handle
 };
@@ -571,8 +574,9 @@ class EmulatedCompletionChannel : public VerbsCompletionChannel {
 
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
  public:
-  EmulatedCompletionQueue(std::shared_ptr<State> state, CompletionChannelRecord* channel)
-      : state_(std::move(state)) {
+  EmulatedCompletionQueue(std::shared_ptr<State> state, int device,
+                          CompletionChannelRecord* channel)
+      : state_(std::move(state)), device_(device) {
     record_.handle = this;
     record_.channel = channel;
     Lock lock(state_->mutex);
@@ -601,6 +605,11 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
   }
   int poll(WorkCompletion* out, int max) override {
     Lock lock(state_->mutex);
+    int& failures = state_->devices[device_].pollFailures;
+    if (failures > 0) {
+      --failures;
+      throw Error("ibv_poll_cq failed (returned -1)");
+    }
     int count = 0;
     while (count < max && !record_.entries.empty()) {
       out[count++] = record_.entries.front();
@@ -617,6 +626,7 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
 
  private:
   std::shared_ptr<State> state_;
+  const int device_;
   CompletionQueueRecord record_;
 };
 
@@ -648,22 +658,29 @@ class EmulatedQueuePair : public VerbsQueuePair {
     if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
     record_.state = QpState::kInit;
   }
-  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                        const QpRoute& route) override {
     Lock lock(state_->mutex);
     expect(QpState::kInit, "RTR");
+    timeOutIfAsked("RTR");
     const auto& gids = state_->devices[record_.device].gids;
     if (gidIndex < 0 || gidIndex >= static_cast<int>(gids.size()) || gids[gidIndex].gid == Gid{}) {
       throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
     }
     if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
+    if (route.serviceLevel > 15) {
+      throw Error("service level " + std::to_string(route.serviceLevel) + " not in 0..15 (4 bits)");
+    }
     record_.peer = peer;
     record_.gidIndex = gidIndex;
     record_.sourceGid = gids[gidIndex].gid;
+    record_.route = route;
     record_.state = QpState::kReadyToReceive;
   }
   void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) override {
     Lock lock(state_->mutex);
     expect(QpState::kReadyToReceive, "RTS");
+    timeOutIfAsked("RTS");
     if (timeout < 1 || timeout > 31 || retryCount < 0 || retryCount > 7) {
       throw Error("timeout " + std::to_string(timeout) + " / retry count " +
                   std::to_string(retryCount) + " outside 1..31 / 0..7");
@@ -717,6 +734,14 @@ class EmulatedQueuePair : public VerbsQueuePair {
   }
 
  private:
+  // failNext(device, "modify_qp"): the transition is refused with ETIMEDOUT
+  // and the QP keeps its state, as when RoCE neighbour resolution times out.
+  void timeOutIfAsked(const char* to) {
+    int& timeouts = state_->devices[record_.device].modifyTimeouts;
+    if (timeouts == 0) return;
+    --timeouts;
+    throw ModifyQpTimedOut(std::string("ibv_modify_qp to ") + to + ": " + std::strerror(ETIMEDOUT));
+  }
   void expect(QpState from, const char* to) {
     if (record_.state != from) {
       throw Error(std::string("invalid QP transition ") + qpStateName(record_.state) + "->" + to);
@@ -805,7 +830,7 @@ class EmulatedDevice : public VerbsDevice {
       if (emulated == nullptr) throw Error("a completion channel of another provider");
       events = emulated->record();
     }
-    return std::make_unique<EmulatedCompletionQueue>(state_, events);
+    return std::make_unique<EmulatedCompletionQueue>(state_, device_, events);
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,
@@ -934,12 +959,35 @@ void VerbsEmulation::setHold(const std::string& device, bool hold) {
   state_->work.notify_all();
 }
 
+void VerbsEmulation::failNext(const std::string& device, const std::string& call, int times) {
+  if (call != "poll_cq" && call != "modify_qp") {
+    throw ConfigError("verbs call '" + call + "' cannot be failed: expected poll_cq or modify_qp");
+  }
+  if (times < 0) throw ConfigError("failNext times must be >= 0, not " + std::to_string(times));
+  Lock lock(state_->mutex);
+  DeviceRecord& record = state_->devices[state_->deviceIndex(device)];
+  (call == "poll_cq" ? record.pollFailures : record.modifyTimeouts) = times;
+}
+
 void VerbsEmulation::corruptNext(const std::string& device, const std::string& kind) {
   if (kind != "immediate" && kind != "payload") {
     throw ConfigError("corruption kind '" + kind + "' is not valid: expected immediate or payload");
   }
   Lock lock(state_->mutex);
   state_->devices[state_->deviceIndex(device)].corruptKind = kind;
+}
+
+std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<QpRoute> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->route);
+    }
+  }
+  return out;
 }
 
 std::vector<GidEntry> VerbsEmulation::gidTable(const std::string& device) {

@@ -77,7 +77,13 @@ class VerbsEmulation : public VerbsApi {
   // Alters the next delivery sent from `device`: "immediate" (an out-of-range
   // immediate), "payload" (the first payload byte flipped).
   void corruptNext(const std::string& device, const std::string& kind);
+  // The next `times` calls of `call` on the device fail as real hardware can:
+  // "poll_cq" (ibv_poll_cq on any of its CQs returns < 0) or "modify_qp" (its
+  // QPs' INIT->RTR and RTR->RTS transitions answer ETIMEDOUT, state unchanged).
+  void failNext(const std::string& device, const std::string& call, int times);
   std::vector<GidEntry> gidTable(const std::string& device);
+  // The traffic class and service level of each of the device's QPs now in RTR or RTS.
+  std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();
 
   struct State;  // shared with the handles it gives out

@@ -68,10 +68,39 @@ QpExchange IbEndpoint::describe() {
   return out;
 }
 
-void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount) {
+namespace {
+
+// Runs one ibv_modify_qp transition, trying again while it answers ETIMEDOUT
+// (RoCE neighbour resolution that has not finished yet is transient).
+template <typename Transition>
+void modifyRetryingTimeouts(const char* what, Transition transition) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      transition();
+      return;
+    } catch (const ModifyQpTimedOut& error) {
+      if (attempt == IbEndpoint::kModifyQpAttempts) {
+        throw Error(std::string(what) + " still timed out after " +
+                    std::to_string(IbEndpoint::kModifyQpAttempts) + " attempts " +
+                    std::to_string(IbEndpoint::kModifyQpRetryDelay.count()) +
+                    " ms apart (is the peer's address reachable / its neighbour entry "
+                    "resolvable?): " + error.what());
+      }
+      std::this_thread::sleep_for(IbEndpoint::kModifyQpRetryDelay);
+    }
+  }
+}
+
+}  // namespace
+
+void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount,
+                         const QpRoute& route) {
   if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
-  qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu));
-  qp_->toReadyToSend(packetSequence_, timeout, retryCount);
+  modifyRetryingTimeouts("moving the QP to RTR", [&] {
+    qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu), route);
+  });
+  modifyRetryingTimeouts("moving the QP to RTS",
+                         [&] { qp_->toReadyToSend(packetSequence_, timeout, retryCount); });
 }
 
 void IbEndpoint::probe(const QpExchange& peer, Millis timeout) {

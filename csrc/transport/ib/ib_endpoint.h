@@ -35,6 +35,10 @@ class IbEndpoint {
   // FrameHeader + DataHeader in front of each staged chunk.
   static constexpr size_t kDataHeadBytes = 64;
   static_assert(sizeof(FrameHeader) + sizeof(DataHeader) <= kDataHeadBytes, "data head fits");
+  // connect() tries a QP transition that answers ETIMEDOUT this often, this
+  // far apart, before it gives up (bounded: about half a second in all).
+  static constexpr int kModifyQpAttempts = 10;
+  static constexpr Millis kModifyQpRetryDelay{50};
 
   // Creates the QP (in INIT, receives posted) and registers the regions.
   IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t chunkBytes,
@@ -45,8 +49,9 @@ class IbEndpoint {
   // Our side of the QP exchange, with the source GID chosen now from the
   // port's current table. Throws Error when the port has no usable GID.
   QpExchange describe();
-  // INIT -> RTR -> RTS towards `peer`.
-  void connect(const QpExchange& peer, int timeout, int retryCount);
+  // INIT -> RTR -> RTS towards `peer`; a transition that answers ETIMEDOUT
+  // is retried (kModifyQpAttempts, kModifyQpRetryDelay), then throws Error.
+  void connect(const QpExchange& peer, int timeout, int retryCount, const QpRoute& route);
   // Proves the connected QP reaches the peer before the path is used: one
   // 8-byte RDMA WRITE into the start of the peer's region (overwritten before
   // it is ever read) must complete within `timeout`. Throws Error otherwise

@@ -24,7 +24,7 @@ IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, int timeout, int retry
   self.lid = port.lid;
   self.global = port.ethernet || gidIndex >= 0;
   if (gidIndex >= 0) self.gid = table[gidIndex].gid;
-  qp_->toReadyToReceive(self, kPort, std::max(gidIndex, 0), port.activeMtu);
+  qp_->toReadyToReceive(self, kPort, std::max(gidIndex, 0), port.activeMtu, QpRoute{});
   qp_->toReadyToSend(0, timeout, retryCount);
 }
 

@@ -151,7 +151,17 @@ int IbPath::drainSendsLocked() {
   WorkCompletion wcs[32];
   int total = 0;
   for (;;) {
-    int got = endpoint_->sendCq().poll(wcs, 32);
+    int got;
+    try {
+      got = endpoint_->sendCq().poll(wcs, 32);
+    } catch (const Error& error) {
+      // An unusable CQ fails the path like an error completion would.
+      if (sendFailure_.empty()) {
+        sendFailure_ = "send queue to " + peerName_ + ": " + error.what();
+        sendFailureReason_ = Reason::kError;
+      }
+      break;
+    }
     for (int i = 0; i < got; ++i) {
       const WorkCompletion& wc = wcs[i];
       switch (workKind(wc.wrId)) {
@@ -464,7 +474,13 @@ bool IbPath::pumpPlaced(bool* failed) {
 
 bool IbPath::pollReceives() {
   WorkCompletion wcs[16];
-  int got = endpoint_->recvCq().poll(wcs, 16);
+  int got;
+  try {
+    got = endpoint_->recvCq().poll(wcs, 16);
+  } catch (const Error& error) {
+    fail(Reason::kError, "receive queue from " + peerName_ + ": " + error.what());
+    return true;
+  }
   for (int i = 0; i < got && !stop_.load(); ++i) {
     const WorkCompletion& wc = wcs[i];
     if (wc.status != WcStatus::kSuccess) {

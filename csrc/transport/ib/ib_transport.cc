@@ -294,7 +294,7 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
                                                  config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
     QpExchange local = endpoint->describe();
-    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount);
+    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
     std::vector<uint8_t> mine = encodeQpExchange(local);
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t ready = 0;
@@ -354,7 +354,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
     exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "receiver's QP description");
     QpExchange peer = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kReceiver);
     checkPeerRegions(peer, handle.chunkBytes);
-    endpoint->connect(peer, config_.ibTimeout, config_.ibRetryCount);
+    endpoint->connect(peer, config_.ibTimeout, config_.ibRetryCount, route());
     endpoint->probe(peer, timeout);
     exchangeWrite(socket.get(), &kQpReadyByte, 1, timeout, "ready byte");
     return std::make_shared<IbPath>(std::move(endpoint), peer, nics.localNic, nics.remoteNic,

@@ -73,6 +73,10 @@ class IbTransport : public Transport {
   ConnectionEnv connectionEnv(const std::string& peer);
 
   const Config config_;
+  // RECCL_IB_TC / RECCL_IB_SL, for every QP this transport connects.
+  QpRoute route() const {
+    return {static_cast<uint8_t>(config_.ibTrafficClass), static_cast<uint8_t>(config_.ibServiceLevel)};
+  }
   const std::shared_ptr<VerbsApi> verbs_;
   const std::string bootstrapAddress_;
   std::vector<NicInfo> nics_;

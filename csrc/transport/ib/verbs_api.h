@@ -14,8 +14,17 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/error.h"
 
 namespace reccl {
+
+// ibv_modify_qp answered ETIMEDOUT: on RoCE the kernel did not resolve the
+// peer's MAC address (neighbour discovery) in time. The QP keeps its state, so
+// the same transition may be tried again (IbEndpoint::connect does).
+class ModifyQpTimedOut : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class WcStatus : uint8_t {
   kSuccess,
@@ -116,6 +125,13 @@ struct QpPeer {
   bool global = true;  // route by GID (always for RoCE)
 };
 
+// How our packets are marked (the address vector of INIT->RTR): settings of
+// this end, not exchanged, as NCCL's NCCL_IB_TC / NCCL_IB_SL.
+struct QpRoute {
+  uint8_t trafficClass = 0;  // GRH traffic class (RoCE v2: the IP header's DSCP + ECN byte)
+  uint8_t serviceLevel = 0;  // SL (IB: the virtual lane; RoCE: the priority the driver maps it to)
+};
+
 class VerbsMemoryRegion {
  public:
   virtual ~VerbsMemoryRegion() = default;  // ibv_dereg_mr
@@ -126,7 +142,8 @@ class VerbsMemoryRegion {
 class VerbsCompletionQueue {
  public:
   virtual ~VerbsCompletionQueue() = default;  // ibv_destroy_cq
-  // ibv_poll_cq: up to `max` completions into `out`; returns how many.
+  // ibv_poll_cq: up to `max` completions into `out`; returns how many. Throws
+  // Error when ibv_poll_cq returns < 0 (the CQ is unusable: callers fail the path).
   virtual int poll(WorkCompletion* out, int max) = 0;
   // ibv_req_notify_cq (any completion, not only solicited ones): arms the CQ,
   // so the next completion added to it raises one event on its channel. One
@@ -155,8 +172,11 @@ class VerbsQueuePair {
   // ibv_modify_qp RESET->INIT on `port`, with local write and remote write and
   // read access.
   virtual void toInit(int port) = 0;
-  // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID.
-  virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) = 0;
+  // ibv_modify_qp INIT->RTR towards `peer`; `gidIndex` is our source GID,
+  // `route` the traffic class (in the GRH) and service level we send with.
+  // This and toReadyToSend throw ModifyQpTimedOut on ETIMEDOUT, Error otherwise.
+  virtual void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                                const QpRoute& route) = 0;
   // ibv_modify_qp RTR->RTS; the ACK timeout is 4.096 us * 2^timeout per try.
   virtual void toReadyToSend(uint32_t packetSequence, int timeout, int retryCount) = 0;
   // ibv_modify_qp to ERR: outstanding requests complete with kFlushed and no

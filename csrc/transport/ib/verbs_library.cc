@@ -12,13 +12,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #endif
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace reccl {
+
+bool needsForkInit(ForkState state, const char* rdmavForkSafe, const char* ibvForkSafe) {
+  if (rdmavForkSafe != nullptr || ibvForkSafe != nullptr) return false;
+  return state == ForkState::kUnknown || state == ForkState::kDisabled;
+}
 
 #ifdef RECCL_HAVE_VERBS_HEADERS
 
@@ -122,7 +129,7 @@ class SystemCompletionQueue : public VerbsCompletionQueue {
   int poll(WorkCompletion* out, int max) override {
     ibv_wc wcs[32];
     int got = ibv_poll_cq(cq_, std::min(max, 32), wcs);
-    if (got < 0) throw Error("ibv_poll_cq failed");
+    if (got < 0) throw Error("ibv_poll_cq failed (returned " + std::to_string(got) + ")");
     for (int i = 0; i < got; ++i) {
       WorkCompletion& wc = out[i];
       wc.wrId = wcs[i].wr_id;
@@ -181,7 +188,8 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
-  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu) override {
+  void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
+                        const QpRoute& route) override {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_RTR;
     attr.path_mtu = static_cast<ibv_mtu>(mtu);
@@ -191,11 +199,13 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.min_rnr_timer = 12;
     attr.ah_attr.dlid = peer.lid;
     attr.ah_attr.port_num = static_cast<uint8_t>(port);
+    attr.ah_attr.sl = route.serviceLevel;
     if (peer.global) {
       attr.ah_attr.is_global = 1;
       std::memcpy(attr.ah_attr.grh.dgid.raw, peer.gid.data(), 16);
       attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gidIndex);
       attr.ah_attr.grh.hop_limit = 255;
+      attr.ah_attr.grh.traffic_class = route.trafficClass;
     }
     modify(&attr,
            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -258,7 +268,10 @@ class SystemQueuePair : public VerbsQueuePair {
  private:
   void modify(ibv_qp_attr* attr, int mask, const char* state) {
     int rc = fn_->modifyQp(qp_, attr, mask);
-    if (rc != 0) throw Error(std::string("ibv_modify_qp to ") + state + ": " + std::strerror(rc));
+    if (rc == 0) return;
+    const std::string what = std::string("ibv_modify_qp to ") + state + ": " + std::strerror(rc);
+    if (rc == ETIMEDOUT) throw ModifyQpTimedOut(what);
+    throw Error(what);
   }
 
   std::shared_ptr<Functions> fn_;
@@ -490,6 +503,25 @@ class SystemVerbs : public VerbsApi {
   std::shared_ptr<Functions> fn_;
 };
 
+// Before any other libibverbs call that allocates (ibv_fork_init's rule).
+void initForkProtection(void* handle) {
+  ForkState state = ForkState::kUnknown;
+  // ibv_is_fork_initialized (rdma-core v35+) returns enum ibv_fork_status:
+  // 0 disabled, 1 enabled, 2 unneeded; typed here so older headers build too.
+  if (auto isForkInitialized = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_is_fork_initialized"))) {
+    const int status = isForkInitialized();
+    state = status == 1 ? ForkState::kEnabled : status == 2 ? ForkState::kUnneeded : ForkState::kDisabled;
+  }
+  if (!needsForkInit(state, std::getenv("RDMAV_FORK_SAFE"), std::getenv("IBV_FORK_SAFE"))) return;
+  auto forkInit = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_fork_init"));
+  const int rc = forkInit != nullptr ? forkInit() : ENOSYS;
+  if (rc != 0) {
+    RECCL_LOG(kWarn, std::string("ibv_fork_init failed: ") + std::strerror(rc) +
+                         "; a process that forks after registering memory (DataLoader workers) "
+                         "may corrupt registered buffers (set RDMAV_FORK_SAFE=1)");
+  }
+}
+
 }  // namespace
 
 bool verbsHeadersCompiledIn() { return true; }
@@ -532,6 +564,7 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     return nullptr;
   }
   fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
+  initForkProtection(h);
   return std::make_shared<SystemVerbs>(fn);
 }
 

@@ -12,6 +12,19 @@
 
 namespace reccl {
 
+// What ibv_is_fork_initialized answers (kUnknown: the library lacks it,
+// rdma-core older than v35).
+enum class ForkState { kUnknown, kDisabled, kEnabled, kUnneeded };
+
+// Whether loadSystemVerbs must call ibv_fork_init, as NCCL does: a process
+// that forks after registering memory (a DataLoader's workers) needs fork
+// protection on registered pages, or the parent's registered memory can be
+// copied-on-write away from the NIC. Not when it is on already, unneeded (a
+// kernel with fork support for RDMA), or RDMAV_FORK_SAFE / IBV_FORK_SAFE is set
+// (`rdmavForkSafe` / `ibvForkSafe`, nullptr when unset: libibverbs then turns it
+// on itself).
+bool needsForkInit(ForkState state, const char* rdmavForkSafe, const char* ibvForkSafe);
+
 // True when this build was compiled against the libibverbs headers.
 bool verbsHeadersCompiledIn();
 
