@@ -187,6 +187,9 @@ def main() -> int:
     parser.add_argument("--message-bytes", type=int, default=512 << 10)
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--phase-warmup", default="",
+                        help="untimed steps of some phases instead of --warmup: name=count,... "
+                             "(a slow NIC needs load for a few seconds before it is found)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--deadline", type=float, default=300)
     args = parser.parse_args()
@@ -200,8 +203,13 @@ def main() -> int:
     per_channel = args.step_bytes // args.channels
     per_step = -(-per_channel // args.message_bytes)  # messages per channel and step
     sizes = [min(args.message_bytes, per_channel - i * args.message_bytes) for i in range(per_step)]
-    steps = args.warmup + args.steps
-    total = per_step * steps * len(phases)
+    warmups = {phase: args.warmup for phase in phases}
+    for item in filter(None, args.phase_warmup.split(",")):
+        name, _, count = item.partition("=")
+        if name not in warmups or not count.isdigit():
+            parser.error(f"--phase-warmup {item!r}: want name=count with a name of --phases {phases}")
+        warmups[name] = int(count)
+    total = per_step * sum(warmups[phase] + args.steps for phase in phases)
     result = {"role": args.role, "error": None, "phases": []}
     driver = (PluginDriver if args.driver == "plugin" else TransportDriver)(args.channels)
     comms = []
@@ -261,15 +269,15 @@ def main() -> int:
                 publish(os.path.join(args.dir, f"want-{phase}"), b"")
                 wait_file(os.path.join(args.dir, f"go-{phase}"), deadline)
                 times = []
-                for step in range(steps):
-                    if step == args.warmup:
+                for step in range(warmups[phase] + args.steps):
+                    if step == warmups[phase]:
                         before = nic_bytes("bytes_sent")
                         started = time.perf_counter()
                     t0 = time.perf_counter()
                     ends = pump(driver, comms, post, check, [per_step] * args.channels, deadline,
                                 args.window)
                     base[0] += per_step
-                    if step >= args.warmup:
+                    if step >= warmups[phase]:
                         times.append(max(ends) - t0)
                 elapsed = time.perf_counter() - started
                 after = nic_bytes("bytes_sent")
