@@ -104,6 +104,13 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
     if (track.state == GreyState::kHealthy) {
       if (track.ratio < settings_.lowRatio) {
         track.lowNs += busy[i];
+        // The last usable NIC stays: its traffic would have nowhere to go, and a
+        // NIC alone at full load reads low against a history of short bursts.
+        bool another = false;
+        for (size_t j = 0; j < n; ++j) {
+          another = another || (j != i && tracks_[j].state == GreyState::kHealthy && tracks_[j].last.linkUp);
+        }
+        if (!another) track.lowNs = 0;
         if (track.lowNs >= settings_.sustainNs) {
           track.state = GreyState::kDegraded;
           track.retryNs = settings_.retryNs;
