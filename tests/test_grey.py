@@ -154,6 +154,34 @@ def test_the_last_usable_nic_is_never_degraded():
     assert not [c for c in feed.run([10, None], 40) if c["nic"] == 0]
 
 
+def test_the_peers_verdict_on_a_shared_path_counts_as_evidence():
+    """Both ends of a slow path see it; the end that condemns its NIC first moves
+    the path (NOTIFY, reason slow), leaving the other end's NIC without load.
+    Already low for half of RECCL_GREY_MS, that NIC is degraded on the peer's word."""
+    feed = Feed(2)
+    assert feed.run([100, 10], 4) == []  # 1 s of busy time at 10%: half the sustain
+    feed.detector.peer_found_slow(1)
+    (change,) = feed.window([100, None])  # the path moved: no load on it any more
+    assert change["nic"] == 1 and change["state"] == "degraded" and change["announce"]
+    assert "the peer found the path slow too" in change["detail"]
+    assert change["ratio"] == pytest.approx(0.1, rel=0.01)
+    # less than half the sustain below the threshold: the peer's word alone is not enough
+    feed = Feed(2)
+    assert feed.run([100, 10], 3) == []
+    feed.detector.peer_found_slow(1)
+    assert feed.run([100, None], 20) == []
+    # nor for a NIC at full goodput, nor for the last usable NIC; and the word is used once
+    feed = Feed(2)
+    assert feed.run([100, 100], 8) == []
+    feed.detector.peer_found_slow(1)
+    assert feed.run([100, 100], 4) == []
+    feed = Feed(1)
+    feed.run([100], 20)
+    feed.run([10], 6)
+    feed.detector.peer_found_slow(0)
+    assert feed.run([None], 4) == []
+
+
 def test_a_nic_without_link_is_no_peer():
     feed = Feed(3)
     feed.now += WINDOW_NS

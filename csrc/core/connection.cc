@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "core/grey_detector.h"
 #include "core/health.h"
 #include "core/log.h"
 
@@ -336,6 +337,11 @@ void Connection::onControl(uint64_t pathId, const ControlFrame& frame) {
   if (!error_.empty() || closed_) return;
   if (frame.type == FrameType::kNotify) {
     if (frame.notify.pathIndex < slots_.size()) {
+      if (static_cast<Reason>(frame.notify.reason) == Reason::kSlow) {
+        // The peer condemned its end of this path: evidence on ours (grey_detector.h).
+        GreyMonitor::instance().peerFoundSlow(
+            env_.localHealthIds.at(slots_[frame.notify.pathIndex].nics.localNic));
+      }
       failPathLocked(frame.notify.pathIndex, Reason::kPeer,
                      std::string("peer saw ") + reasonName(static_cast<Reason>(frame.notify.reason)));
     }

@@ -72,6 +72,15 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
   std::vector<GreyChange> changes;
   for (size_t i = 0; i < n; ++i) {
     Track& track = tracks_[i];
+    if (track.peerFoundSlow) {
+      track.peerFoundSlow = false;
+      if (track.state == GreyState::kHealthy && track.lowNs >= settings_.sustainNs / 2 &&
+          anotherUsable(i)) {
+        degrade(i, nowNs, describe("degraded", track.ratio, track.against, track.mbps) +
+                              "; the peer found the path slow too", changes);
+        continue;
+      }
+    }
     if (track.state == GreyState::kDegraded) {
       if (nowNs >= track.retryAtNs) {
         // It carries nothing while degraded: let traffic back to measure it.
@@ -100,24 +109,17 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
       continue;  // nothing to compare with yet
     }
     track.ratio = rate[i] / reference;
-    const double mbps = rate[i] * 1e3;  // bytes/ns -> MB/s
+    track.against = against;
+    track.mbps = rate[i] * 1e3;  // bytes/ns -> MB/s
+    const double mbps = track.mbps;
     if (track.state == GreyState::kHealthy) {
       if (track.ratio < settings_.lowRatio) {
         track.lowNs += busy[i];
         // The last usable NIC stays: its traffic would have nowhere to go, and a
         // NIC alone at full load reads low against a history of short bursts.
-        bool another = false;
-        for (size_t j = 0; j < n; ++j) {
-          another = another || (j != i && tracks_[j].state == GreyState::kHealthy && tracks_[j].last.linkUp);
-        }
-        if (!another) track.lowNs = 0;
+        if (!anotherUsable(i)) track.lowNs = 0;
         if (track.lowNs >= settings_.sustainNs) {
-          track.state = GreyState::kDegraded;
-          track.retryNs = settings_.retryNs;
-          track.retryAtNs = nowNs + track.retryNs;
-          track.lowNs = 0;
-          changes.push_back({static_cast<int>(i), GreyState::kDegraded, track.ratio, true,
-                             describe("degraded", track.ratio, against, mbps)});
+          degrade(i, nowNs, describe("degraded", track.ratio, against, mbps), changes);
         }
       } else {
         track.lowNs = 0;
@@ -154,6 +156,27 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
     }
   }
   return changes;
+}
+
+void GreyDetector::peerFoundSlow(int nic) {
+  if (nic >= 0 && nic < static_cast<int>(tracks_.size())) tracks_[nic].peerFoundSlow = true;
+}
+
+bool GreyDetector::anotherUsable(size_t nic) const {
+  for (size_t j = 0; j < tracks_.size(); ++j) {
+    if (j != nic && tracks_[j].state == GreyState::kHealthy && tracks_[j].last.linkUp) return true;
+  }
+  return false;
+}
+
+void GreyDetector::degrade(size_t nic, int64_t nowNs, std::string detail,
+                           std::vector<GreyChange>& changes) {
+  Track& track = tracks_[nic];
+  track.state = GreyState::kDegraded;
+  track.retryNs = settings_.retryNs;
+  track.retryAtNs = nowNs + track.retryNs;
+  track.lowNs = 0;
+  changes.push_back({static_cast<int>(nic), GreyState::kDegraded, track.ratio, true, std::move(detail)});
 }
 
 GreyMonitor& GreyMonitor::instance() {
@@ -198,6 +221,12 @@ int64_t GreyMonitor::tick(int64_t nowNs) {
     health.setGrey(change.nic, change.state, change.ratio, change.announce, change.detail);
   }
   return next;
+}
+
+void GreyMonitor::peerFoundSlow(int nic) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  detector_.peerFoundSlow(nic);
 }
 
 void GreyTicker::service() {

@@ -8,6 +8,11 @@
 // NIC busy for RECCL_GREY_MS on the same side of the threshold (sustained),
 // and recovering needs a higher ratio than degrading did (hysteresis).
 //
+// Both ends of a path see its slowness, and whichever end condemns its NIC
+// first moves the path (NOTIFY, reason slow), leaving the other end's NIC
+// without load to judge. So the peer's verdict counts as evidence: a NIC already
+// below the threshold for half of RECCL_GREY_MS when it arrives is degraded too.
+//
 // A degraded NIC carries no traffic, so it cannot be measured: after
 // RECCL_GREY_RETRY_MS it goes on trial (probation), traffic returns to it and
 // it is measured again; a failed trial doubles the wait (up to 8x).
@@ -59,6 +64,9 @@ class GreyDetector {
   // `nics[i]`: NIC i's cumulative counters at `nowNs` (the same NIC at the same
   // index every call; the list may grow). Returns what changed.
   std::vector<GreyChange> sample(int64_t nowNs, const std::vector<GreySample>& nics);
+  // A peer condemned the far end of a path on NIC `nic` as slow; weighed at the
+  // next sample.
+  void peerFoundSlow(int nic);
 
   GreyState state(int nic) const;
   // The last measured goodput / reference of a NIC (1.0 before any).
@@ -77,7 +85,13 @@ class GreyDetector {
     int64_t retryNs = 0;   // degraded: the wait before that trial
     double ratio = 1.0;
     double history = 0.0;  // bytes/ns while healthy (EWMA); 0 before any
+    const char* against = "";  // what `ratio` was measured against, and the goodput
+    double mbps = 0.0;         // then (MB/s), for the verdict's detail
+    bool peerFoundSlow = false;
   };
+  // Whether a NIC other than `nic` is healthy with its link up.
+  bool anotherUsable(size_t nic) const;
+  void degrade(size_t nic, int64_t nowNs, std::string detail, std::vector<GreyChange>& changes);
 
   const GreySettings settings_;
   std::vector<Track> tracks_;
@@ -97,6 +111,8 @@ class GreyMonitor {
   // traffic moves, or -1 when idle (or disabled): then the supervisor's own
   // quiet round (1 s) samples next, which also starts a degraded NIC's trial.
   int64_t tick(int64_t nowNs);
+  // A peer sent NOTIFY (reason slow) for a path on NicHealth id `nic`.
+  void peerFoundSlow(int nic);
 
  private:
   GreyMonitor();

@@ -102,13 +102,16 @@ double NicHealth::weight(int id) const {
 void NicHealth::beginBusy(int id) {
   Entry& entry = entries_.at(id);
   std::lock_guard<std::mutex> lock(entry.busyMutex);
-  if (entry.inFlight++ == 0) entry.busySinceNs = nowNs();
+  if (entry.inFlight++ == 0) entry.busyMarkNs = nowNs();
 }
 
 void NicHealth::endBusy(int id, uint64_t bytes) {
   Entry& entry = entries_.at(id);
   std::lock_guard<std::mutex> lock(entry.busyMutex);
-  if (--entry.inFlight == 0) entry.counters.busyNs.fetch_add(nowNs() - entry.busySinceNs);
+  const int64_t now = nowNs();
+  entry.counters.busyNs.fetch_add(now - entry.busyMarkNs);
+  entry.busyMarkNs = now;
+  --entry.inFlight;
   entry.counters.busyBytes.fetch_add(bytes);
 }
 

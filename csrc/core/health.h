@@ -27,7 +27,11 @@ struct NicCounters {
   std::atomic<uint64_t> nvlBytes{0};    // bytes staged through a transit GPU for this NIC
   // Grey-failure input: wall time with at least one message in flight from this
   // NIC, and the bytes those messages carried, so goodput while busy can be
-  // compared across NICs whatever load each was offered.
+  // compared across NICs whatever load each was offered. Both are credited when
+  // a message ends, the time being the busy time since the previous end: a
+  // sampler then always reads bytes with the time that carried them, however
+  // long a message is in flight or however many overlap (a NIC that never
+  // goes idle is still measured).
   std::atomic<int64_t> busyNs{0};
   std::atomic<uint64_t> busyBytes{0};
 };
@@ -128,7 +132,7 @@ class NicHealth {
     NicCounters counters;
     std::mutex busyMutex;     // orders the begin/end of busy intervals
     int inFlight = 0;         // messages in flight, under busyMutex
-    int64_t busySinceNs = 0;  // when inFlight went 0 -> 1, under busyMutex
+    int64_t busyMarkNs = 0;   // start of the busy time not yet credited, under busyMutex
   };
   NicHealth() = default;
   // Emits nic_up/nic_down when the link changed, and tells listeners when

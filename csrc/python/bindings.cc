@@ -394,6 +394,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("now_ns"), py::arg("nics"),
            "nics: (busy bytes, busy ns, link up) cumulative per NIC; returns the verdicts that changed")
+      .def("peer_found_slow", &GreyDetector::peerFoundSlow, py::arg("nic"),
+           "a peer condemned the far end of a path on this NIC (NOTIFY, reason slow)")
       .def("state", [](const GreyDetector& d, int nic) { return std::string(greyStateName(d.state(nic))); })
       .def("ratio", &GreyDetector::ratio)
       .def_property_readonly("loaded", &GreyDetector::loaded);
