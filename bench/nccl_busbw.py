@@ -26,6 +26,7 @@ from torch_reccl.launch import spawn_bounded  # noqa: E402
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
 LOOPBACK_NICS = "127.0.0.1,127.0.0.2"
+LOOPBACK_NICS_4 = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
 # Loopback NICs have no PCI path: say which GPU each sits next to, and let NCCL
 # hand GPU buffers to the plugin at any distance.
 NVL = {"RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1", "NCCL_NET_GDR_LEVEL": "SYS",
@@ -34,6 +35,7 @@ NVL = {"RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1", "NCCL_NET_GDR_LEVEL": "SYS",
 
 def variants(plugin: str):
     reccl = {"NCCL_NET_PLUGIN": plugin, "NCCL_NET": "ReCCL", "RECCL_NICS": LOOPBACK_NICS}
+    reccl4 = {**reccl, "RECCL_NICS": LOOPBACK_NICS_4}
     return {
         "nccl-socket": ({"NCCL_NET": "Socket"}, False),
         "nccl-socket-tuned": ({"NCCL_NET": "Socket", "NCCL_SOCKET_NTHREADS": "4",
@@ -42,6 +44,12 @@ def variants(plugin: str):
         "reccl": (reccl, False),
         "reccl-8ch": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-nic-down": ({**reccl, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
+        # four NICs, one down: spreading stripes over the three survivors; off, the
+        # failed-over connections pile onto their one backup NIC
+        "reccl-4nic-8ch": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
+        "reccl-4nic-down": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
+        "reccl-4nic-down-nospread": ({**reccl4, "RECCL_SPREAD": "0", "NCCL_MIN_NCHANNELS": "8",
+                                      "NCCL_MAX_NCHANNELS": "8"}, True),
         # NVL: GPU buffers staged by the plugin; NIC 0 sits next to GPU 0, NIC 1 next to GPU 1
         "reccl-nvl-8ch": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-nvl-nic-down": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
