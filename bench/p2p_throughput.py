@@ -3,6 +3,7 @@
 
     python bench/p2p_throughput.py                       # 1..256 MiB, loopback "NICs"
     python bench/p2p_throughput.py --backup both         # also RECCL_BACKUP=0 (no standby path)
+    python bench/p2p_throughput.py --grey both           # also RECCL_GREY=0 (no busy bookkeeping)
     python bench/p2p_throughput.py --nsocks 8 --json out.json
 
 What runs (all processes from a ``spawn`` multiprocessing context, one machine):
@@ -101,6 +102,8 @@ def reccl_env(cfg: dict) -> dict:
         "RECCL_CHUNK_BYTES": str(cfg["chunk"]),
         "RECCL_BACKUP": str(cfg["backup"]),
     })
+    if "grey" in cfg:
+        env["RECCL_GREY"] = str(cfg["grey"])
     return env
 
 
@@ -491,6 +494,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backup", choices=["0", "1", "both"], default="1",
                     help="RECCL_BACKUP for the reccl variant; 'both' runs reccl (backup=1) "
                          "and reccl-nobk (backup=0) side by side (default 1)")
+    ap.add_argument("--grey", choices=["1", "both"], default="1",
+                    help="'both' runs reccl with RECCL_GREY=1 and =0 side by side (the "
+                         "detector's busy bookkeeping on and off; with --backup 1 or 0)")
     ap.add_argument("--window", type=int, default=4,
                     help="messages in flight (default 4; capped at 512 MiB in flight)")
     ap.add_argument("--reps", type=int, default=5, help="rounds per size (default 5)")
@@ -512,12 +518,18 @@ def main(argv=None) -> int:
     base["raw_addr"] = first_nic_address(args.nics)
 
     variants = []
-    if args.backup in ("1", "both"):
+    if args.grey == "both":
+        # the grey-failure detector's per-message busy bookkeeping, on and off
+        variants.append(("reccl-grey", "reccl", dict(base, backup=0 if args.backup == "0" else 1, grey=1)))
+        variants.append(("reccl-nogrey", "reccl", dict(base, backup=0 if args.backup == "0" else 1, grey=0)))
+        variants.append(("raw", "raw", dict(base, backup=1)))
+    elif args.backup in ("1", "both"):
         variants.append(("reccl", "reccl", dict(base, backup=1)))
-    if args.backup in ("0", "both"):
+    if args.grey != "both" and args.backup in ("0", "both"):
         variants.append(("reccl-nobk" if args.backup == "both" else "reccl", "reccl",
                          dict(base, backup=0)))
-    variants.append(("raw", "raw", dict(base, backup=1)))
+    if args.grey != "both":
+        variants.append(("raw", "raw", dict(base, backup=1)))
     names = [v[0] for v in variants]
 
     command = " ".join(["python"] + [os.path.relpath(sys.argv[0])] + sys.argv[1:])
@@ -527,7 +539,7 @@ def main(argv=None) -> int:
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "kernel": platform.release(), "loadavg_start": os.getloadavg(),
         "nics": args.nics, "nsocks": args.nsocks, "chunk_bytes": args.chunk,
-        "backup": args.backup, "window": args.window, "reps": args.reps,
+        "backup": args.backup, "grey": args.grey, "window": args.window, "reps": args.reps,
         "trial_mib": args.trial_mib, "raw_addr": base["raw_addr"],
         "extension": extension_info(),
     }

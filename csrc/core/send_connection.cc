@@ -95,6 +95,7 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     return false;
   }
   uint64_t offset = send.resumeOffset - send.resumeOffset % chunkBytes_;
+  const Clock::time_point postedAt = Clock::now();
   send.carried.clear();
   do {
     DataChunk chunk{};
@@ -108,7 +109,7 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
       chunk.placement = send.placement;
       chunk.source = send.registration;
     }
-    const int lane = lanes_.pick(chunk.header.bytes);
+    const int lane = lanes_.pick(chunk.header.bytes, postedAt);
     slots_.at(lane).path->sendData(chunk);
     auto carried = std::find_if(send.carried.begin(), send.carried.end(),
                                 [&](const auto& entry) { return entry.first == lane; });
@@ -120,8 +121,10 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
     offset += chunk.header.bytes;
   } while (offset < bytes);
   send.busy.clear();  // an earlier posting's busy time ends uncredited
-  for (const auto& entry : send.carried) {
-    send.busy.emplace_back(env_.localHealthIds.at(slots_.at(entry.first).nics.localNic));
+  if (env_.config.grey) {  // the detector's only input: no bookkeeping without it
+    for (const auto& entry : send.carried) {
+      send.busy.emplace_back(env_.localHealthIds.at(slots_.at(entry.first).nics.localNic));
+    }
   }
   send.posted = true;
   return true;
@@ -382,12 +385,9 @@ double SendConnection::laneFactorLocked(int slot) const {
   const int nic = slots_.at(slot).nics.localNic;
   const int home = slots_.at(0).nics.localNic;
   double factor = NicHealth::instance().weight(env_.localHealthIds.at(nic));
-  // A NIC across the host bridge or another NUMA node from the primary's moves
-  // fewer bytes per second for the same buffers (DESIGN's cost: +100, +200).
   if (home < static_cast<int>(env_.nicDistances.size()) &&
       nic < static_cast<int>(env_.nicDistances[home].size())) {
-    const int cost = env_.nicDistances[home][nic];
-    if (cost > 0) factor /= 1.0 + cost / 100.0;
+    factor *= spreadDistanceFactor(env_.nicDistances[home][nic]);
   }
   return factor;
 }

@@ -64,7 +64,7 @@ double SpreadLanes::weightOf(const Lane& lane) const {
   return goodput * lane.factor;
 }
 
-int SpreadLanes::pick(uint64_t bytes) {
+int SpreadLanes::pick(uint64_t bytes, Clock::time_point now) {
   if (lanes_.empty()) throw std::logic_error("SpreadLanes::pick without lanes");
   Lane* best = nullptr;
   double bestTime = 0;
@@ -79,7 +79,7 @@ int SpreadLanes::pick(uint64_t bytes) {
   Meter& meter = meters_[best->slot];
   if (!meter.busy) {
     meter.busy = true;
-    meter.since = Clock::now();
+    meter.since = now;
     meter.bytes = 0;
   }
   return best->slot;
@@ -105,6 +105,8 @@ void SpreadLanes::acked(int slot, uint64_t bytes, Clock::time_point now) {
 }
 
 void SpreadLanes::forget(int slot) { meters_.erase(slot); }
+
+double spreadDistanceFactor(int cost) { return cost > 0 ? 1.0 / (1.0 + cost / 100.0) : 1.0; }
 
 SpreadTable& SpreadTable::instance() {
   static SpreadTable* table = new SpreadTable();  // never destroyed: paths may outlive statics

@@ -33,8 +33,9 @@ class SpreadLanes {
   void add(int slot, double factor);
   bool has(int slot) const;
   const std::vector<int>& slots() const { return slots_; }
-  // The lane for a chunk of `bytes`, counted outstanding there. Needs a lane.
-  int pick(uint64_t bytes);
+  // The lane for a chunk of `bytes` posted at `now`, counted outstanding there.
+  // Needs a lane.
+  int pick(uint64_t bytes, Clock::time_point now);
   // `bytes` that `slot` carried were acknowledged at `now`.
   void acked(int slot, uint64_t bytes, Clock::time_point now);
   // Forgets the goodput measured on `slot` (its path was replaced).
@@ -59,6 +60,11 @@ class SpreadLanes {
   std::vector<int> slots_;
   std::map<int, Meter> meters_;
 };
+
+// The static weight factor of a lane whose NIC is `cost` away from the primary's
+// (core/topology.h nicDistance: +100 across the host bridge, +200 another NUMA
+// node): it moves fewer bytes per second for the same buffers.
+double spreadDistanceFactor(int cost);
 
 struct SpreadInfo {
   uint64_t connection = 0;

@@ -399,6 +399,21 @@ PYBIND11_MODULE(_C, m) {
       .def("state", [](const GreyDetector& d, int nic) { return std::string(greyStateName(d.state(nic))); })
       .def("ratio", &GreyDetector::ratio)
       .def_property_readonly("loaded", &GreyDetector::loaded);
+  py::class_<SpreadLanes>(m, "SpreadLanes", "For tests: the spreading scheduler's lane choice")
+      .def(py::init<>())
+      .def("reset", &SpreadLanes::reset, py::arg("slots"), py::arg("factors"))
+      .def("pick",
+           [](SpreadLanes& lanes, uint64_t bytes, int64_t atMs) {
+             return lanes.pick(bytes, Clock::time_point(std::chrono::milliseconds(atMs)));
+           },
+           py::arg("bytes"), py::arg("at_ms"))
+      .def("acked",
+           [](SpreadLanes& lanes, int slot, uint64_t bytes, int64_t atMs) {
+             lanes.acked(slot, bytes, Clock::time_point(std::chrono::milliseconds(atMs)));
+           },
+           py::arg("slot"), py::arg("bytes"), py::arg("at_ms"),
+           "at_ms: times on a clock of the test's own (only differences count)");
+  m.def("spread_distance_factor", &spreadDistanceFactor, py::arg("cost"));
   m.def("drain_events", [](size_t max) {
     py::list out;
     for (const auto& event : NicHealth::instance().events().drain(max)) out.append(eventDict(event));
