@@ -75,6 +75,7 @@ def run_job(megatron_dir: str, out_dir: str, label: str, launcher_args: List[str
     """Runs the launcher on `world` ranks from `megatron_dir` (its pretrain_gpt.py);
     each rank's log goes to out_dir/label-RANK.log. Ranks still running after
     `timeout_s` are killed (their whole process group)."""
+    megatron_dir = os.path.abspath(megatron_dir)
     os.makedirs(out_dir, exist_ok=True)
     port = free_port()
     paths = [os.path.join(out_dir, f"{label}-{rank}.log") for rank in range(world)]
