@@ -8,7 +8,8 @@ CUDA_VISIBLE_DEVICES=0 and LOCAL_RANK=0 in both: they share one GPU), so every b
 between them crosses the net plugin over the loopback NICs 127.0.0.1 and 127.0.0.2.
 Two runs of ITERATIONS iterations: fault-free, and with the launcher's fault schedule
 taking rank 0's NIC 0 down (inject_fault) before iteration FAULT_AT + 1 and up before
-HEAL_AT + 1. The "lm loss" Megatron logs at every iteration (--log-interval 1) must
+HEAL_AT + 1 (40 iterations before the end: failback is asynchronous, the sender
+re-dials the healed primary). The "lm loss" Megatron logs at every iteration (--log-interval 1) must
 be identical, the fault run's events (every rank's, in the launcher's --reccl-report)
 must hold failovers and failbacks, the fault-free run's none, and every rank must
 exit 0 with no "Broken pipe" in its log. The runner and the checks are
@@ -27,7 +28,7 @@ from conftest import needs_gpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-ITERATIONS, FAULT_AT, HEAL_AT = 60, 20, 40
+ITERATIONS, FAULT_AT, HEAL_AT = 80, 20, 40
 RUN_TIMEOUT_S = 300
 MEGATRON_DIR = os.environ.get("MEGATRON_LM_DIR", "")
 
