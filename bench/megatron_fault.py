@@ -243,25 +243,31 @@ def main(argv=None) -> int:
     if args.wandb == "on" or (args.wandb == "auto" and importlib.util.find_spec("wandb") is not None):
         wandb_dir = os.path.join(out_dir, "wandb")
         os.makedirs(wandb_dir, exist_ok=True)
+    command = "python bench/megatron_fault.py " + " ".join(sys.argv[1:] if argv is None else argv)
     pairs, problems = [], []
     for layout in args.layouts:
         pair = run_pair(megatron_dir, out_dir, layout, args.iterations, args.fault, args.timeout_s, args.gpus,
                         wandb_dir)
         pairs.append(pair)
         problems += verdict(pair, args.iterations)
+        if args.json:  # after each layout, so a run cut short still leaves what it did
+            write_record(args.json, command, args, wandb_dir, pairs, problems, done=layout == args.layouts[-1])
     print(table(pairs))
     for problem in problems:
         print(f"PROBLEM: {problem}")
-    record = {"meta": {"command": "python bench/megatron_fault.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                       "schedule": args.fault, "iterations": args.iterations, "wandb_dir": wandb_dir},
-              "ok": not problems, "problems": problems,
+    return 0 if not problems else 1
+
+
+def write_record(path: str, command: str, args, wandb_dir: Optional[str], pairs: List[dict], problems: List[str],
+                 done: bool) -> None:
+    record = {"meta": {"command": command, "schedule": args.fault, "iterations": args.iterations,
+                       "layouts": args.layouts, "wandb_dir": wandb_dir, "complete": done},
+              "ok": done and not problems, "problems": problems,
               "results": [{"layout": p["layout"], "losses": p["losses"],
                            "runs": {mode: {k: v for k, v in run.items() if k != "logs"}
                                     for mode, run in p["runs"].items()}} for p in pairs]}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    return 0 if not problems else 1
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":
