@@ -194,7 +194,7 @@ class IterationHook:
 
     def fire_due(self, done: int) -> None:
         """Applies every pending fault due once ``done`` iterations have finished."""
-        for fault in [f for f in self.pending if f.at_step <= done]:
+        for fault in [f for f in self.pending if f.due(0.0, done)]:
             self.pending.remove(fault)
             what = self.apply(self.nic_names[fault.rail], fault.action)
             self.fired.append({"fault": fault.text, "before_iteration": done + 1, "what": what})
