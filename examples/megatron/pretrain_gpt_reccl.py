@@ -1,18 +1,18 @@
 """Megatron-LM pretraining with torch_reccl: start the process group ourselves, then
 run Megatron's own pretrain script unchanged.
 
-What was and was not run: Megatron-LM itself NOT run. Megatron's training entry
-points (megatron/training/: pretrain, arguments.py, initialize_megatron) ship in the
-Megatron-LM repository, not in the megatron-core wheel (0.16.1 from our mirror holds
-megatron/core only). Written from Megatron-LM's public source: its
-``_initialize_distributed`` skips ``init_process_group`` when torch.distributed is
-already initialised and adopts that group's rank and world size; otherwise it calls
+What was and was not run: Megatron-LM main by hand on one H200 (issue 18); the
+repeatable GPU check (bench/megatron_fault.py, tests/gpu/test_megatron_failover.py)
+not yet. Written from Megatron-LM's public source: its ``_initialize_distributed``
+skips ``init_process_group`` when torch.distributed is already initialised and adopts
+that group's rank and world size; otherwise it calls
 ``init_process_group(backend=args.distributed_backend, ...)`` with
 ``--distributed-backend`` limited to ``choices=['nccl', 'gloo']``. Run on CPU
-(tests/test_examples.py): this launcher under torchrun, from
-tests/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py and
-megatron/training/dist_signal_handler.py behave as Megatron's do at the points used
-here), with ``--exit-signal-handler`` and ``--reccl-wandb`` with an offline run.
+(tests/test_examples.py): this launcher under torchrun and without it, from
+tests/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py,
+megatron/training/training.py and dist_signal_handler.py behave as Megatron's do at
+the points used here), with ``--exit-signal-handler``, ``--reccl-wandb`` with an
+offline run and ``--reccl-fault-schedule``.
 
 Run on GPU hosts, from a Megatron-LM checkout, with torch_reccl installed:
 
