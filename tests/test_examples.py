@@ -68,16 +68,21 @@ def test_megatron_launcher_hands_its_group_to_the_script_and_logs_to_the_last_ra
     it without our --reccl-* options, it finds the group made (default backend
     "reccl"), --exit-signal-handler's flags are gathered through Megatron's
     dist_signal_handler (whose get_device raises for "reccl" unless the launcher
-    adapts it) and stop every rank at the same step, and rank 0's failovers land in
-    the W&B run on the last rank."""
+    adapts it) and stop every rank at the same step, and rank 0's failovers (host 0's
+    NIC 0 down before iteration 51 by the launcher's fault schedule) land in the W&B
+    run on the last rank."""
     from test_integrations import finished_run_records, history_rows
 
     output = torchrun(LAUNCHER, "--reccl-script", "pretrain_gpt.py", "--reccl-wandb",
+                      "--reccl-fault-schedule", "h0nic0:down@step 50",
                       "--train-iters", "150", "--wandb-project", "reccl-megatron-test",
                       "--exit-signal-handler", cwd=MEGATRON_CHECKOUT,
                       env_overrides={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
                                      "WANDB_SILENT": "true", "RECCL_NICS": "127.0.0.1,127.0.0.2"})
     assert re.search(r"\[reccl event\] rank 0 failover on ", output), output
+    # torchrun's single node is host 0: the fault fires in both its processes
+    fired = re.findall(r"\[reccl fault\] before iteration (\d+): .* on rank (\d)", output)
+    assert sorted(fired) == [("51", "0"), ("51", "1")], output
     assert sorted(re.findall(r"rank (\d): exit signal at step (\d+)", output)) == [("0", "75"), ("1", "75")], output
     [run_file_dir] = re.findall(r"wandb run dir (\S+)", output)
     records = finished_run_records(os.path.dirname(run_file_dir))
@@ -107,3 +112,116 @@ def test_megatron_signal_handler_device_for_reccl(monkeypatch, backend, cuda, lo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     get_device = load_launcher().reccl_aware_get_device(lambda local_rank=None: "megatron's")
     assert str(get_device(local_rank)) == expected
+
+
+# --------------------------------------------------------------------------- fault schedule
+
+
+def test_megatron_fault_schedule_is_the_drills_by_iteration():
+    launcher = load_launcher()
+    faults = launcher.parse_iteration_schedule("h0nic0:down@step 20, h0nic0:up@step 40,rail1:flap@step 5")
+    assert [(f.text, f.host, f.rail, f.action, f.at_step) for f in faults] == [
+        ("h0nic0:down@step 20", 0, 0, "down", 20), ("h0nic0:up@step 40", 0, 0, "up", 40),
+        ("rail1:flap@step 5", None, 1, "flap", 5)]
+    assert launcher.parse_iteration_schedule(None) == [] and launcher.parse_iteration_schedule("none") == []
+    from torch_reccl.drill.schedule import ScheduleError
+
+    for bad, says in [("h0nic0:down@20s", "by iteration; use @step N"),
+                      ("h0nic0:slow=10%@step 3", "needs the emulated fabric"),
+                      ("h0eth0:down@step 3", "unknown target"), ("h0nic0:down@step", "not a time or step")]:
+        with pytest.raises(ScheduleError, match=re.escape(says)):
+            launcher.parse_iteration_schedule(bad)
+
+
+def test_megatron_iteration_hook_fires_on_its_host_before_the_iteration_and_times_each_step():
+    """The wrapper around Megatron's train_step: a fault with @step N fires before the
+    train_step called with iteration=N (Megatron's logged iteration N+1), only in a
+    process of the fault's host (a rail fault: every host); each call is timed."""
+    launcher = load_launcher()
+    faults = launcher.parse_iteration_schedule("h1nic0:down@step 2,h0nic1:blackhole@step 2,"
+                                               "rail1:heal@step 3,h1nic0:up@step 4")
+    ticks = iter(range(100))
+    applied, calls = [], []
+
+    def fake_train_step(model, iteration=None):
+        calls.append((iteration, list(applied)))
+        return {"lm loss": iteration}
+
+    hook = launcher.IterationHook(faults, host=1, nic_names=["127.0.0.1", "127.0.0.2"],
+                                  apply=lambda nic, action: applied.append((nic, action)) or f"{action} {nic}",
+                                  clock=lambda: float(next(ticks)), announce=lambda line: None)
+    module = type("training", (), {"train_step": staticmethod(fake_train_step)})
+    hook.install(module)
+    hook.install(module)  # once only
+    results = [module.train_step("model", iteration=i) for i in range(6)]
+    assert [r["lm loss"] for r in results] == list(range(6))
+    assert [len(seen) for _, seen in calls] == [0, 0, 1, 2, 3, 3]  # fired before iterations 2, 3, 4
+    assert applied == [("127.0.0.1", "down"), ("127.0.0.2", "heal"), ("127.0.0.1", "up")]
+    assert [f["before_iteration"] for f in hook.fired] == [3, 4, 5]
+    assert hook.step_s == {i: 1.0 for i in range(1, 7)}  # logged numbering, one tick each
+    # Without iteration= (older Megatron), calls are counted.
+    counting = launcher.IterationHook(faults, host=1, nic_names=["a", "b"], apply=lambda nic, action: action,
+                                      announce=lambda line: None)
+    step = counting.wrap(lambda: None)
+    for _ in range(3):
+        step()
+    assert [f["fault"] for f in counting.fired] == ["h1nic0:down@step 2"] and sorted(counting.step_s) == [1, 2, 3]
+
+
+def test_megatron_summary_separates_fault_free_steps_from_the_spike():
+    launcher = load_launcher()
+    faults = launcher.parse_iteration_schedule("h0nic0:down@step 20,h0nic0:up@step 40")
+    step_s = {i: 0.010 for i in range(1, 61)}
+    step_s[1] = 5.0                       # warm-up: not fault-free time
+    step_s[23] = 0.500                    # the failover, 2 iterations after the fault fired
+    step_s.update({i: 0.020 for i in range(27, 36)})  # on the backup NIC
+    step_s[41] = 0.100                    # the failback
+    events = [{"kind": "failover", "rank": 0}, {"kind": "failover", "rank": 1},
+              {"kind": "failback", "rank": 0}, {"kind": "nic_down", "rank": 0}, {"kind": "slowdown", "rank": 0}]
+    report = launcher.summarize(step_s, faults, events)
+    assert report["iterations"] == 60
+    assert report["fault_free_median_step_s"] == 0.010
+    # fault-free: 3..15 and 47..60 (the span 21..41 widened by 5 iterations, warm-up 1..2 out)
+    assert report["fault_free_iterations"] == 13 + 14
+    assert report["degraded_median_step_s"] == 0.020  # 27..35: in the span, 6+ iterations off each fault
+    assert [(f["before_iteration"], f["max_step_s"], f["max_at_iteration"]) for f in report["faults"]] == [
+        (21, 0.5, 23), (41, 0.1, 41)]
+    assert report["faults"][0]["vs_fault_free"] == pytest.approx(50.0)
+    assert report["events"]["failover"] == 2 and report["events"]["failback"] == 1
+    assert report["events_by_rank"]["failover"] == {"0": 1, "1": 1}
+    lines = launcher.summary_lines(report)
+    assert "fault-free median step 10.00 ms" in lines[0] and "500.00 ms at iteration 23, 50.00x" in lines[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("megatron_fault", os.path.join(REPO, "bench", "megatron_fault.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(300)
+def test_megatron_launcher_fault_schedule_keeps_every_loss_and_exits_cleanly(tmp_path):
+    """bench/megatron_fault.py's runner on the stand-in checkout, 2 ranks started
+    without torchrun (rank 0 hosts the store, as on the GPU machine): fault-free, then
+    rank 0's NIC 0 down before iteration 21 and up before 41 (inject_fault). The
+    loss logged at every iteration and the final parameters are identical, the
+    launcher's report has every step and both ranks' failovers and failbacks, and
+    every rank exits 0 without a backtrace or a "Broken pipe" although the script
+    leaves without destroying its process group."""
+    bench = load_bench()
+    pair = bench.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 60, "h0nic0:down@step 20,h0nic0:up@step 40",
+                          timeout_s=120, gpus=1, megatron_args=[], log=lambda line: None)
+    assert bench.verdict(pair, 60) == [], bench.verdict(pair, 60)
+    clean, faulted = pair["runs"]["fault_free"], pair["runs"]["fault"]
+    digests = [re.findall(r"rank (\d): parameters sha256 (\w+)", "".join(run["logs"])) for run in (clean, faulted)]
+    assert len(digests[0]) == 2 and sorted(digests[0]) == sorted(digests[1])
+    report = faulted["report"]
+    assert sorted(map(int, report["step_s"])) == list(range(1, 61))
+    # the collector, rank 0, is host 0: it fired both; rank 1 none
+    assert [(f["fault"], f["before_iteration"]) for f in report["fired"]] == [
+        ("h0nic0:down@step 20", 21), ("h0nic0:up@step 40", 41)]
+    assert "[reccl fault]" in faulted["logs"][0] and "[reccl fault]" not in faulted["logs"][1]
+    for run in (clean, faulted):
+        for log in run["logs"]:
+            assert "Traceback" not in log and "Broken pipe" not in log, log

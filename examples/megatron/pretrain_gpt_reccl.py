@@ -1,18 +1,18 @@
 """Megatron-LM pretraining with torch_reccl: start the process group ourselves, then
 run Megatron's own pretrain script unchanged.
 
-What was and was not run: Megatron-LM itself NOT run. Megatron's training entry
-points (megatron/training/: pretrain, arguments.py, initialize_megatron) ship in the
-Megatron-LM repository, not in the megatron-core wheel (0.16.1 from our mirror holds
-megatron/core only). Written from Megatron-LM's public source: its
-``_initialize_distributed`` skips ``init_process_group`` when torch.distributed is
-already initialised and adopts that group's rank and world size; otherwise it calls
+What was and was not run: Megatron-LM main by hand on one H200 (issue 18); the
+repeatable GPU check (bench/megatron_fault.py, tests/gpu/test_megatron_failover.py)
+not yet. Written from Megatron-LM's public source: its ``_initialize_distributed``
+skips ``init_process_group`` when torch.distributed is already initialised and adopts
+that group's rank and world size; otherwise it calls
 ``init_process_group(backend=args.distributed_backend, ...)`` with
 ``--distributed-backend`` limited to ``choices=['nccl', 'gloo']``. Run on CPU
-(tests/test_examples.py): this launcher under torchrun, from
-tests/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py and
-megatron/training/dist_signal_handler.py behave as Megatron's do at the points used
-here), with ``--exit-signal-handler`` and ``--reccl-wandb`` with an offline run.
+(tests/test_examples.py): this launcher under torchrun and without it, from
+tests/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py,
+megatron/training/training.py and dist_signal_handler.py behave as Megatron's do at
+the points used here), with ``--exit-signal-handler``, ``--reccl-wandb`` with an
+offline run and ``--reccl-fault-schedule``.
 
 Run on GPU hosts, from a Megatron-LM checkout, with torch_reccl installed:
 
@@ -45,6 +45,29 @@ is made inside pretrain, so the launcher collects on the last rank
 (``join_job(collector_rank=world_size - 1)``) and attaches the W&B integration with
 ``wait_for_run=True``: events wait until Megatron has called ``wandb.init``.
 
+Fault schedule (``--reccl-fault-schedule``), the drill's syntax by iteration
+(torch_reccl/drill/schedule.py parses it), e.g. ``h0nic0:down@step 100,h0nic0:up@step 200``:
+``TARGET:ACTION@step N`` fires right before Megatron's iteration N+1 starts (after N
+iterations finished, the drill's "step N"), with ``torch_reccl.inject_fault`` in every
+process of host H (``hHnicR``; ``nicR`` is host 0, ``railR`` every host) on its R-th
+NIC. A host is a torchrun node (GROUP_RANK); started without torchrun, each process
+is its own host (rank // LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE 1 by default), as when
+two ranks share one GPU with their own NCCL_HOSTID. Actions: down, up, flap,
+blackhole, heal. The hook: Megatron's ``train()`` calls ``train_step`` by its name in
+``megatron.training.training`` every iteration, with ``iteration=`` the number of
+iterations done; the launcher wraps that function when Megatron imports the module
+(torch_reccl.import_hook), so Megatron is not edited. The same wrapper times every
+``train_step`` (CUDA synchronised at its end). At exit the collecting rank prints a
+summary (fault-free median step time, the slowest step within 5 iterations of each
+fault, failovers and failbacks counted from every rank's events) and writes it with
+``--reccl-report PATH`` as JSON.
+
+Exit: Megatron returns from pretrain (or sys.exit()s) without destroying its
+process groups. The launcher then publishes the events, destroys every group and
+lets rank 0 - which hosts the TCPStore when started without torchrun - leave last,
+so no rank's NCCL watchdog or event channel talks to a store that is gone; every
+step of this is bounded (FINISH_TIMEOUT_S).
+
 Two other routes, documented in examples/megatron/README.md: a patch to Megatron's
 arguments.py and dist_signal_handler.py (``--distributed-backend reccl``) and the
 zero-code route ``NCCL_NET_PLUGIN=$(python -m torch_reccl --plugin-path)``.
@@ -53,15 +76,36 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import json
 import os
 import runpy
 import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
 
 import torch_reccl  # first: registers "reccl" and points NCCL at the plugin
+from torch_reccl.drill.faults import InjectedFaults
+from torch_reccl.drill.runner import median
+from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, fault_spans, parse_schedule
 from torch_reccl.import_hook import after_import
 
 SHOWN_KINDS = ["failover", "failback", "nic_down", "nic_up", "connection_failed", "slowdown"]
+COUNTED_KINDS = ("failover", "failback", "nic_down", "nic_up", "rebalance", "path_down")
 SIGNAL_HANDLER_MODULE = "megatron.training.dist_signal_handler"
+TRAINING_MODULE = "megatron.training.training"
+# Step times within this many iterations of a fault count as "around the fault".
+FAULT_WINDOW = 5
+# The first iterations also build NCCL's communicators and our connections: not fault-free time.
+WARMUP_ITERATIONS = 2
+# Bounds at exit: every rank reaching the end, rank 0 waiting for the others to leave,
+# and the whole of it (events, summary, destroying the groups).
+FINISH_BARRIER_S = 120.0
+LEAVE_WAIT_S = 30.0
+FINISH_TIMEOUT_S = 240.0
+FINISHED_KEY = "reccl/launcher/finished"
+LEFT_KEY = "reccl/launcher/left"
 
 
 def split_argv(argv):
@@ -80,7 +124,177 @@ def split_argv(argv):
                         help="the collecting rank appends every rank's events to this file")
     parser.add_argument("--reccl-wandb", action="store_true",
                         help="log every rank's events to Megatron's W&B run (on the last rank)")
+    parser.add_argument("--reccl-fault-schedule", default=None, metavar="SCHEDULE",
+                        help="faults by iteration, the drill's syntax: TARGET:ACTION@step N[,...], "
+                             "e.g. 'h0nic0:down@step 100,h0nic0:up@step 200' (fires before "
+                             "iteration N+1 in every process of host H, by inject_fault)")
+    parser.add_argument("--reccl-report", default=None, metavar="PATH",
+                        help="the collecting rank writes the run's summary here as JSON: step "
+                             "time of every iteration, around each fault, failovers and failbacks")
     return parser.parse_known_args(argv)
+
+
+# ---------------------------------------------------------------- fault schedule
+
+
+def parse_iteration_schedule(text: Optional[str]) -> List[Fault]:
+    """The drill's schedule, restricted to what a training process can do to itself:
+    faults by iteration ("step N"), with an inject_fault equivalent."""
+    faults = parse_schedule(text or "")
+    for fault in faults:
+        if fault.at_step is None:
+            raise ScheduleError(f"fault {fault.text!r}: the Megatron launcher schedules by iteration; "
+                                f"use @step N (fires before iteration N+1), not a time")
+        if fault.action in InjectedFaults.FABRIC_ONLY:
+            raise ScheduleError(f"fault {fault.text!r}: a {fault.action} NIC needs the emulated fabric; "
+                                f"inject_fault has no equivalent (valid here: "
+                                f"{', '.join(sorted(InjectedFaults.KIND))})")
+    return faults
+
+
+def this_host() -> int:
+    """The host this process is on, as the schedule's hHnicR counts hosts: torchrun's
+    node rank, else RANK // LOCAL_WORLD_SIZE (each process its own host by default)."""
+    if os.environ.get("GROUP_RANK", "").isdigit():
+        return int(os.environ["GROUP_RANK"])
+    rank = int(os.environ.get("RANK", "0"))
+    return rank // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def host_count(world_size: int) -> int:
+    if os.environ.get("GROUP_WORLD_SIZE", "").isdigit():
+        return int(os.environ["GROUP_WORLD_SIZE"])
+    return max(1, world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def inject(nic: str, action: str) -> str:
+    kind = InjectedFaults.KIND[action]
+    torch_reccl.inject_fault(nic, kind)
+    return f"inject_fault({nic!r}, {kind!r})"
+
+
+class IterationHook:
+    """Wraps Megatron's train_step: fires the schedule's faults for this host before
+    an iteration starts and times each train_step (``sync`` at its end, so queued
+    GPU work is counted). ``step_s`` maps Megatron's logged iteration number (1 for
+    the first train_step) to its seconds."""
+
+    def __init__(self, faults: List[Fault], host: int, nic_names: List[str],
+                 apply: Callable[[str, str], str] = inject, sync: Optional[Callable[[], None]] = None,
+                 clock: Callable[[], float] = time.perf_counter, announce: Callable[[str], None] = print):
+        self.pending = [f for f in faults if f.host is None or f.host == host]
+        self.nic_names = nic_names
+        self.apply = apply
+        self.sync = sync
+        self.clock = clock
+        self.announce = announce
+        self.calls = 0
+        self.step_s: Dict[int, float] = {}
+        self.fired: List[dict] = []
+
+    def fire_due(self, done: int) -> None:
+        """Applies every pending fault due once ``done`` iterations have finished."""
+        for fault in [f for f in self.pending if f.due(0.0, done)]:
+            self.pending.remove(fault)
+            what = self.apply(self.nic_names[fault.rail], fault.action)
+            self.fired.append({"fault": fault.text, "before_iteration": done + 1, "what": what})
+            self.announce(f"[reccl fault] before iteration {done + 1}: {what} ({fault.text})")
+
+    def wrap(self, train_step):
+        @functools.wraps(train_step)
+        def train_step_with_faults(*args, **kwargs):
+            # Megatron passes iteration= (iterations done); older ones do not: count calls.
+            done = kwargs.get("iteration")
+            done = self.calls if done is None else int(done)
+            self.fire_due(done)
+            start = self.clock()
+            result = train_step(*args, **kwargs)
+            if self.sync is not None:
+                self.sync()
+            self.step_s[done + 1] = self.clock() - start
+            self.calls += 1
+            return result
+
+        train_step_with_faults.reccl_hooked = True
+        return train_step_with_faults
+
+    def install(self, module) -> None:
+        if not getattr(module.train_step, "reccl_hooked", False):
+            module.train_step = self.wrap(module.train_step)
+
+
+def cuda_sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarize(step_s: Dict[int, float], faults: List[Fault], events: List[dict],
+              window: int = FAULT_WINDOW, warmup: int = WARMUP_ITERATIONS) -> dict:
+    """The run in numbers. A fault with ``@step N`` fires before iteration N+1; its
+    window is iterations N+1-window .. N+1+window. Fault-free: iterations after the
+    warm-up and outside every fault's span (down .. up, from the drill's
+    fault_spans) widened by the window; degraded: inside a span, outside the windows."""
+    iterations = sorted(step_s)
+    spans = fault_spans([(f, f.at_step + 1) for f in sorted(faults, key=lambda f: f.at_step)],
+                        end_s=(iterations[-1] + 1) if iterations else 0)
+
+    def near(i: int, at: int) -> bool:
+        return abs(i - at) <= window
+
+    around = []
+    for fault in faults:
+        at = fault.at_step + 1
+        inside = {i: step_s[i] for i in iterations if near(i, at)}
+        slowest = max(inside, key=inside.get) if inside else None
+        around.append({"fault": fault.text, "before_iteration": at,
+                       "max_step_s": inside[slowest] if slowest is not None else None,
+                       "max_at_iteration": slowest})
+    fault_free = [step_s[i] for i in iterations if i > warmup and not any(
+        start - window <= i <= end + window for start, end, _ in spans)]
+    degraded = [step_s[i] for i in iterations if any(start <= i < end for start, end, _ in spans)
+                and not any(near(i, f.at_step + 1) for f in faults)]
+    by_kind: Dict[str, Dict[str, int]] = {}
+    for event in events:
+        if event["kind"] in COUNTED_KINDS:
+            ranks = by_kind.setdefault(event["kind"], {})
+            ranks[str(event["rank"])] = ranks.get(str(event["rank"]), 0) + 1
+    fault_free_median = median(fault_free) if fault_free else None
+    for entry in around:
+        entry["vs_fault_free"] = (entry["max_step_s"] / fault_free_median
+                                  if entry["max_step_s"] is not None and fault_free_median else None)
+    return {
+        "iterations": len(iterations),
+        "step_s": {str(i): step_s[i] for i in iterations},
+        "fault_free_median_step_s": fault_free_median,
+        "fault_free_iterations": len(fault_free),
+        "degraded_median_step_s": median(degraded) if degraded else None,
+        "faults": around,
+        "events": {kind: sum(by_kind.get(kind, {}).values()) for kind in COUNTED_KINDS},
+        "events_by_rank": by_kind,
+    }
+
+
+def summary_lines(report: dict) -> List[str]:
+    def ms(value):
+        return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+    lines = [f"[reccl summary] {report['iterations']} iterations; fault-free median step "
+             f"{ms(report['fault_free_median_step_s'])} ({report['fault_free_iterations']} iterations); "
+             f"during faults {ms(report['degraded_median_step_s'])}"]
+    for entry in report["faults"]:
+        ratio = entry["vs_fault_free"]
+        lines.append(f"[reccl summary] {entry['fault']} (before iteration {entry['before_iteration']}): "
+                     f"slowest step within {FAULT_WINDOW} iterations {ms(entry['max_step_s'])} at "
+                     f"iteration {entry['max_at_iteration']}"
+                     + (f", {ratio:.2f}x the fault-free median" if ratio else ""))
+    counts = ", ".join(f"{n} {kind}" for kind, n in report["events"].items() if n)
+    lines.append(f"[reccl summary] events (every rank): {counts or 'none'}")
+    return lines
 
 
 def init_distributed(backend: str, timeout_minutes: float) -> None:
@@ -114,13 +328,19 @@ def adapt_signal_handler(module) -> None:
     module.get_device = reccl_aware_get_device(module.get_device)
 
 
-def run_script(script: str, argv) -> None:
+def run_script(script: str, argv) -> int:
     """Runs `script` as ``python script argv...`` would: as __main__, with its own
     directory (a Megatron-LM checkout's root, holding megatron/) first on sys.path
-    in place of this launcher's."""
+    in place of this launcher's. Returns its exit code (0 unless it sys.exit()s)."""
     sys.argv = [script] + list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as done:  # Megatron's exit paths (--exit-interval, signals) end this way
+        if done.code is None:
+            return 0
+        return done.code if isinstance(done.code, int) else 1
+    return 0
 
 
 def show(event) -> None:
@@ -129,15 +349,88 @@ def show(event) -> None:
     print(f"[reccl event] {describe(event)}", flush=True)
 
 
+def wait_for_count(store, key: str, target: int, timeout_s: float) -> bool:
+    """Adds nothing; polls ``key``'s counter until it reaches ``target`` (exit only)."""
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < target:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def finish(store, rank: int, world: int, collector: int, hook: IterationHook, faults: List[Fault],
+           events: List[dict], report_path: Optional[str]) -> None:
+    """The end of a run: every rank's events reach the collector, which prints and
+    writes the summary; every group is destroyed; rank 0 leaves last."""
+    import torch.distributed as dist
+
+    from torch_reccl.events import flush_events, leave_job
+
+    flush_events(job_wide=True)  # publishers: wait until their events are in the store
+    store.add(FINISHED_KEY, 1)
+    if not wait_for_count(store, FINISHED_KEY, world, FINISH_BARRIER_S):
+        print(f"[reccl] rank {rank}: not every rank finished within {FINISH_BARRIER_S:.0f} s; "
+              f"the summary may miss events", flush=True)
+    flush_events(job_wide=True)  # the collector: read what the others published
+    if rank == collector:
+        report = summarize(hook.step_s, faults, events)
+        report.update(world=world, collector_rank=rank, fired=hook.fired,
+                      schedule=[f.text for f in faults])
+        for line in summary_lines(report):
+            print(line, flush=True)
+        if report_path:
+            with open(report_path, "w") as f:
+                json.dump(report, f, indent=1)
+    leave_job()
+    if dist.is_initialized():  # Megatron's SIGTERM path destroys them itself
+        dist.destroy_process_group()  # every group Megatron made, ours and its gloo ones
+    if rank == 0:  # hosts the store when started without torchrun: the others first
+        if not wait_for_count(store, LEFT_KEY, world - 1, LEAVE_WAIT_S):
+            print(f"[reccl] rank 0: the other ranks did not leave within {LEAVE_WAIT_S:.0f} s; "
+                  f"leaving anyway", flush=True)
+    else:
+        store.add(LEFT_KEY, 1)
+
+
+def bounded(seconds: float, what: str):
+    """A watchdog: if not cancelled within ``seconds``, says so and ends the process."""
+    def expire():
+        print(f"[reccl] {what} took longer than {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(argv=None) -> None:
     ours, megatron_args = split_argv(sys.argv[1:] if argv is None else argv)
+    try:
+        faults = parse_iteration_schedule(ours.reccl_fault_schedule)
+    except ScheduleError as error:
+        raise SystemExit(f"pretrain_gpt_reccl.py: --reccl-fault-schedule: {error}")
     init_distributed(ours.reccl_backend, ours.reccl_timeout_minutes)
     import torch.distributed as dist
 
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nic_names = [nic["name"] for nic in torch_reccl.nics()]
+    try:
+        check_topology(faults, host_count(world), len(nic_names))
+    except ScheduleError as error:
+        raise SystemExit(f"pretrain_gpt_reccl.py: --reccl-fault-schedule: {error} "
+                         f"(this process's NICs: {', '.join(nic_names)})")
     # Megatron logs to W&B from the last rank; collect the job's events there.
-    collector = dist.get_world_size() - 1 if ours.reccl_wandb else 0
+    collector = world - 1 if ours.reccl_wandb else 0
+    store = dist.distributed_c10d._get_default_store()
     torch_reccl.events.join_job(collector_rank=collector)
     torch_reccl.on_event(show, kinds=SHOWN_KINDS, job_wide=True)
+    events: List[dict] = []
+    torch_reccl.on_event(lambda event: events.append(event.to_dict()), kinds=COUNTED_KINDS, job_wide=True)
+    hook = IterationHook(faults, this_host(), nic_names, sync=cuda_sync,
+                         announce=lambda line: print(f"{line} on rank {rank}", flush=True))
+    after_import(TRAINING_MODULE, hook.install)
     if ours.reccl_events_jsonl:
         from torch_reccl.integrations import jsonl
 
@@ -149,7 +442,11 @@ def main(argv=None) -> None:
     after_import(SIGNAL_HANDLER_MODULE, adapt_signal_handler)  # --exit-signal-handler
     # Megatron sees an initialised torch.distributed and keeps it (its
     # _initialize_distributed prints "torch distributed is already initialized").
-    run_script(ours.reccl_script, megatron_args)
+    code = run_script(ours.reccl_script, megatron_args)
+    watchdog = bounded(FINISH_TIMEOUT_S, f"rank {rank}'s exit (events, summary, destroying groups)")
+    finish(store, rank, world, collector, hook, faults, events, ours.reccl_report)
+    watchdog.cancel()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
