@@ -383,7 +383,7 @@ def test_topo_cli_table(monkeypatch, capsys):
     assert cli.main(["topo"]) == 0
     nic_table, gpu_part = capsys.readouterr().out.strip().split("\n\n", 1)
     lines = nic_table.splitlines()
-    # the GPU part (tests/test_topo_nvml.py) says where its answers came from
+    # the GPU part (tests/test_gpu_topo.py) says where its answers came from
     assert gpu_part.startswith("topology source: ")
     assert lines[0].split()[:7] == ["#", "NIC", "address", "up", "health", "backup", "cost"]
     assert len(lines) == 4
