@@ -93,6 +93,7 @@ setup(
     extras_require={
         "fabric": ["pyroute2>=0.7"],
         "plot": ["matplotlib"],
+        "nvml": ["nvidia-ml-py"],  # reccl topo's and NVL's NVLink answers (torch_reccl/gpu_topo.py)
         "integrations": ["wandb", "tensorboard", "prometheus_client"],
         "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
                  "wandb", "tensorboard", "prometheus_client"],

@@ -381,7 +381,10 @@ def test_inject_fault_rejects_unknown_nics_and_kinds():
 def test_topo_cli_table(monkeypatch, capsys):
     monkeypatch.setenv("RECCL_NICS", "127.0.0.1,127.0.0.2,127.0.0.3")
     assert cli.main(["topo"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    nic_table, gpu_part = capsys.readouterr().out.strip().split("\n\n", 1)
+    lines = nic_table.splitlines()
+    # the GPU part (tests/test_gpu_topo.py) says where its answers came from
+    assert gpu_part.startswith("topology source: ")
     assert lines[0].split()[:7] == ["#", "NIC", "address", "up", "health", "backup", "cost"]
     assert len(lines) == 4
     row = lines[1].split()
@@ -402,8 +405,9 @@ def test_topo_table_shows_grey_failures():
 def test_topo_cli_json(monkeypatch, capsys):
     monkeypatch.setenv("RECCL_NICS", NICS)
     assert cli.main(["topo", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert rows == torch_reccl.nics({"RECCL_NICS": NICS})
+    report = json.loads(capsys.readouterr().out)
+    assert report["nics"] == torch_reccl.nics({"RECCL_NICS": NICS})
+    assert report["gpu_topology"]["source"] in ("nvml", "sysfs")
 
 
 def test_topo_cli_with_a_bad_setting_names_the_choices(monkeypatch, capsys):

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/frame.h"
 #include "core/log.h"
+#include "core/topology.h"
 
 extern char** environ;
 
@@ -46,6 +47,11 @@ void storeNumbers(Config& config, SettingValue&& value) {
 void storeZeroCopy(Config& config, SettingValue&& value) { config.ibZeroCopy = value.text == "on"; }
 
 void storeSpread(Config& config, SettingValue&& value) { config.spread = value.text == "on"; }
+
+void storeNvlinkPeers(Config& config, SettingValue&& value) {
+  NvlinkPairs::parse(value.items);  // a malformed pair is an error here, not at plugin init
+  config.nvlinkPeers = std::move(value.items);
+}
 
 constexpr SettingSpec integer(const char* name, const char* defaultValue, int64_t lo, int64_t hi,
                               Store store, const char* doc, const char* option = nullptr) {
@@ -203,6 +209,13 @@ constexpr SettingSpec kSettings[] = {
           "NVL: CUDA device indices, the GPU next to each NIC in rail order, for NICs without a "
           "PCI path (loopback, veth, emulated fabrics)",
           0, 1023),
+    found("RECCL_NVLINK_PEERS", SettingType::kList,
+          "set by `import torch_reccl` from NVML when RECCL_NVL=on and pynvml and the NVIDIA "
+          "driver are present; else unknown: any GPU with CUDA peer access",
+          storeNvlinkPeers,
+          "NVL: the GPU pairs joined by NVLink, as PCI bus ids `0000:18:00.0-0000:2a:00.0` (comma "
+          "list), or `none`; a transit GPU must be one of the buffer GPU's NVLink peers (a detour "
+          "over PCIe peer access gains nothing). `reccl topo` shows what NVML reports (docs/nvl.md)"),
 };
 
 const SettingSpec* findSetting(const std::string& name) {

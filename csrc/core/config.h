@@ -55,6 +55,7 @@ struct Config {
   std::string nvl;                 // RECCL_NVL: off | on (docs/nvl.md)
   int64_t nvlMaxBytes;             // RECCL_NVL_MAX_BYTES: transit memory per connection
   std::vector<int> nicGpus;        // RECCL_NIC_GPUS: GPU next to each NIC; empty = PCI paths
+  std::vector<std::string> nvlinkPeers;  // RECCL_NVLINK_PEERS: NVML's NVLink pairs; empty = unknown
 
   // Every setting at its default.
   Config();

@@ -73,16 +73,60 @@ void fillSysfsInfo(NicInfo& nic) {
   nic.numaNode = location.numaNode;
 }
 
+// "0000:3B:00.0" or NVML's "00000000:3B:00.0" -> "0000:3b:00.0"; "" when `busId`
+// is not a PCI bus id (domain:bus:device.function in hex).
+std::string canonicalBusId(const std::string& busId) {
+  std::string lower;
+  for (char c : busId) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t colon = lower.find(':');
+  if (colon != 4 && colon != 8) return "";
+  const std::string canonical = lower.substr(colon - 4);  // a 4-digit domain, as sysfs names it
+  const char* shape = "xxxx:xx:xx.x";
+  if (canonical.size() != 12) return "";
+  for (size_t i = 0; i < canonical.size(); ++i) {
+    const bool hex = std::isxdigit(static_cast<unsigned char>(canonical[i])) != 0;
+    if (shape[i] == 'x' ? !hex : canonical[i] != shape[i]) return "";
+  }
+  // an 8-digit domain must be a 4-digit one written wide
+  for (size_t i = 0; i + 4 < colon; ++i) {
+    if (lower[i] != '0') return "";
+  }
+  return canonical;
+}
+
 }  // namespace
+
+NvlinkPairs NvlinkPairs::parse(const std::vector<std::string>& items) {
+  NvlinkPairs out;
+  if (items.size() == 1 && items[0] == "none") return out;
+  for (const std::string& item : items) {
+    const size_t dash = item.find('-');
+    std::string a = dash == std::string::npos ? "" : canonicalBusId(item.substr(0, dash));
+    std::string b = dash == std::string::npos ? "" : canonicalBusId(item.substr(dash + 1));
+    if (a.empty() || b.empty() || a == b) {
+      throw ConfigError("RECCL_NVLINK_PEERS entry '" + item +
+                        "' is not a pair of two GPUs' PCI bus ids; valid: 'none' or a comma list "
+                        "like 0000:18:00.0-0000:2a:00.0");
+    }
+    out.pairs_.insert(a < b ? std::make_pair(a, b) : std::make_pair(b, a));
+  }
+  return out;
+}
+
+bool NvlinkPairs::joined(const std::string& busA, const std::string& busB) const {
+  std::string a = canonicalBusId(busA), b = canonicalBusId(busB);
+  if (a.empty() || b.empty()) return false;
+  return pairs_.count(a < b ? std::make_pair(a, b) : std::make_pair(b, a)) > 0;
+}
 
 int nicDistance(const NicInfo& a, const NicInfo& b) {
   return pciDistance({a.pciPath, a.numaNode}, {b.pciPath, b.numaNode});
 }
 
 PciLocation pciLocationOfBusId(const std::string& busId) {
-  std::string lower;
-  for (char c : busId) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return locationOfLink("/sys/bus/pci/devices/" + lower);
+  const std::string canonical = canonicalBusId(busId);
+  if (canonical.empty()) return {};
+  return locationOfLink("/sys/bus/pci/devices/" + canonical);
 }
 
 int pciDistance(const PciLocation& a, const PciLocation& b) {

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace reccl {
@@ -34,9 +36,29 @@ struct PciLocation {
 int pciDistance(const PciLocation& a, const PciLocation& b);
 int nicDistance(const NicInfo& a, const NicInfo& b);
 
-// The location of the device with PCI bus id `busId` ("0000:3B:00.0", any case);
+// The location of the device with PCI bus id `busId` ("0000:3B:00.0", any case,
+// or NVML's 8-digit domain "00000000:3B:00.0");
 // an empty path when sysfs does not list it.
 PciLocation pciLocationOfBusId(const std::string& busId);
+
+// RECCL_NVLINK_PEERS: the GPU pairs NVML reports joined by NVLink (set by
+// `import torch_reccl` through pynvml; the plugin itself does not load NVML).
+// NVL (csrc/gpu) only transits between such pairs: over PCIe peer access the
+// detour crosses the same root complex it was meant to avoid.
+class NvlinkPairs {
+ public:
+  // From the setting's items: "0000:18:00.0-0000:2a:00.0" per pair (bus ids in
+  // any case, 4- or 8-digit domain), or the single item "none". Throws
+  // ConfigError naming the malformed item and the valid form.
+  static NvlinkPairs parse(const std::vector<std::string>& items);
+  // Whether the GPUs at these bus ids (as CUDA reports them) are an NVLink
+  // pair; false for a bus id that is not a PCI bus id.
+  bool joined(const std::string& busA, const std::string& busB) const;
+  size_t size() const { return pairs_.size(); }
+
+ private:
+  std::set<std::pair<std::string, std::string>> pairs_;  // canonical ids, first < second
+};
 
 // Fills `backup` and `backupCost` for every NIC: the cheapest other NIC; ties go
 // to the NIC serving as backup the fewest times so far (spreading load evenly),

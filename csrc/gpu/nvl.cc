@@ -17,7 +17,22 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
   if (!cuda) cuda = CudaDriver::load(&error);
   if (!cuda) throw ConfigError("RECCL_NVL=on needs CUDA GPUs: " + error);
   const int gpus = cuda->deviceCount();
-  auto peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
+  std::string transitPeers;
+  TransitMap::PeerAccess peer;
+  if (config.nvlinkPeers.empty()) {
+    transitPeers = "any GPU with CUDA peer access (RECCL_NVLINK_PEERS unset: `import torch_reccl` "
+                   "sets it where pynvml and NVML answer; `reccl topo` says why not)";
+    peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
+  } else {
+    NvlinkPairs pairs = NvlinkPairs::parse(config.nvlinkPeers);
+    transitPeers = "NVLink peers only (RECCL_NVLINK_PEERS: " + std::to_string(pairs.size()) +
+                   (pairs.size() == 1 ? " pair)" : " pairs)");
+    std::vector<std::string> busIds;
+    for (int g = 0; g < gpus; ++g) busIds.push_back(cuda->pciBusId(g));
+    peer = [&cuda, pairs, busIds](int gpu, int other) {
+      return pairs.joined(busIds[gpu], busIds[other]) && cuda->canAccessPeer(gpu, other);
+    };
+  }
   TransitMap map;
   if (!config.nicGpus.empty()) {
     map = TransitMap::fromNicGpus(config.nicGpus, nics.size(), gpus, peer);
@@ -34,7 +49,8 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
     int transit = map.transitGpu(current, static_cast<int>(nic));
     if (transit >= 0) cuda->enablePeerAccess(current, transit);
   }
-  return std::unique_ptr<Nvl>(new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds)));
+  return std::unique_ptr<Nvl>(
+      new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds), std::move(transitPeers)));
 }
 
 std::string Nvl::describe() const {
@@ -45,6 +61,18 @@ std::string Nvl::describe() const {
     out += "NIC " + std::to_string(n) + " next to " +
            (gpu < 0 ? std::string("no known GPU") : "GPU " + std::to_string(gpu));
   }
+  out += "; transit GPUs: " + transitPeers_ + ";";
+  bool any = false;
+  for (int g = 0; g < map_.gpuCount(); ++g) {
+    for (size_t n = 0; n < map_.nicGpus().size(); ++n) {
+      const int transit = map_.transitGpu(g, static_cast<int>(n));
+      if (transit < 0) continue;
+      out += std::string(any ? "," : "") + " GPU " + std::to_string(g) + " via GPU " +
+             std::to_string(transit) + " for NIC " + std::to_string(n);
+      any = true;
+    }
+  }
+  if (!any) out += " none used, every GPU goes direct";
   return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) + " bytes per registered buffer";
 }
 

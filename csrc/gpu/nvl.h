@@ -30,7 +30,8 @@ class Nvl {
                                      std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                      std::string* why);
 
-  // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit up to N bytes per registered buffer".
+  // "NIC 0 next to GPU 0, NIC 1 next to GPU 1; transit GPUs: <which, from where>; GPU 1 via
+  // GPU 0 for NIC 0, ...; transit up to N bytes per registered buffer".
   std::string describe() const;
 
   // One GPU buffer NCCL registered on a connection: its pinned host mirror
@@ -72,13 +73,19 @@ class Nvl {
   std::unique_ptr<Region> registerRegion(void* data, size_t size);
 
  private:
-  Nvl(const Config& config, std::shared_ptr<CudaApi> cuda, TransitMap map, std::vector<int> healthIds)
-      : config_(config), cuda_(std::move(cuda)), map_(std::move(map)), healthIds_(std::move(healthIds)) {}
+  Nvl(const Config& config, std::shared_ptr<CudaApi> cuda, TransitMap map, std::vector<int> healthIds,
+      std::string transitPeers)
+      : config_(config),
+        cuda_(std::move(cuda)),
+        map_(std::move(map)),
+        healthIds_(std::move(healthIds)),
+        transitPeers_(std::move(transitPeers)) {}
 
   Config config_;
   std::shared_ptr<CudaApi> cuda_;
   TransitMap map_;
   std::vector<int> healthIds_;
+  std::string transitPeers_;  // which GPUs may be transit GPUs, and who said so
 };
 
 }  // namespace reccl

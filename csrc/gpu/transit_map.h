@@ -32,6 +32,7 @@ class TransitMap {
   int transitGpu(int bufferGpu, int nic) const;
   // The GPU next to each NIC (-1: unknown), for logs and tools.
   const std::vector<int>& nicGpus() const { return nicGpus_; }
+  int gpuCount() const { return static_cast<int>(transit_.size()); }
 
  private:
   std::vector<int> nicGpus_;

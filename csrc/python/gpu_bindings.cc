@@ -1,4 +1,4 @@
-// Python bindings of the NVL pieces (torch_reccl._C), for tests and bench/:
+// Python bindings of the NVL pieces (torch_reccl._C), for tests, bench/ and `reccl topo`:
 // the transit map (pure logic, testable without a GPU) and the device stager
 // over the CUDA driver (own contexts). The NCCL plugin uses them directly; the
 // CUDA emulation is in the test module torch_reccl._testing.
@@ -63,7 +63,20 @@ void bindGpu(py::module_& m) {
                              static_cast<int>(gpus.size()), nics.size());
         },
         py::arg("gpus"), py::arg("nics"), py::arg("peers"),
-        "For tests: NVL's transit GPU per (buffer GPU, NIC) from (sysfs path, NUMA node) pairs");
+        "For reccl topo and tests: NVL's transit GPU per (buffer GPU, NIC) from (sysfs path, "
+        "NUMA node) pairs");
+  m.def("nvlink_peer_matrix",
+        [](const std::vector<std::string>& setting, const std::vector<std::string>& busIds) {
+          NvlinkPairs pairs = NvlinkPairs::parse(setting);
+          std::vector<std::vector<bool>> joined(busIds.size(), std::vector<bool>(busIds.size(), false));
+          for (size_t a = 0; a < busIds.size(); ++a) {
+            for (size_t b = 0; b < busIds.size(); ++b) joined[a][b] = pairs.joined(busIds[a], busIds[b]);
+          }
+          return joined;
+        },
+        py::arg("setting"), py::arg("bus_ids"),
+        "For reccl topo and tests: which GPUs (by PCI bus id) RECCL_NVLINK_PEERS's items join, "
+        "as NVL reads them");
   m.def("cuda_driver_problem", [] {
     std::string error;
     CudaDriver::load(&error);
