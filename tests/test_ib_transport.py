@@ -31,7 +31,7 @@ import torch_reccl
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import (A0, A1, B0, B1, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
+from conftest import (A0, A1, B0, B1, IB_CHUNK, Fabric, ib_env, in_thread, message, plan_sizes, run_sender,
                       stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
@@ -482,25 +482,148 @@ def test_garbage_on_the_bootstrap_port_is_refused_and_counted(fabric):
     listener.close()
 
 
-def test_gid_choice_prefers_roce_v2_ipv4_and_skips_empty_entries():
+def test_gid_choice_takes_only_roce_v2_ipv4_or_the_addr_range():
+    """RoCE: a RoCE v2 GID that is not link-local and holds an IPv4 address (or,
+    with RECCL_IB_ADDR_RANGE, an address in that range); never RoCE v1, never
+    link-local, never a GID whose type is unknown (it may be v1)."""
     link_local = b"\xfe\x80" + b"\x00" * 13 + b"\x01"
     mapped = b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01"
+    other = b"\x00" * 10 + b"\xff\xff\xc0\xa8\x05\x07"  # 192.168.5.7
+    global6 = bytes.fromhex("fd000000000000000000000000000001")
     zero = b"\x00" * 16
     assert _C.ib_select_gid([(link_local, "RoCEv1"), (link_local, "RoCEv2"), (mapped, "RoCEv1"),
                              (mapped, "RoCEv2")]) == 3
-    assert _C.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2")]) == 2
+    # Link-local RoCE v2, IPv6 and v1 GIDs are not chosen by default: none usable.
+    assert _C.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2"),
+                             (global6, "RoCEv2"), (mapped, "RoCEv1")]) == -1
+    # Unknown types (sysfs hidden, no ibv_query_gid_ex) are never ranked usable.
+    assert _C.ib_select_gid([(link_local, "unknown"), (mapped, "unknown")]) == -1
     assert _C.ib_select_gid([(zero, "RoCEv2")]) == -1
-    assert _C.ib_select_gid([(link_local, "IB")], ethernet=False) == 0
+    # The lowest index wins among usable ones; the range picks among them.
+    table = [(link_local, "RoCEv2"), (other, "RoCEv2"), (global6, "RoCEv2"), (mapped, "RoCEv2")]
+    assert _C.ib_select_gid(table) == 1
+    assert _C.ib_select_gid(table, addr_range="10.0.0.0/8") == 3
+    assert _C.ib_select_gid(table, addr_range="10.0.0.1/32") == 3
+    assert _C.ib_select_gid(table, addr_range="192.168.4.0/23") == 1
+    assert _C.ib_select_gid(table, addr_range="10.1.0.0/16") == -1
+    assert _C.ib_select_gid(table, addr_range="fd00::/8") == 2
+    assert _C.ib_select_gid(table, addr_range="fe80::/10") == -1  # link-local never
+    assert _C.ib_select_gid(table, addr_range="0.0.0.0/0") == 1
+    # IB link layer: every GID is an IB GID; the first non-zero one.
+    assert _C.ib_select_gid([(zero, "IB"), (link_local, "IB")], ethernet=False) == 1
+    assert _C.ib_select_gid([(link_local, "unknown")], ethernet=False) == 0
     with pytest.raises(ConfigError, match="16 bytes"):
         _C.ib_select_gid([(b"\x01", "RoCEv2")])
+
+
+def ipv4_gid(a, b, c, d):
+    return b"\x00" * 10 + b"\xff\xff" + bytes([a, b, c, d])
+
+
+@pytest.mark.parametrize("sources", [dict(table=True, query_ex=False, sysfs=False),
+                                     dict(table=False, query_ex=True, sysfs=False),
+                                     dict(table=False, query_ex=False, sysfs=True)])
+def test_gid_types_come_from_the_verbs_calls_when_sysfs_is_hidden(sources):
+    """In a container sysfs may not show gid_attrs/types; the types then come
+    from ibv_query_gid_table (one call per dial) or ibv_query_gid_ex. Each way
+    the QPs use the RoCE v2 IPv4 GID (the emulated fabric is routed: a RoCE v1
+    or link-local GID, which the old sysfs-only reading fell back to, carries
+    nothing)."""
+    f = Fabric("ib")
+    try:
+        for device in (A0, A1, B0, B1):
+            f.emu.set_gid_sources(device, **sources)
+        send, recv = f.pair()
+        stream(send, recv, plan_sizes(5, 10, CHUNK), 5)
+        for device in (A0, B0):
+            assert set(f.emu.qp_gid_indexes(device)) == {ipv4_gid_index(f.emu.gid_table(device))}
+    finally:
+        f.close()
+
+
+def test_no_typed_gid_fails_the_dial_naming_the_table_and_the_fix(fabric):
+    """Neither the verbs calls nor sysfs give types: no GID is usable (an
+    unknown type may be RoCE v1), and the dial says so, naming the table and
+    RECCL_IB_GID_INDEX; forcing the IPv4 RoCE v2 index then works."""
+    f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1000")
+    for device in (A0, A1, B0, B1):
+        f.emu.set_gid_sources(device, table=False, query_ex=False, sysfs=False)
+    with pytest.raises(RecclError, match="no usable GID.*unknown-type.*RECCL_IB_GID_INDEX"):
+        f.pair()
+    index = ipv4_gid_index(f.emu.gid_table(A0))
+    assert all(ipv4_gid_index(f.emu.gid_table(d)) == index for d in (A1, B0, B1))
+    g = fabric(RECCL_IB_GID_INDEX=index)
+    for device in (A0, A1, B0, B1):
+        g.emu.set_gid_sources(device, table=False, query_ex=False, sysfs=False)
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(6, 5, CHUNK), 6)
+    assert set(g.emu.qp_gid_indexes(A0)) == {index}
+
+
+def test_a_forced_gid_index_that_holds_nothing_fails_clearly(fabric):
+    f = fabric(RECCL_IB_GID_INDEX=15, RECCL_NO_PATH_TIMEOUT_MS="1000")
+    with pytest.raises(RecclError, match=r"RECCL_IB_GID_INDEX=15: .* has no GID at that index; its GIDs: 0 fe80::"):
+        f.pair()
+
+
+def test_addr_range_picks_the_gid_and_survives_a_flap(fabric):
+    """Each device gets a second IPv4 address (192.168.x.1) and an IPv6 one
+    below its 10.0.x.1 GID: by default the lowest-indexed IPv4 GID is used,
+    RECCL_IB_ADDR_RANGE=10.0.0.0/16 picks 10.0.x.1, fd00::/16 the IPv6 one. After
+    a flap moves the addresses, the re-dialed QP finds the range's GID again."""
+    def extra(f):
+        for i, device in enumerate((A0, A1, B0, B1)):
+            f.emu.add_gid(device, ipv4_gid(192, 168, i, 1))
+            f.emu.add_gid(device, bytes.fromhex("fd0000000000000000000000000000") + bytes([i + 1]))
+
+    def gid_of(f, device):
+        return {f.emu.gid_table(device)[i][0] for i in f.emu.qp_gid_indexes(device)}
+
+    f = fabric()
+    extra(f)
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(7, 5, CHUNK), 7)
+    assert gid_of(f, A0) == {ipv4_gid(192, 168, 0, 1)}
+
+    g = fabric(RECCL_IB_ADDR_RANGE="10.0.0.0/16")
+    extra(g)
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(8, 5, CHUNK), 8)
+    assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)} and gid_of(g, B0) == {ipv4_gid(10, 0, 2, 1)}
+    g.emu.port_down(A0)
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+    g.emu.port_up(A0)
+    assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+    stream(send, recv, plan_sizes(9, 5, CHUNK), 9)
+    assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)}
+
+    h = fabric(RECCL_IB_ADDR_RANGE="fd00::/16")
+    extra(h)
+    send, recv = h.pair()
+    stream(send, recv, plan_sizes(10, 5, CHUNK), 10)
+    assert gid_of(h, A0) == {bytes.fromhex("fd0000000000000000000000000000") + b"\x01"}
+
+    k = fabric(RECCL_IB_ADDR_RANGE="172.16.0.0/12", RECCL_NO_PATH_TIMEOUT_MS="1000")
+    with pytest.raises(RecclError, match=r"none is RoCE v2 .*RECCL_IB_ADDR_RANGE=172.16.0.0/12"):
+        k.pair()
 
 
 def test_ib_settings_are_validated():
     for name, value, needle in [("RECCL_IB_TIMEOUT", "0", "1..31"), ("RECCL_IB_TIMEOUT", "32", "1..31"),
                                 ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma"),
-                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15")]:
+                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15"),
+                                ("RECCL_IB_GID_INDEX", "-2", "-1..255"), ("RECCL_IB_GID_INDEX", "256", "-1..255"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0", "no /prefix length"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/33", "prefix length must be 0..32"),
+                                ("RECCL_IB_ADDR_RANGE", "fd00::/129", "prefix length must be 0..128"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0/8", "'10.0.0' is not an IPv4 address"),
+                                ("RECCL_IB_ADDR_RANGE", "fd00::g/8", "not an IPv6 address"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/x", "prefix length")]:
+        with pytest.raises(ConfigError, match=f"{name}=.*CIDR" if name == "RECCL_IB_ADDR_RANGE" else needle):
+            _C.validate_config({name: value})
         with pytest.raises(ConfigError, match=needle):
             _C.validate_config({name: value})
+    _C.validate_config({"RECCL_IB_ADDR_RANGE": "fd00::/8", "RECCL_IB_GID_INDEX": "3"})
     emu = emulations().IbEmulation([A0, A1])
     with pytest.raises(ConfigError, match="no emulated RDMA device 'mlx5_9'"):
         _C.IbTransport(emu, ib_env(["mlx5_9"]))

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "core/address_range.h"
 #include "core/error.h"
 #include "core/frame.h"
 #include "core/log.h"
@@ -183,6 +184,17 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_IB_SL", "0", 0, 15, storeNumber<&Config::ibServiceLevel>,
             "IB transport: service level of every QP (the address vector's SL: the virtual "
             "lane on InfiniBand, the priority the driver maps it to on RoCE), as `NCCL_IB_SL`"),
+    integer("RECCL_IB_GID_INDEX", "-1", -1, 255, storeNumber<&Config::ibGidIndex>,
+            "IB transport: the source GID index of every QP, as `NCCL_IB_GID_INDEX`; -1 chooses "
+            "per dial from the port's table as it is then (RoCE: the lowest-indexed RoCE v2 GID "
+            "holding an IPv4 address, or one in `RECCL_IB_ADDR_RANGE`; never link-local, RoCE v1 "
+            "or a GID of unknown type; chosen afresh after a link flap). A forced index must hold "
+            "a GID on every device, or the dial fails naming the table (docs/ib.md)"),
+    found("RECCL_IB_ADDR_RANGE", SettingType::kAddressRange, "IPv4-mapped RoCE v2 GIDs, any address",
+          storeText<&Config::ibAddressRange>,
+          "IB transport on RoCE: only a RoCE v2 GID whose address lies in this CIDR range is "
+          "chosen (`10.0.0.0/16`, or an IPv6 range such as `fd00::/8` to use IPv6 GIDs), as "
+          "`NCCL_IB_ADDR_RANGE`; a port without one fails its dials saying so"),
     choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeZeroCopy,
            "IB transport. on: buffers registered with the transport (the NCCL plugin's `regMr` / "
            "`regMrDmaBuf`) are RDMA-written straight into the peer's registered receive buffer, "
@@ -274,6 +286,8 @@ std::string describeValid(const SettingSpec& spec) {
       return "a comma list of integers in " + range;
     case SettingType::kAddress:
       return "one interface name or local IPv4 address";
+    case SettingType::kAddressRange:
+      return "an IPv4 or IPv6 network in CIDR form (`10.0.0.0/16`, `fd00::/8`)";
     case SettingType::kText:
       break;
   }
@@ -317,6 +331,14 @@ SettingValue parseSetting(const SettingSpec& spec, const std::string& value, con
       break;
     case SettingType::kText:
       if (value.empty()) invalid(spec, label, value);
+      out.text = value;
+      break;
+    case SettingType::kAddressRange:
+      AddressRange range;
+      std::string why;
+      if (!AddressRange::tryParse(value, &range, &why)) {
+        throw ConfigError(label + "=" + value + " is not valid: " + why + "; " + AddressRange::kValidForm);
+      }
       out.text = value;
       break;
   }

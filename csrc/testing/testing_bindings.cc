@@ -33,9 +33,22 @@ const char* gidTypeName(GidType type) {
   return "unknown";
 }
 
+GidType gidTypeNamed(const std::string& name) {
+  for (GidType type : {GidType::kIb, GidType::kRoceV1, GidType::kRoceV2, GidType::kUnknown}) {
+    if (name == gidTypeName(type)) return type;
+  }
+  throw ConfigError("GID type '" + name + "' is not valid: expected IB, RoCEv1, RoCEv2 or unknown");
+}
+
+// (gid bytes, type name) at each entry's table index; empty indexes all-zero.
 py::list gidList(const std::vector<GidEntry>& table) {
-  py::list out;
+  std::vector<GidEntry> dense;
   for (const auto& entry : table) {
+    if (entry.index >= static_cast<int>(dense.size())) dense.resize(static_cast<size_t>(entry.index) + 1);
+    dense[static_cast<size_t>(entry.index)] = entry;
+  }
+  py::list out;
+  for (const auto& entry : dense) {
     out.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(entry.gid.data()), 16),
                               gidTypeName(entry.type)));
   }
@@ -135,7 +148,9 @@ void bindRawVerbs(py::module_& m) {
   py::class_<VerbsDevice, std::shared_ptr<VerbsDevice>>(m, "IbDevice")
       .def_property_readonly("name", &VerbsDevice::name)
       .def("port_active", [](VerbsDevice& d) { return d.queryPort(1).active; })
-      .def("gid_table", [](VerbsDevice& d) { return gidList(readGidTable(d, 1)); })
+      .def("gid_table", [](VerbsDevice& d) {
+        return gidList(readGidTable(d, 1, d.queryPort(1).gidTableLength));
+      }, "the port's GIDs as the transport reads them (gid, type) by index")
       .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
         auto region = std::make_shared<PyRegion>();
         region->owner = buffer;
@@ -214,6 +229,21 @@ PYBIND11_MODULE(_testing, m) {
              return out;
            }, py::arg("device"), "(traffic class, service level) of the device's QPs in RTR/RTS")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
+      .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
+             e.setGidSources(d, GidSources{table, queryEx, sysfs});
+           }, py::arg("device"), py::arg("table") = true, py::arg("query_ex") = true, py::arg("sysfs") = true,
+           "Where the device's GID types can be read: ibv_query_gid_table, ibv_query_gid_ex, sysfs "
+           "(all False: every type reads unknown)")
+      .def("add_gid", [](VerbsEmulation& e, const std::string& d, py::bytes gid, const std::string& type) {
+             std::string raw = gid;
+             if (raw.size() != 16) throw ConfigError("a GID has 16 bytes, not " + std::to_string(raw.size()));
+             Gid value{};
+             std::memcpy(value.data(), raw.data(), 16);
+             e.addGid(d, value, gidTypeNamed(type));
+           }, py::arg("device"), py::arg("gid"), py::arg("type") = "RoCEv2",
+           "Adds an address after the link-local pair (below the IPv4 GID), kept over flaps")
+      .def("qp_gid_indexes", &VerbsEmulation::connectedGidIndexes, py::arg("device"),
+           "the source GID index of each of the device's QPs in RTR/RTS")
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();
         py::dict d;

@@ -118,12 +118,15 @@ struct DeviceRecord {
   int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
   int modifyTimeouts = 0;  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
+  std::vector<GidEntry> extraGids;     // addGid: kept over flaps, after the link-local pair
+  GidSources gidSources;
   std::vector<AsyncQueue*> listeners;  // one per open handle
 };
 
-std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
-  // Link-local first, then (depending on the flap count) some global IPv6
-  // addresses, then the IPv4-mapped address: its index moves with every flap.
+std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps, const std::vector<GidEntry>& extras) {
+  // Link-local first, then the added entries, then (depending on the flap
+  // count) some global IPv6 addresses, then the IPv4-mapped address: its
+  // index moves with every flap.
   std::vector<GidEntry> table;
   auto pair = [&](Gid gid) {
     table.push_back({gid, GidType::kRoceV1});
@@ -134,6 +137,7 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
   linkLocal[1] = 0x80;
   linkLocal[15] = static_cast<uint8_t>(deviceIndex + 1);
   pair(linkLocal);
+  table.insert(table.end(), extras.begin(), extras.end());
   for (int i = 0; i < flaps % 3; ++i) {
     Gid global{};
     global[0] = 0xfd;
@@ -151,8 +155,23 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
   mapped[14] = static_cast<uint8_t>(deviceIndex);
   mapped[15] = 1;
   pair(mapped);
-  table.resize(kGidTableLength);  // the rest are empty (all-zero) entries
+  table.resize(std::max<size_t>(table.size(), kGidTableLength));  // the rest are empty (all-zero) entries
+  for (size_t i = 0; i < table.size(); ++i) table[i].index = static_cast<int>(i);
   return table;
+}
+
+bool isLinkLocalGid(const Gid& gid) { return gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80; }
+bool isIpv4MappedGid(const Gid& gid) {
+  static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid.data(), kPrefix, sizeof(kPrefix)) == 0;
+}
+
+// The emulated RoCE fabric is routed (each port its own IP subnet), as a
+// rail-optimized L3 fabric is: only RoCE v2 packets with routable addresses
+// cross it, and both ends must speak the same address family.
+bool carriedBetween(const GidEntry& from, const GidEntry& to) {
+  auto routable = [](const GidEntry& e) { return e.type == GidType::kRoceV2 && !isLinkLocalGid(e.gid); };
+  return routable(from) && routable(to) && isIpv4MappedGid(from.gid) == isIpv4MappedGid(to.gid);
 }
 
 WcOpcode opcodeOf(SendRequest::Op op) {
@@ -255,7 +274,9 @@ struct VerbsEmulation::State {
       return nullptr;  // a QP in RESET/INIT/ERR drops what arrives
     }
     if (remote.peer.qpNumber != qp.qpNumber || !linkUsable(remote.device)) return nullptr;
-    if (devices[remote.device].gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
+    const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
+    if (theirs.gid != qp.peer.gid) return nullptr;
+    if (!carriedBetween(local.gids.at(qp.gidIndex), theirs)) return nullptr;
     return &remote;
   }
 
@@ -773,19 +794,35 @@ class EmulatedDevice : public VerbsDevice {
     attributes.active = state_->devices[device_].portUp;
     attributes.ethernet = true;
     attributes.activeMtu = 3;  // 1024, the usual RoCE MTU
-    attributes.gidTableLength = kGidTableLength;
+    attributes.gidTableLength = static_cast<int>(state_->devices[device_].gids.size());
     attributes.speedMbps = kEmulatedPortMbps;
     return attributes;
+  }
+  bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) override {
+    checkPort(port);
+    Lock lock(state_->mutex);
+    const DeviceRecord& device = state_->devices[device_];
+    if (!device.gidSources.table) {
+      *why = "emulated libibverbs without ibv_query_gid_table";
+      return false;
+    }
+    for (const GidEntry& entry : device.gids) {
+      if (entry.gid != Gid{}) out->push_back(entry);  // valid entries only, as the real call
+    }
+    return true;
   }
   GidEntry queryGid(int port, int index) override {
     checkPort(port);
     Lock lock(state_->mutex);
-    const auto& gids = state_->devices[device_].gids;
+    const DeviceRecord& device = state_->devices[device_];
+    const auto& gids = device.gids;
     if (index < 0 || index >= static_cast<int>(gids.size())) {
       throw Error("GID index " + std::to_string(index) + " out of range 0.." +
                   std::to_string(gids.size() - 1));
     }
-    return gids[index];
+    GidEntry entry = gids[index];
+    if (!device.gidSources.queryEx && !device.gidSources.sysfs) entry.type = GidType::kUnknown;
+    return entry;
   }
   std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
                                                     bool remoteWrite) override {
@@ -881,7 +918,7 @@ VerbsEmulation::VerbsEmulation(std::vector<std::string> devices) : state_(std::m
     }
     DeviceRecord record;
     record.name = devices[i];
-    record.gids = buildGidTable(static_cast<int>(i), 0);
+    record.gids = buildGidTable(static_cast<int>(i), 0, {});
     state_->devices.push_back(std::move(record));
   }
   thread_ = std::thread([this] { run(); });
@@ -936,7 +973,7 @@ void VerbsEmulation::setPortUp(const std::string& device, bool up) {
   if (record.portUp == up) return;
   record.portUp = up;
   if (up) {
-    record.gids = buildGidTable(index, ++record.flaps);
+    record.gids = buildGidTable(index, ++record.flaps, record.extraGids);
     state_->raise(index, AsyncEventType::kGidChange);
     state_->raise(index, AsyncEventType::kPortActive);
   } else {
@@ -985,6 +1022,33 @@ std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) 
     if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
                                 qp->state == QpState::kReadyToSend)) {
       out.push_back(qp->route);
+    }
+  }
+  return out;
+}
+
+void VerbsEmulation::setGidSources(const std::string& device, GidSources sources) {
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].gidSources = sources;
+}
+
+void VerbsEmulation::addGid(const std::string& device, const Gid& gid, GidType type) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  DeviceRecord& record = state_->devices[index];
+  record.extraGids.push_back({gid, type});
+  record.gids = buildGidTable(index, record.flaps, record.extraGids);
+  state_->raise(index, AsyncEventType::kGidChange);
+}
+
+std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<int> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->gidIndex);
     }
   }
   return out;

@@ -47,6 +47,14 @@ struct EmulationCounters {
   uint64_t wireDropped = 0;     // parked requests their responder no longer took
 };
 
+// Where an emulated device's GID types can be read from, as on hosts with
+// different rdma-core versions and sysfs views. The kernel always knows them.
+struct GidSources {
+  bool table = true;    // ibv_query_gid_table (rdma-core v30+)
+  bool queryEx = true;  // ibv_query_gid_ex (rdma-core v30+)
+  bool sysfs = true;    // gid_attrs/types (false: hidden, as in some containers)
+};
+
 class VerbsEmulation : public VerbsApi {
  public:
   // `devices`: the names of the emulated devices (one port each, up).
@@ -82,6 +90,14 @@ class VerbsEmulation : public VerbsApi {
   // QPs' INIT->RTR and RTR->RTS transitions answer ETIMEDOUT, state unchanged).
   void failNext(const std::string& device, const std::string& call, int times);
   std::vector<GidEntry> gidTable(const std::string& device);
+  // How the device's GID types can be read (a real queryGid without ex and
+  // sysfs answers kUnknown).
+  void setGidSources(const std::string& device, GidSources sources);
+  // Adds an address to the device's table (after its link-local pair, so
+  // below the IPv4 GID's index), kept over flaps.
+  void addGid(const std::string& device, const Gid& gid, GidType type);
+  // The source GID index of each of the device's QPs now in RTR or RTS.
+  std::vector<int> connectedGidIndexes(const std::string& device);
   // The traffic class and service level of each of the device's QPs now in RTR or RTS.
   std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();

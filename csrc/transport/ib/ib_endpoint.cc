@@ -44,22 +44,22 @@ bool IbEndpoint::postReceive(uint32_t i, std::string* error) {
   return qp_->postRecv(request, error);
 }
 
-QpExchange IbEndpoint::describe() {
+QpExchange IbEndpoint::describe(const GidPolicy& policy) {
   PortAttributes port = device_->queryPort(kPort);
   if (!port.active) throw Error("port " + std::to_string(kPort) + " of " + device_->name() + " is down");
-  std::vector<GidEntry> table = readGidTable(*device_, kPort);
-  gidIndex_ = selectGidIndex(table, port.ethernet);
-  if (port.ethernet && gidIndex_ < 0) {
-    throw Error(device_->name() + " has no usable RoCE GID (is an IP address configured?)");
-  }
+  // One table query per dial, chosen from the table as it is now (after a
+  // flap the same address may sit at another index).
+  const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
+                                 policy, device_->name());
+  gidIndex_ = gid.index;
   mtu_ = port.activeMtu;
   QpExchange out;
   out.role = role_ == Role::kSender ? QpExchange::Role::kSender : QpExchange::Role::kReceiver;
   out.qp.qpNumber = qp_->qpNumber();
   out.qp.packetSequence = packetSequence_;
   out.qp.lid = port.lid;
-  out.qp.global = port.ethernet || gidIndex_ >= 0;
-  if (gidIndex_ >= 0) out.qp.gid = table[gidIndex_].gid;
+  out.qp.global = true;
+  out.qp.gid = gid.gid;
   out.mtu = mtu_;
   out.regionAddress = reinterpret_cast<uint64_t>(remote_.data());
   out.rkey = remoteMr_->rkey();

@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/frame.h"
+#include "transport/ib/gid_select.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_api.h"
 
@@ -47,8 +48,8 @@ class IbEndpoint {
   IbEndpoint& operator=(const IbEndpoint&) = delete;
 
   // Our side of the QP exchange, with the source GID chosen now from the
-  // port's current table. Throws Error when the port has no usable GID.
-  QpExchange describe();
+  // port's current table under `policy`. Throws Error when none is usable.
+  QpExchange describe(const GidPolicy& policy);
   // INIT -> RTR -> RTS towards `peer`; a transition that answers ETIMEDOUT
   // is retried (kModifyQpAttempts, kModifyQpRetryDelay), then throws Error.
   void connect(const QpExchange& peer, int timeout, int retryCount, const QpRoute& route);

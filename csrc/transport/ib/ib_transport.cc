@@ -65,7 +65,12 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 }  // namespace
 
 IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
-    : config_(std::move(config)), verbs_(std::move(verbs)), bootstrapAddress_(std::move(bootstrapAddress)) {
+    : config_(std::move(config)),
+      gidPolicy_{config_.ibGidIndex, config_.ibAddressRange.empty()
+                                         ? std::nullopt
+                                         : std::optional<AddressRange>(AddressRange::parse(config_.ibAddressRange))},
+      verbs_(std::move(verbs)),
+      bootstrapAddress_(std::move(bootstrapAddress)) {
   if (!verbs_) throw ConfigError("the IB transport needs a verbs provider");
   std::vector<std::string> names = config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
   if (names.empty()) {
@@ -225,7 +230,7 @@ void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint
     std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(candidate)];
     try {
       if (!flusher) {
-        flusher = std::make_unique<IbFlusher>(devices_[candidate], config_.ibTimeout, config_.ibRetryCount);
+        flusher = std::make_unique<IbFlusher>(devices_[candidate], gidPolicy_, config_.ibTimeout, config_.ibRetryCount);
       }
       flusher->flush(address, memory->rkey(candidate), Millis(config_.heartbeatMs));
       return;
@@ -293,7 +298,7 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
                                                  config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
-    QpExchange local = endpoint->describe();
+    QpExchange local = endpoint->describe(gidPolicy_);
     endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
     std::vector<uint8_t> mine = encodeQpExchange(local);
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
@@ -348,7 +353,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   try {
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
                                                  handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
-    std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe());
+    std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe(gidPolicy_));
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t bytes[kQpExchangeBytes];
     exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "receiver's QP description");

@@ -73,6 +73,7 @@ enum class GidType : uint8_t { kIb, kRoceV1, kRoceV2, kUnknown };
 struct GidEntry {
   Gid gid{};
   GidType type = GidType::kUnknown;
+  int index = 0;  // its index in the port's table (the QP's sgid_index)
 };
 
 // ibv_port_attr, the fields we use
@@ -193,7 +194,14 @@ class VerbsDevice {
   virtual ~VerbsDevice() = default;
   virtual std::string name() const = 0;
   virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
-  virtual GidEntry queryGid(int port, int index) = 0;    // ibv_query_gid (+ GID type)
+  // ibv_query_gid_table (rdma-core v30+): every valid entry of the port's
+  // table in one call, each with the type the kernel gives it. false, with the
+  // reason in `why`, where the library lacks it or the call fails.
+  virtual bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) = 0;
+  // One entry: ibv_query_gid_ex (type from the kernel) where the library has
+  // it, else ibv_query_gid with the type from sysfs (gid_attrs/types), which
+  // is kUnknown where sysfs does not say (hidden in a container, old kernel).
+  virtual GidEntry queryGid(int port, int index) = 0;
   // ibv_reg_mr; remote write access when `remoteWrite`.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
                                                             bool remoteWrite) = 0;

@@ -62,6 +62,14 @@ struct Functions {
   using RegDmaBufMr = ibv_mr* (*)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
                                   int access);
   RegDmaBufMr regDmaBufMr = nullptr;
+  // Optional (rdma-core v30+): _ibv_query_gid_table / _ibv_query_gid_ex, the
+  // symbols behind the inline ibv_query_gid_table / ibv_query_gid_ex.
+  using QueryGidTable = ssize_t (*)(ibv_context*, void* entries, size_t maxEntries, uint32_t flags,
+                                    size_t entrySize);
+  using QueryGidEx = int (*)(ibv_context*, uint32_t port, uint32_t index, void* entry, uint32_t flags,
+                             size_t entrySize);
+  QueryGidTable queryGidTable = nullptr;
+  QueryGidEx queryGidEx = nullptr;
 
   ~Functions() {
     if (handle != nullptr) dlclose(handle);
@@ -102,6 +110,24 @@ WcOpcode opcodeOf(ibv_wc_opcode opcode) {
     case IBV_WC_RECV: return WcOpcode::kRecv;
     case IBV_WC_RECV_RDMA_WITH_IMM: return WcOpcode::kRecvRdmaWithImm;
     default: return WcOpcode::kOther;
+  }
+}
+
+// struct ibv_gid_entry (rdma-core v30+), spelled out so older headers build.
+struct GidTableEntry {
+  uint8_t gid[16];
+  uint32_t gidIndex;
+  uint32_t portNumber;
+  uint32_t gidType;  // enum ibv_gid_type: 0 IB, 1 RoCE v1, 2 RoCE v2
+  uint32_t netdevIndex;
+};
+
+GidType gidTypeOf(uint32_t type) {
+  switch (type) {
+    case 0: return GidType::kIb;
+    case 1: return GidType::kRoceV1;
+    case 2: return GidType::kRoceV2;
+    default: return GidType::kUnknown;
   }
 }
 
@@ -313,13 +339,47 @@ class SystemDevice : public VerbsDevice {
     out.speedMbps = portSpeedMbps(attr.active_speed, attr.active_width);
     return out;
   }
+  bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) override {
+    if (fn_->queryGidTable == nullptr) {
+      *why = "libibverbs.so.1 has no ibv_query_gid_table (rdma-core older than v30)";
+      return false;
+    }
+    std::vector<GidTableEntry> entries(static_cast<size_t>(std::max(queryPort(port).gidTableLength, 1)) *
+                                       4);  // every port's entries come back
+    const ssize_t count = fn_->queryGidTable(context_, entries.data(), entries.size(), 0, sizeof(GidTableEntry));
+    if (count < 0) {
+      *why = errnoText("ibv_query_gid_table", static_cast<int>(-count));
+      return false;
+    }
+    for (ssize_t i = 0; i < count; ++i) {
+      if (entries[i].portNumber != static_cast<uint32_t>(port)) continue;
+      GidEntry entry;
+      std::memcpy(entry.gid.data(), entries[i].gid, 16);
+      entry.type = gidTypeOf(entries[i].gidType);
+      entry.index = static_cast<int>(entries[i].gidIndex);
+      out->push_back(entry);
+    }
+    return true;
+  }
   GidEntry queryGid(int port, int index) override {
+    GidEntry entry;
+    entry.index = index;
+    if (fn_->queryGidEx != nullptr) {
+      GidTableEntry raw{};
+      const int rc = fn_->queryGidEx(context_, static_cast<uint32_t>(port), static_cast<uint32_t>(index),
+                                     &raw, 0, sizeof(raw));
+      if (rc == ENODATA) return entry;  // an empty entry: all-zero, unused
+      if (rc != 0) throw Error(errnoText("ibv_query_gid_ex", rc));
+      std::memcpy(entry.gid.data(), raw.gid, 16);
+      entry.type = gidTypeOf(raw.gidType);
+      return entry;
+    }
     ibv_gid gid{};
     int rc = fn_->queryGid(context_, static_cast<uint8_t>(port), index, &gid);
     if (rc != 0) throw Error(errnoText("ibv_query_gid", rc));
-    GidEntry entry;
     std::memcpy(entry.gid.data(), gid.raw, 16);
-    // The GID type lives in sysfs ("IB/RoCE v1" or "RoCE v2").
+    // The GID type lives in sysfs ("IB/RoCE v1" or "RoCE v2"); where sysfs
+    // does not say (hidden in a container) it stays kUnknown, never chosen.
     std::ifstream type("/sys/class/infiniband/" + name_ + "/ports/" + std::to_string(port) +
                        "/gid_attrs/types/" + std::to_string(index));
     std::string text;
@@ -327,7 +387,7 @@ class SystemDevice : public VerbsDevice {
     if (text == "RoCE v2") {
       entry.type = GidType::kRoceV2;
     } else if (text == "IB/RoCE v1") {
-      entry.type = queryPort(port).ethernet ? GidType::kRoceV1 : GidType::kIb;
+      entry.type = GidType::kRoceV1;  // on an IB port every GID is IB: the type is not read there
     }
     return entry;
   }
@@ -564,6 +624,8 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     return nullptr;
   }
   fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
+  fn->queryGidTable = reinterpret_cast<Functions::QueryGidTable>(dlsym(h, "_ibv_query_gid_table"));
+  fn->queryGidEx = reinterpret_cast<Functions::QueryGidEx>(dlsym(h, "_ibv_query_gid_ex"));
   initForkProtection(h);
   return std::make_shared<SystemVerbs>(fn);
 }
