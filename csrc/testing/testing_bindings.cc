@@ -80,6 +80,8 @@ py::dict completionDict(const WorkCompletion& wc) {
   d["opcode"] = kOpcodes[static_cast<int>(wc.opcode)];
   d["byte_len"] = wc.byteLength;
   d["imm"] = wc.hasImmediate ? py::object(py::int_(wc.immediate)) : py::none();
+  d["qp_num"] = wc.qpNumber;
+  d["vendor_err"] = wc.vendorError;
   return d;
 }
 
@@ -114,21 +116,26 @@ void bindRawVerbs(py::module_& m) {
   py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
       .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
       .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
-      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex) {
+      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex, uint32_t peerPsn) {
         std::string raw = peerGid;
         if (raw.size() != 16) throw ConfigError("a GID has 16 bytes");
         QpPeer peer;
         peer.qpNumber = peerQp;
+        peer.packetSequence = peerPsn;
         std::memcpy(peer.gid.data(), raw.data(), 16);
         qp.toReadyToReceive(peer, 1, gidIndex, 3, QpRoute{});
-      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
-      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
-           py::arg("timeout"), py::arg("retry_count"))
+      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"), py::arg("peer_psn") = 0,
+         "INIT->RTR; peer_psn: the rq_psn, the PSN the peer's RTS will start from")
+      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry, uint32_t psn) {
+        qp.toReadyToSend(psn, timeout, retry);
+      }, py::arg("timeout"), py::arg("retry_count"), py::arg("psn") = 0)
       .def("to_error", &VerbsQueuePair::toError)
       .def("post_send", [](VerbsQueuePair& qp, const std::string& op, const PyRegion& local, size_t offset,
-                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId) {
+                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId,
+                           bool signaled) {
         SendRequest request;
         request.wrId = wrId;
+        request.signaled = signaled;
         request.op = opFromName(op);
         request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
         request.remoteAddress = remoteAddress;
@@ -137,7 +144,8 @@ void bindRawVerbs(py::module_& m) {
         std::string error;
         if (!qp.postSend(request, &error)) throw Error(error);
       }, py::arg("op"), py::arg("local"), py::arg("offset"), py::arg("length"),
-         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0)
+         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0,
+         py::arg("signaled") = true)
       .def("post_recv", [](VerbsQueuePair& qp, const PyRegion& local, size_t offset, size_t length, uint64_t wrId) {
         RecvRequest request;
         request.wrId = wrId;
@@ -178,9 +186,9 @@ void bindRawVerbs(py::module_& m) {
       .def("create_channel", [](VerbsDevice& d) {
         return std::shared_ptr<VerbsCompletionChannel>(d.createCompletionChannel());
       }, py::keep_alive<0, 1>())
-      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel) {
-        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64, channel.get()));
-      }, py::arg("channel") = nullptr, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
+      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel, int depth) {
+        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(depth, channel.get()));
+      }, py::arg("channel") = nullptr, py::arg("depth") = 64, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
       .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
                            std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
         return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));
@@ -261,6 +269,7 @@ PYBIND11_MODULE(_testing, m) {
         d["dropped"] = c.dropped;
         d["corrupted"] = c.corrupted;
         d["qp_errors"] = c.qpErrors;
+        d["cq_overruns"] = c.cqOverruns;
         return d;
       });
 

@@ -2,6 +2,7 @@
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,8 +45,18 @@ struct CompletionChannelRecord {
   std::deque<CompletionQueueRecord*> waiting;
 };
 
+// A completion waiting in its CQ, and (a send completion) which send-queue
+// slots polling it frees: every request of `qp` up to `sendSequence`.
+struct QueuedCompletion {
+  WorkCompletion wc;
+  uint64_t sendSequence = 0;  // 0: a receive completion
+};
+
 struct CompletionQueueRecord {
-  std::deque<WorkCompletion> entries;
+  std::deque<QueuedCompletion> entries;
+  size_t depth = 0;                             // ibv_create_cq's cqe: more is an overrun
+  int device = 0;
+  bool overrun = false;                         // unusable: polls fail, CQ_ERR raised
   VerbsCompletionQueue* handle = nullptr;       // what an event names
   CompletionChannelRecord* channel = nullptr;
   bool armed = false;                           // the next completion raises an event
@@ -72,6 +83,7 @@ struct MemoryRegionRecord {
 
 struct PendingSend {
   SendRequest request;
+  uint64_t sequence = 0;  // its number among the QP's posted requests
   int64_t firstTryNs = 0;
   bool countedDrop = false;
 };
@@ -89,6 +101,11 @@ struct QueuePairRecord {
   int64_t retryBudgetNs = 0;
   size_t maxSend = 0;
   size_t maxRecv = 0;
+  uint32_t sendPsn = 0;   // sq_psn (RTS); the peer's rq_psn must equal it
+  // Send-queue slots: requests posted minus those whose completion (or a
+  // later one's: an unsignaled request has none) was polled.
+  uint64_t posted = 0;
+  uint64_t retired = 0;
   std::deque<PendingSend> sends;
   std::deque<RecvRequest> recvs;
 };
@@ -104,6 +121,7 @@ struct WireRequest {
   uint32_t toQp = 0;
   int fromDevice = 0;
   SendRequest request;
+  uint64_t sequence = 0;
   std::vector<uint8_t> payload;
   bool senderFlushed = false;  // the sending QP went to ERR meanwhile
 };
@@ -209,15 +227,34 @@ struct VerbsEmulation::State {
     throw ConfigError("no emulated RDMA device '" + name + "'; devices: " + known);
   }
 
-  void complete(CompletionQueueRecord* cq, WorkCompletion wc) {
-    if (cq == nullptr) return;
+  void complete(CompletionQueueRecord* cq, WorkCompletion wc, uint64_t sendSequence = 0) {
+    if (cq == nullptr || cq->overrun) return;
     if (wc.status == WcStatus::kFlushed) ++counters.flushed;
     if (wc.status == WcStatus::kRetryExceeded) ++counters.retryExceeded;
     if (wc.status == WcStatus::kRemoteAccess || wc.status == WcStatus::kLocalProtection ||
         wc.status == WcStatus::kLocalLengthError) {
       ++counters.accessErrors;
     }
-    cq->entries.push_back(wc);
+    if (cq->entries.size() >= cq->depth) {
+      // More completions than the CQ holds: the CQ is lost (CQ_ERR) and so
+      // is every QP that completes into it, as on a real HCA.
+      cq->overrun = true;
+      ++counters.cqOverruns;
+      raise(cq->device, AsyncEventType::kCqError);
+      for (QueuePairRecord* qp : allQps) {
+        if (qp->sendCq == cq || qp->recvCq == cq) toError(*qp);
+      }
+      return;
+    }
+    if (wc.status != WcStatus::kSuccess) {
+      // Only wr_id, status, qp_num and vendor_err of an error completion
+      // are valid (ibv_poll_cq(3)); the rest is left as garbage here.
+      wc.opcode = static_cast<WcOpcode>((wc.wrId + 3) % 6);
+      wc.byteLength = 0xDEADBEEF;
+      wc.hasImmediate = true;
+      wc.immediate = 0xBADC0DE;
+    }
+    cq->entries.push_back({wc, sendSequence});
     if (cq->armed && cq->channel != nullptr) {
       // One event per arm, as on a real HCA: the CQ stays quiet until re-armed.
       cq->armed = false;
@@ -226,32 +263,36 @@ struct VerbsEmulation::State {
     }
   }
 
-  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status) {
+  // An unsignaled request that succeeds has no completion: its slot frees
+  // with the next completion polled after it.
+  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status, uint64_t sequence) {
     if (status == WcStatus::kSuccess && !request.signaled) return;
     WorkCompletion wc;
     wc.wrId = request.wrId;
     wc.status = status;
     wc.opcode = opcodeOf(request.op);
     wc.byteLength = request.sge.length;
-    complete(qp.sendCq, wc);
+    wc.qpNumber = qp.qpNumber;
+    complete(qp.sendCq, wc, sequence);
   }
 
   void toError(QueuePairRecord& qp) {
     if (qp.state == QpState::kError) return;
     qp.state = QpState::kError;
     ++counters.qpErrors;
-    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed);
+    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed, pending.sequence);
     qp.sends.clear();
     // Requests already on the wire stay there (a QP's error state does not
     // recall packets in flight), but their sender sees them flushed.
     for (auto& parked : wire) {
       if (parked.fromQp == qp.qpNumber && !parked.senderFlushed) {
         parked.senderFlushed = true;
-        completeSend(qp, parked.request, WcStatus::kFlushed);
+        completeSend(qp, parked.request, WcStatus::kFlushed, parked.sequence);
       }
     }
     for (const auto& recv : qp.recvs) {
       WorkCompletion wc;
+      wc.qpNumber = qp.qpNumber;
       wc.wrId = recv.wrId;
       wc.status = WcStatus::kFlushed;
       wc.opcode = WcOpcode::kRecv;
@@ -277,6 +318,9 @@ struct VerbsEmulation::State {
     const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
     if (theirs.gid != qp.peer.gid) return nullptr;
     if (!carriedBetween(local.gids.at(qp.gidIndex), theirs)) return nullptr;
+    // The responder takes only the PSN it expects: ours must be its rq_psn
+    // (a mismatch is NAKed or dropped as a duplicate, then retry-exceeded).
+    if (remote.peer.packetSequence != qp.sendPsn) return nullptr;
     return &remote;
   }
 
@@ -306,6 +350,7 @@ struct VerbsEmulation::State {
     PendingSend& head = qp.sends.front();
     if (head.firstTryNs == 0) head.firstTryNs = now;
     const SendRequest request = head.request;
+    const uint64_t sequence = head.sequence;
     QueuePairRecord* remote = route(qp);
     if (remote == nullptr) {
       bool dropped = devices[qp.device].drop;
@@ -317,7 +362,7 @@ struct VerbsEmulation::State {
       }
       if (now - head.firstTryNs <= qp.retryBudgetNs) return false;
       qp.sends.pop_front();
-      completeSend(qp, request, WcStatus::kRetryExceeded);
+      completeSend(qp, request, WcStatus::kRetryExceeded, sequence);
       toError(qp);
       return true;
     }
@@ -326,7 +371,7 @@ struct VerbsEmulation::State {
       MemoryRegionRecord* mr = localRegion(qp.device, request.sge);
       if (mr == nullptr) {
         qp.sends.pop_front();
-        completeSend(qp, request, WcStatus::kLocalProtection);
+        completeSend(qp, request, WcStatus::kLocalProtection, sequence);
         toError(qp);
         return true;
       }
@@ -340,14 +385,14 @@ struct VerbsEmulation::State {
       qp.sends.pop_front();
       if (mr == nullptr || mr->device != remote->device || !mr->remoteRead ||
           !mr->covers(request.remoteAddress, request.sge.length)) {
-        completeSend(qp, request, WcStatus::kRemoteAccess);
+        completeSend(qp, request, WcStatus::kRemoteAccess, sequence);
         toError(*remote);
         toError(qp);
         return true;
       }
       if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
       ++counters.reads;
-      completeSend(qp, request, WcStatus::kSuccess);
+      completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
     if (devices[qp.device].hold) {
@@ -357,6 +402,7 @@ struct VerbsEmulation::State {
       parked.toQp = remote->qpNumber;
       parked.fromDevice = qp.device;
       parked.request = request;
+      parked.sequence = sequence;
       if (source != nullptr) parked.payload.assign(source, source + request.sge.length);
       wire.push_back(std::move(parked));
       ++counters.held;
@@ -367,11 +413,11 @@ struct VerbsEmulation::State {
     if (result == Delivery::kReceiverNotReady) return false;  // RNR: retried without bound
     qp.sends.pop_front();
     if (result == Delivery::kDone) {
-      completeSend(qp, request, WcStatus::kSuccess);
+      completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
     completeSend(qp, request, result == Delivery::kRemoteAccess ? WcStatus::kRemoteAccess
-                                                                : WcStatus::kRemoteOperation);
+                                                                : WcStatus::kRemoteOperation, sequence);
     toError(*remote);
     toError(qp);
     return true;
@@ -390,6 +436,7 @@ struct VerbsEmulation::State {
       RecvRequest recv = remote.recvs.front();
       remote.recvs.pop_front();
       WorkCompletion wc;
+      wc.qpNumber = remote.qpNumber;
       wc.wrId = recv.wrId;
       wc.status = status;
       wc.opcode = WcOpcode::kRecv;
@@ -428,6 +475,7 @@ struct VerbsEmulation::State {
       RecvRequest recv = remote.recvs.front();
       remote.recvs.pop_front();
       WorkCompletion wc;
+      wc.qpNumber = remote.qpNumber;
       wc.wrId = recv.wrId;
       wc.byteLength = request.sge.length;
       if (request.op == SendRequest::Op::kSend) {
@@ -466,13 +514,13 @@ struct VerbsEmulation::State {
                                   : Delivery::kReceiverNotReady;
       if (result == Delivery::kDone) {
         ++counters.wireDelivered;
-        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess);
+        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess, parked.sequence);
         continue;
       }
       ++counters.wireDropped;
       if (result != Delivery::kReceiverNotReady && remote != nullptr) toError(*remote);
       if (from != nullptr) {
-        completeSend(*from, parked.request, WcStatus::kRetryExceeded);
+        completeSend(*from, parked.request, WcStatus::kRetryExceeded, parked.sequence);
         toError(*from);
       }
     }
@@ -510,30 +558,48 @@ using State = VerbsEmulation::State;
 using Lock = std::unique_lock<std::mutex>;
 
 // The emulated NIC's own mapping of a dma-buf fd (RAII).
+// The emulated NIC's own mapping of a dma-buf fd (RAII), under the kernel's
+// rules for ibv_reg_dmabuf_mr: [offset, offset + bytes) inside the dma-buf, and
+// iova at the same offset within a page as `offset` (the NIC maps whole
+// pages), else EINVAL.
 class DmaBufMapping {
  public:
-  DmaBufMapping(int fd, uint64_t offset, size_t bytes) : bytes_(bytes) {
-    const long page = ::sysconf(_SC_PAGESIZE);
-    if (offset % static_cast<uint64_t>(page) != 0) {
-      throw Error("dma-buf offset " + std::to_string(offset) + " is not a multiple of the " +
-                  std::to_string(page) + "-byte page size");
+  DmaBufMapping(int fd, uint64_t offset, size_t bytes, uint64_t iova) {
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (offset % page != iova % page) {
+      throw Error("emulated ibv_reg_dmabuf_mr: offset " + std::to_string(offset) + " and iova " +
+                  std::to_string(iova) + " lie at different offsets within a " + std::to_string(page) +
+                  "-byte page (EINVAL)");
     }
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                          static_cast<off_t>(offset));
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) {
+      throw Error(std::string("emulated ibv_reg_dmabuf_mr: fd ") + std::to_string(fd) +
+                  " is not a dma-buf: " + std::strerror(errno));
+    }
+    const uint64_t size = static_cast<uint64_t>(info.st_size);
+    if (offset > size || bytes > size - offset) {
+      throw Error("emulated ibv_reg_dmabuf_mr: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                  ") lies beyond the dma-buf's " + std::to_string(size) + " bytes (EINVAL)");
+    }
+    lead_ = offset % page;
+    mappedBytes_ = bytes + lead_;
+    void* mapped = ::mmap(nullptr, mappedBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                          static_cast<off_t>(offset - lead_));
     if (mapped == MAP_FAILED) {
       throw Error(std::string("emulated ibv_reg_dmabuf_mr: mmap of fd ") + std::to_string(fd) +
                   " failed: " + std::strerror(errno));
     }
-    data_ = static_cast<uint8_t*>(mapped);
+    mapped_ = static_cast<uint8_t*>(mapped);
   }
-  ~DmaBufMapping() { ::munmap(data_, bytes_); }
+  ~DmaBufMapping() { ::munmap(mapped_, mappedBytes_); }
   DmaBufMapping(const DmaBufMapping&) = delete;
   DmaBufMapping& operator=(const DmaBufMapping&) = delete;
-  uint8_t* data() const { return data_; }
+  uint8_t* data() const { return mapped_ + lead_; }  // byte `offset` of the dma-buf
 
  private:
-  uint8_t* data_ = nullptr;
-  const size_t bytes_;
+  uint8_t* mapped_ = nullptr;
+  size_t mappedBytes_ = 0;
+  uint64_t lead_ = 0;
 };
 
 class EmulatedMemoryRegion : public VerbsMemoryRegion {
@@ -595,10 +661,12 @@ class EmulatedCompletionChannel : public VerbsCompletionChannel {
 
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
  public:
-  EmulatedCompletionQueue(std::shared_ptr<State> state, int device,
+  EmulatedCompletionQueue(std::shared_ptr<State> state, int device, int depth,
                           CompletionChannelRecord* channel)
       : state_(std::move(state)), device_(device) {
     record_.handle = this;
+    record_.depth = static_cast<size_t>(depth);
+    record_.device = device;
     record_.channel = channel;
     Lock lock(state_->mutex);
     state_->cqs.push_back(&record_);
@@ -631,9 +699,18 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       --failures;
       throw Error("ibv_poll_cq failed (returned -1)");
     }
+    if (record_.overrun) {
+      throw Error("ibv_poll_cq failed (returned -1): the completion queue overran its " +
+                  std::to_string(record_.depth) + " entries");
+    }
     int count = 0;
     while (count < max && !record_.entries.empty()) {
-      out[count++] = record_.entries.front();
+      const QueuedCompletion& queued = record_.entries.front();
+      out[count++] = queued.wc;
+      if (queued.sendSequence != 0) {
+        auto qp = state_->qps.find(queued.wc.qpNumber);
+        if (qp != state_->qps.end()) qp->second->retired = std::max(qp->second->retired, queued.sendSequence);
+      }
       record_.entries.pop_front();
     }
     return count;
@@ -693,6 +770,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
       throw Error("service level " + std::to_string(route.serviceLevel) + " not in 0..15 (4 bits)");
     }
     record_.peer = peer;
+    record_.peer.packetSequence &= 0xFFFFFF;  // rq_psn: 24 bits, as the HCA keeps it
     record_.gidIndex = gidIndex;
     record_.sourceGid = gids[gidIndex].gid;
     record_.route = route;
@@ -707,6 +785,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
                   std::to_string(retryCount) + " outside 1..31 / 0..7");
     }
     record_.retryBudgetNs = retryBudgetNs(timeout, retryCount);
+    record_.sendPsn = packetSequence & 0xFFFFFF;
     record_.state = QpState::kReadyToSend;
   }
   void toError() override {
@@ -715,19 +794,26 @@ class EmulatedQueuePair : public VerbsQueuePair {
   }
   bool postSend(const SendRequest& request, std::string* error) override {
     Lock lock(state_->mutex);
-    if (record_.state == QpState::kError) {
-      state_->completeSend(record_, request, WcStatus::kFlushed);
-      return true;
-    }
-    if (record_.state != QpState::kReadyToSend) {
+    if (record_.state != QpState::kReadyToSend && record_.state != QpState::kError) {
       *error = std::string("post_send on a QP in ") + qpStateName(record_.state) + " (EINVAL)";
       return false;
     }
-    if (record_.sends.size() >= record_.maxSend) {
-      *error = "send queue full (ENOMEM)";
+    // A slot frees when the request's completion, or a later one's, is
+    // polled, not when the request executes (as on a real HCA).
+    if (record_.posted - record_.retired >= record_.maxSend) {
+      *error = "send queue full: " + std::to_string(record_.maxSend) +
+               " requests whose completions were not polled yet (ENOMEM)";
       return false;
     }
-    record_.sends.push_back({request, 0, false});
+    const uint64_t sequence = ++record_.posted;
+    if (record_.state == QpState::kError) {
+      state_->completeSend(record_, request, WcStatus::kFlushed, sequence);
+      return true;
+    }
+    PendingSend pending;
+    pending.request = request;
+    pending.sequence = sequence;
+    record_.sends.push_back(pending);
     state_->work.notify_all();
     return true;
   }
@@ -735,6 +821,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
     Lock lock(state_->mutex);
     if (record_.state == QpState::kError) {
       WorkCompletion wc;
+      wc.qpNumber = record_.qpNumber;
       wc.wrId = request.wrId;
       wc.status = WcStatus::kFlushed;
       wc.opcode = WcOpcode::kRecv;
@@ -845,7 +932,7 @@ class EmulatedDevice : public VerbsDevice {
     if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");
     // Like a real NIC, the emulation reaches the memory through the fd (its
     // own mapping), never through the caller's address `iova`.
-    auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes);
+    auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes, iova);
     MemoryRegionRecord record;
     record.device = device_;
     record.base = mapping->data();
@@ -867,7 +954,7 @@ class EmulatedDevice : public VerbsDevice {
       if (emulated == nullptr) throw Error("a completion channel of another provider");
       events = emulated->record();
     }
-    return std::make_unique<EmulatedCompletionQueue>(state_, device_, events);
+    return std::make_unique<EmulatedCompletionQueue>(state_, device_, depth, events);
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,

@@ -42,6 +42,7 @@ struct EmulationCounters {
   uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
   uint64_t corrupted = 0;       // deliveries altered by corruptNext
   uint64_t qpErrors = 0;        // QPs that entered ERR
+  uint64_t cqOverruns = 0;      // CQs that got more completions than their depth
   uint64_t held = 0;            // requests parked on the wire by setHold
   uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
   uint64_t wireDropped = 0;     // parked requests their responder no longer took

@@ -41,7 +41,8 @@ const char* wcStatusName(WcStatus status);
 
 enum class WcOpcode : uint8_t { kSend, kRdmaWrite, kRecv, kRecvRdmaWithImm, kRdmaRead, kOther };
 
-// ibv_wc
+// ibv_wc. An error completion (status != kSuccess) is valid only in wrId,
+// status, qpNumber and vendorError (ibv_poll_cq(3)): never read the rest then.
 struct WorkCompletion {
   uint64_t wrId = 0;
   WcStatus status = WcStatus::kSuccess;
@@ -50,6 +51,7 @@ struct WorkCompletion {
   bool hasImmediate = false;
   uint32_t immediate = 0;  // host order
   uint32_t vendorError = 0;
+  uint32_t qpNumber = 0;
 };
 
 enum class AsyncEventType : uint8_t {
@@ -58,6 +60,7 @@ enum class AsyncEventType : uint8_t {
   kGidChange,    // IBV_EVENT_GID_CHANGE
   kQpFatal,      // IBV_EVENT_QP_FATAL and other per-QP errors
   kDeviceFatal,  // IBV_EVENT_DEVICE_FATAL
+  kCqError,      // IBV_EVENT_CQ_ERR: a CQ overran; its QPs are in ERR and polling it fails
   kOther,
 };
 const char* asyncEventName(AsyncEventType type);

@@ -165,6 +165,7 @@ class SystemCompletionQueue : public VerbsCompletionQueue {
       wc.hasImmediate = (wcs[i].wc_flags & IBV_WC_WITH_IMM) != 0;
       wc.immediate = wc.hasImmediate ? ntohl(wcs[i].imm_data) : 0;
       wc.vendorError = wcs[i].vendor_err;
+      wc.qpNumber = wcs[i].qp_num;
     }
     return got;
   }
@@ -493,6 +494,7 @@ class SystemDevice : public VerbsDevice {
       case IBV_EVENT_QP_REQ_ERR:
       case IBV_EVENT_QP_ACCESS_ERR: event->type = AsyncEventType::kQpFatal; break;
       case IBV_EVENT_DEVICE_FATAL: event->type = AsyncEventType::kDeviceFatal; break;
+      case IBV_EVENT_CQ_ERR: event->type = AsyncEventType::kCqError; break;
       default: event->type = AsyncEventType::kOther; break;
     }
     bool portEvent = raw.event_type == IBV_EVENT_PORT_ACTIVE || raw.event_type == IBV_EVENT_PORT_ERR ||
