@@ -343,6 +343,41 @@ def test_a_write_in_flight_on_the_old_path_never_lands_after_completion(fabric):
     assert dst == b"\xee" * size
 
 
+@pytest.mark.parametrize("fence_delay_ms", [500, 0])
+def test_writes_accepted_before_the_fence_land_before_the_resync(fabric, fence_delay_ms):
+    """A QP moved to ERR takes no more packets, but writes its HCA accepted just
+    before may still be on their way to memory. The receiver's NIC here accepts
+    at once and writes memory 300 ms later; the sender fails over while some of
+    a registered message's writes are accepted but not landed. With the fence
+    delay (RECCL_IB_FENCE_DELAY_MS, longer than that) the receiver reports what
+    it has only after they landed, so nothing lands after the receive completed
+    and the application reused its buffer. Without it (0) they do: the
+    application's bytes are overwritten, which is what the delay prevents."""
+    f = fabric(RECCL_HEARTBEAT_MS="3000", RECCL_IB_TIMEOUT="20", RECCL_IB_FENCE_DELAY_MS=fence_delay_ms)
+    send, recv = f.pair()
+    size = 8 * CHUNK
+    src = bytearray(message(84, 0, size))
+    dst = bytearray(size)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    registered_stream(f.a, f.b, send, recv, [CHUNK], 85)  # warm: both paths up
+    f.emu.set_landing_delay(B0, 0.3)
+    writes = f.emu.counters()["writes"]
+    request_r = recv.irecv(dst, registration=dst_reg)
+    request_s = send.isend(src, registration=src_reg)
+    assert wait_until(lambda: f.emu.counters()["writes"] >= writes + 2, 5)  # accepted, not landed
+    f.emu.port_down(A0)  # the sender fails over at once; the receiver fences the old QP
+    assert request_r.wait(10) == size and request_s.wait(10) == size
+    assert recv.active_path == 1
+    assert dst == src
+    dst[:] = b"\xee" * size  # the application reuses its buffer
+    time.sleep(0.5)  # past every landing
+    assert f.emu.counters()["landed_late"] >= 2
+    if fence_delay_ms:
+        assert dst == b"\xee" * size
+    else:
+        assert dst != b"\xee" * size  # a stale write of the old path landed in the reused buffer
+
+
 def test_failback_waits_for_the_old_paths_writes_or_fences_it(fabric):
     """On failback the old path stays healthy, so the receiver does not fence
     it: the sender must see every direct write of it completed first. Writes
@@ -608,6 +643,38 @@ def test_addr_range_picks_the_gid_and_survives_a_flap(fabric):
         k.pair()
 
 
+def test_registered_buffers_use_relaxed_ordering_where_the_library_can_ask(fabric):
+    """Buffers registered with the transport (NCCL's regMr) ask for
+    IBV_ACCESS_RELAXED_ORDERING on every device whose library has
+    ibv_reg_mr_iova2, as NCCL does; a device without it (where asking would fail
+    with EINVAL) registers without it and still carries the data; the transport's
+    own rings never use it; RECCL_IB_RELAXED_ORDERING=off never asks."""
+    f = fabric()
+    f.emu.set_relaxed_ordering(A1, False)
+    send, recv = f.pair()
+    before = {d: f.emu.memory_regions(d) for d in (A0, A1, B0, B1)}
+    assert all(relaxed == 0 for _, relaxed in before.values())  # rings and FIFOs: never
+    src = bytearray(message(86, 0, 3 * CHUNK))
+    dst = bytearray(len(src))
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    after = {d: f.emu.memory_regions(d) for d in (A0, A1, B0, B1)}
+    assert after[A0] == (before[A0][0] + 1, 1)
+    assert after[A1] == (before[A1][0] + 1, 0)  # fell back: no ibv_reg_mr_iova2
+    assert after[B0] == (before[B0][0] + 1, 1) and after[B1] == (before[B1][0] + 1, 1)
+    request_r = recv.irecv(dst, registration=dst_reg)
+    assert send.isend(src, registration=src_reg).wait(10) == len(src)
+    assert request_r.wait(10) == len(src) and dst == src
+    f.emu.port_down(A0)  # over the device without relaxed ordering too
+    assert wait_until(lambda: send.active_path == 1, 5)
+    dst[:] = bytes(len(dst))
+    request_r = recv.irecv(dst, registration=dst_reg)
+    assert send.isend(src, registration=src_reg).wait(10) == len(src)
+    assert request_r.wait(10) == len(src) and dst == src
+    g = fabric(RECCL_IB_RELAXED_ORDERING="off")
+    g.a.register(bytearray(4096))
+    assert g.emu.memory_regions(A0)[1] == 0
+
+
 def test_ib_settings_are_validated():
     for name, value, needle in [("RECCL_IB_TIMEOUT", "0", "1..31"), ("RECCL_IB_TIMEOUT", "32", "1..31"),
                                 ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma"),
@@ -618,7 +685,9 @@ def test_ib_settings_are_validated():
                                 ("RECCL_IB_ADDR_RANGE", "fd00::/129", "prefix length must be 0..128"),
                                 ("RECCL_IB_ADDR_RANGE", "10.0.0/8", "'10.0.0' is not an IPv4 address"),
                                 ("RECCL_IB_ADDR_RANGE", "fd00::g/8", "not an IPv6 address"),
-                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/x", "prefix length")]:
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/x", "prefix length"),
+                                ("RECCL_IB_RELAXED_ORDERING", "on", "auto or off"),
+                                ("RECCL_IB_FENCE_DELAY_MS", "1001", "0..1000")]:
         with pytest.raises(ConfigError, match=f"{name}=.*CIDR" if name == "RECCL_IB_ADDR_RANGE" else needle):
             _C.validate_config({name: value})
         with pytest.raises(ConfigError, match=needle):

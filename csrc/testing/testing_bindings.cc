@@ -165,14 +165,14 @@ void bindRawVerbs(py::module_& m) {
         py::buffer_info info = buffer.request(true);
         region->base = reinterpret_cast<uint64_t>(info.ptr);
         region->size = static_cast<size_t>(info.size * info.itemsize);
-        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
+        region->region = d.registerMemory(info.ptr, region->size, remoteWrite, false);
         return region;
       }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
       .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
         auto region = std::make_shared<PyRegion>();
         region->base = iova;
         region->size = length;
-        region->region = d.registerDmaBuf(fd, offset, length, iova);
+        region->region = d.registerDmaBuf(fd, offset, length, iova, false);
         return region;
       }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
          "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
@@ -180,7 +180,7 @@ void bindRawVerbs(py::module_& m) {
         auto region = std::make_shared<PyRegion>();
         region->base = address;
         region->size = length;
-        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
+        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length, false);
         return region;
       }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
       .def("create_channel", [](VerbsDevice& d) {
@@ -237,6 +237,15 @@ PYBIND11_MODULE(_testing, m) {
              return out;
            }, py::arg("device"), "(traffic class, service level) of the device's QPs in RTR/RTS")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
+      .def("set_landing_delay", [](VerbsEmulation& e, const std::string& d, double seconds) {
+             e.setLandingDelay(d, Millis(static_cast<int64_t>(seconds * 1000)));
+           }, py::arg("device"), py::arg("seconds"),
+           "Deliveries to the device are acknowledged at once and reach memory this much later, "
+           "even past a move of the responder QP to ERR")
+      .def("set_relaxed_ordering", &VerbsEmulation::setRelaxedOrdering, py::arg("device"), py::arg("supported"),
+           "Whether the device's library can ask for IBV_ACCESS_RELAXED_ORDERING (has ibv_reg_mr_iova2)")
+      .def("memory_regions", &VerbsEmulation::memoryRegions, py::arg("device"),
+           "(live memory regions, of them with relaxed ordering) on the device")
       .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
              e.setGidSources(d, GidSources{table, queryEx, sysfs});
            }, py::arg("device"), py::arg("table") = true, py::arg("query_ex") = true, py::arg("sysfs") = true,
@@ -270,6 +279,7 @@ PYBIND11_MODULE(_testing, m) {
         d["corrupted"] = c.corrupted;
         d["qp_errors"] = c.qpErrors;
         d["cq_overruns"] = c.cqOverruns;
+        d["landed_late"] = c.landedLate;
         return d;
       });
 

@@ -69,6 +69,7 @@ struct MemoryRegionRecord {
   size_t bytes = 0;
   bool remoteWrite = false;
   bool remoteRead = false;
+  bool relaxedOrdering = false;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
 
@@ -126,6 +127,19 @@ struct WireRequest {
   bool senderFlushed = false;  // the sending QP went to ERR meanwhile
 };
 
+// A delivery its responder accepted (and ACKed) whose bytes reach memory
+// only at dueNs (setLandingDelay).
+struct Landing {
+  int64_t dueNs = 0;
+  uint32_t toQp = 0;
+  bool byLocalKey = false;  // a SEND into a receive buffer (lkey) or a write (rkey)
+  uint32_t key = 0;
+  uint64_t address = 0;
+  std::vector<uint8_t> payload;
+  bool hasRecv = false;
+  WorkCompletion wc;
+};
+
 struct DeviceRecord {
   std::string name;
   bool portUp = true;
@@ -134,7 +148,10 @@ struct DeviceRecord {
   int flaps = 0;
   std::string corruptKind;
   int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
-  int modifyTimeouts = 0;  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
+  int modifyTimeouts = 0;
+  int64_t landingDelayNs = 0;  // setLandingDelay
+  bool relaxedOrdering = true;  // setRelaxedOrdering: the library can ask for it
+  std::deque<Landing> landings;  // accepted for it, not yet in its memory, in order  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
   std::vector<GidEntry> extraGids;     // addGid: kept over flaps, after the link-local pair
   GidSources gidSources;
@@ -462,8 +479,23 @@ struct VerbsEmulation::State {
       target = mr->translate(request.remoteAddress);
     }
     uint32_t immediate = request.immediate;
-    if (request.sge.length > 0) std::memcpy(target, source, request.sge.length);
-    corrupt(fromDevice, request.op, target, request.sge.length, &immediate);
+    // A responder device with a landing delay accepts (and ACKs) now and
+    // writes memory later; what it accepted lands even if its QP goes to ERR
+    // meanwhile. Later deliveries queue behind earlier ones (RC order).
+    std::deque<Landing>& landings = devices[remote.device].landings;
+    const int64_t delay = devices[remote.device].landingDelayNs;
+    const bool late = delay > 0 || !landings.empty();
+    Landing landing;
+    uint8_t* into = target;
+    if (request.sge.length > 0) {
+      if (late) {
+        landing.payload.assign(source, source + request.sge.length);
+        into = landing.payload.data();
+      } else {
+        std::memcpy(target, source, request.sge.length);
+      }
+    }
+    corrupt(fromDevice, request.op, into, request.sge.length, &immediate);
     counters.bytes += request.sge.length;
     if (request.op == SendRequest::Op::kSend) {
       ++counters.sends;
@@ -471,10 +503,11 @@ struct VerbsEmulation::State {
       ++counters.writes;
       if (request.op == SendRequest::Op::kWriteWithImmediate) ++counters.writesWithImmediate;
     }
+    WorkCompletion wc;
+    RecvRequest recv;
     if (consumesRecv) {
-      RecvRequest recv = remote.recvs.front();
+      recv = remote.recvs.front();
       remote.recvs.pop_front();
-      WorkCompletion wc;
       wc.qpNumber = remote.qpNumber;
       wc.wrId = recv.wrId;
       wc.byteLength = request.sge.length;
@@ -485,9 +518,53 @@ struct VerbsEmulation::State {
         wc.hasImmediate = true;
         wc.immediate = immediate;
       }
-      complete(remote.recvCq, wc);
     }
+    if (late) {
+      const bool send = request.op == SendRequest::Op::kSend;
+      landing.dueNs = std::max(nowNs() + delay, landings.empty() ? int64_t{0} : landings.back().dueNs);
+      landing.toQp = remote.qpNumber;
+      landing.byLocalKey = send;
+      landing.key = send ? recv.sge.lkey : request.rkey;
+      landing.address = send ? recv.sge.address : request.remoteAddress;
+      landing.hasRecv = consumesRecv;
+      landing.wc = wc;
+      landings.push_back(std::move(landing));
+      return Delivery::kDone;
+    }
+    if (consumesRecv) complete(remote.recvCq, wc);
     return Delivery::kDone;
+  }
+
+  // Accepted deliveries whose time has come reach memory (the region looked
+  // up again: it may be gone) and complete their receive (flushed if the QP
+  // went to ERR meanwhile). True if any landed.
+  bool land(int64_t now) {
+    bool any = false;
+    for (DeviceRecord& device : devices) any = landOn(device.landings, now) || any;
+    return any;
+  }
+
+  bool landOn(std::deque<Landing>& landings, int64_t now) {
+    bool any = false;
+    while (!landings.empty() && landings.front().dueNs <= now) {
+      Landing landing = std::move(landings.front());
+      landings.pop_front();
+      if (!landing.payload.empty()) {
+        auto& keys = landing.byLocalKey ? byLkey : byRkey;
+        auto it = keys.find(landing.key);
+        if (it != keys.end() && it->second->covers(landing.address, landing.payload.size())) {
+          std::memcpy(it->second->translate(landing.address), landing.payload.data(), landing.payload.size());
+        }
+      }
+      ++counters.landedLate;
+      auto qp = qps.find(landing.toQp);
+      if (landing.hasRecv && qp != qps.end()) {
+        if (qp->second->state == QpState::kError) landing.wc.status = WcStatus::kFlushed;
+        complete(qp->second->recvCq, landing.wc);
+      }
+      any = true;
+    }
+    return any;
   }
 
   // The hold on `device` ended: what it parked on the wire arrives now, in
@@ -528,6 +605,9 @@ struct VerbsEmulation::State {
   }
 
   bool retrying() const {
+    for (const DeviceRecord& device : devices) {
+      if (!device.landings.empty()) return true;
+    }
     for (const auto& [number, qp] : qps) {
       if (qp->state == QpState::kReadyToSend && !qp->sends.empty()) return true;
     }
@@ -911,10 +991,12 @@ class EmulatedDevice : public VerbsDevice {
     if (!device.gidSources.queryEx && !device.gidSources.sysfs) entry.type = GidType::kUnknown;
     return entry;
   }
-  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                    bool remoteWrite) override {
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes, bool remoteWrite,
+                                                    bool relaxedOrdering) override {
     if (address == nullptr || bytes == 0) throw Error("cannot register an empty memory region");
+    checkRelaxedOrdering(relaxedOrdering);
     MemoryRegionRecord record;
+    record.relaxedOrdering = relaxedOrdering;
     record.device = device_;
     record.base = static_cast<uint8_t*>(address);
     record.iova = reinterpret_cast<uint64_t>(address);
@@ -923,13 +1005,18 @@ class EmulatedDevice : public VerbsDevice {
     return std::make_unique<EmulatedMemoryRegion>(state_, record);
   }
   bool supportsDmaBuf(std::string*) const override { return true; }
-  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t) override {
+  bool supportsRelaxedOrdering() const override {
+    Lock lock(state_->mutex);
+    return state_->devices[device_].relaxedOrdering;
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t, bool) override {
     throw Error("the verbs emulation cannot register GPU memory by pointer (on a real host that "
                 "needs nvidia-peermem); register it as a dma-buf instead");
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                    uint64_t iova) override {
+                                                    uint64_t iova, bool relaxedOrdering) override {
     if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");
+    checkRelaxedOrdering(relaxedOrdering);
     // Like a real NIC, the emulation reaches the memory through the fd (its
     // own mapping), never through the caller's address `iova`.
     auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes, iova);
@@ -940,6 +1027,7 @@ class EmulatedDevice : public VerbsDevice {
     record.bytes = bytes;
     record.remoteWrite = true;
     record.remoteRead = true;
+    record.relaxedOrdering = relaxedOrdering;
     return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
   }
   std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() override {
@@ -984,6 +1072,13 @@ class EmulatedDevice : public VerbsDevice {
   }
 
  private:
+  // A library without ibv_reg_mr_iova2 has only the plain ibv_reg_mr, which
+  // rejects the optional flag (EINVAL).
+  void checkRelaxedOrdering(bool asked) const {
+    if (asked && !supportsRelaxedOrdering()) {
+      throw Error("emulated ibv_reg_mr: IBV_ACCESS_RELAXED_ORDERING without ibv_reg_mr_iova2 (EINVAL)");
+    }
+  }
   static void checkPort(int port) {
     if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
   }
@@ -1025,7 +1120,8 @@ void VerbsEmulation::run() {
   nameThisThread("reccl-ibemu");
   Lock lock(state_->mutex);
   while (!state_->stopping) {
-    if (state_->step(nowNs())) continue;
+    const bool landed = state_->land(nowNs());
+    if (state_->step(nowNs()) || landed) continue;
     // Requests waiting (a route, a receive, their retry budget) are retried
     // every millisecond; with none, only new work (which notifies) can change
     // anything, so an idle fabric sleeps.
@@ -1110,6 +1206,30 @@ std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) 
                                 qp->state == QpState::kReadyToSend)) {
       out.push_back(qp->route);
     }
+  }
+  return out;
+}
+
+void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {
+  if (delay.count() < 0) throw ConfigError("a landing delay must be >= 0 ms");
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].landingDelayNs =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+}
+
+void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].relaxedOrdering = supported;
+}
+
+std::pair<int, int> VerbsEmulation::memoryRegions(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::pair<int, int> out{0, 0};
+  for (const auto& [key, region] : state_->byLkey) {
+    if (region->device != index) continue;
+    ++out.first;
+    if (region->relaxedOrdering) ++out.second;
   }
   return out;
 }

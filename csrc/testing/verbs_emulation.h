@@ -42,6 +42,7 @@ struct EmulationCounters {
   uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
   uint64_t corrupted = 0;       // deliveries altered by corruptNext
   uint64_t qpErrors = 0;        // QPs that entered ERR
+  uint64_t landedLate = 0;      // deliveries that reached memory after a landing delay
   uint64_t cqOverruns = 0;      // CQs that got more completions than their depth
   uint64_t held = 0;            // requests parked on the wire by setHold
   uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
@@ -83,6 +84,17 @@ class VerbsEmulation : public VerbsApi {
   // how tests show that a stale write of an old path cannot land once the
   // receiver fenced that path.
   void setHold(const std::string& device, bool hold);
+  // Deliveries to the device are accepted (and acknowledged) at once but
+  // reach its memory `delay` later, in order, even if the responder QP went
+  // to ERR meanwhile: a write the HCA accepted just before its QP was moved
+  // to ERR still lands (why a receiver waits RECCL_IB_FENCE_DELAY_MS after
+  // the fence before it reports what it has).
+  void setLandingDelay(const std::string& device, Millis delay);
+  // Whether the device's library can ask for relaxed ordering (it has
+  // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
+  void setRelaxedOrdering(const std::string& device, bool supported);
+  // The device's live memory regions: (all, those with relaxed ordering).
+  std::pair<int, int> memoryRegions(const std::string& device);
   // Alters the next delivery sent from `device`: "immediate" (an out-of-range
   // immediate), "payload" (the first payload byte flipped).
   void corruptNext(const std::string& device, const std::string& kind);

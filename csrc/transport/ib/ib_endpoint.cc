@@ -21,8 +21,10 @@ IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t 
   remote_.assign(role_ == Role::kSender ? kDataSlots * sizeof(uint64_t)
                                         : static_cast<size_t>(kDataSlots) * slotBytes_,
                  0);
-  localMr_ = device_->registerMemory(local_.data(), local_.size(), false);
-  remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true);
+  // Never relaxed ordering: the FIFO entry and staged chunks must be in
+  // place when the SEND or immediate after them completes.
+  localMr_ = device_->registerMemory(local_.data(), local_.size(), false, false);
+  remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true, false);
   const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 4);
   const int maxRecv = static_cast<int>(kControlRecvs);
   channel_ = device_->createCompletionChannel();

@@ -15,7 +15,7 @@ IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& polic
   if (!port.active) throw Error("flush QP: port " + std::to_string(kPort) + " of " + device_->name() + " is down");
   const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
                                  policy, device_->name());
-  landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false);
+  landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false, false);
   cq_ = device_->createCompletionQueue(4, nullptr);
   qp_ = device_->createQueuePair(cq_.get(), cq_.get(), 4, 1);
   qp_->toInit(kPort);

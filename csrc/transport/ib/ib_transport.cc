@@ -198,7 +198,7 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
   if (!config_.ibZeroCopy) return nullptr;
-  return IbRegistration::host(this, devices_, base, bytes);
+  return IbRegistration::host(this, devices_, base, bytes, config_.ibRelaxedOrdering);
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
@@ -206,7 +206,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* addr
   if (!config_.ibZeroCopy) {
     throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
   }
-  return IbRegistration::peer(this, devices_, address, bytes);
+  return IbRegistration::peer(this, devices_, address, bytes, config_.ibRelaxedOrdering);
 }
 
 void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
@@ -262,7 +262,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t
                                                                 uint64_t bytes, uint64_t address) {
   std::string why;
   if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
-  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address);
+  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address, config_.ibRelaxedOrdering);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {

@@ -205,18 +205,24 @@ class VerbsDevice {
   // it, else ibv_query_gid with the type from sysfs (gid_attrs/types), which
   // is kUnknown where sysfs does not say (hidden in a container, old kernel).
   virtual GidEntry queryGid(int port, int index) = 0;
-  // ibv_reg_mr; remote write access when `remoteWrite`.
+  // ibv_reg_mr; remote write access when `remoteWrite`. `relaxedOrdering`
+  // (only where supportsRelaxedOrdering): ibv_reg_mr_iova2 with
+  // IBV_ACCESS_RELAXED_ORDERING, an optional flag a device may ignore.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                            bool remoteWrite) = 0;
+                                                            bool remoteWrite, bool relaxedOrdering) = 0;
+  // Whether the library can ask for relaxed ordering (ibv_reg_mr_iova2,
+  // rdma-core v29+: the plain ibv_reg_mr symbol rejects optional flags).
+  virtual bool supportsRelaxedOrdering() const = 0;
   // ibv_reg_dmabuf_mr with local and remote write and remote read (the flush
   // reads it): `bytes` of the dma-buf
   // `fd` from `offset`, which the NIC addresses as [iova, iova + bytes).
   // Throws Error when the provider cannot (supportsDmaBuf says why).
   virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                            uint64_t iova) = 0;
+                                                            uint64_t iova, bool relaxedOrdering) = 0;
   // ibv_reg_mr on a device (GPU) pointer, local + remote write + remote read: works only
   // where a peer-memory module (nvidia-peermem) lets the NIC map it.
-  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) = 0;
+  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
+                                                                bool relaxedOrdering) = 0;
   // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
   virtual bool supportsDmaBuf(std::string* why) const = 0;
   virtual std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() = 0;  // ibv_create_comp_channel

@@ -62,6 +62,9 @@ struct Functions {
   using RegDmaBufMr = ibv_mr* (*)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
                                   int access);
   RegDmaBufMr regDmaBufMr = nullptr;
+  // Optional (rdma-core v29+): what ibv_reg_mr becomes with optional access flags.
+  using RegMrIova2 = ibv_mr* (*)(ibv_pd*, void* address, size_t length, uint64_t iova, unsigned int access);
+  RegMrIova2 regMrIova2 = nullptr;
   // Optional (rdma-core v30+): _ibv_query_gid_table / _ibv_query_gid_ex, the
   // symbols behind the inline ibv_query_gid_table / ibv_query_gid_ex.
   using QueryGidTable = ssize_t (*)(ibv_context*, void* entries, size_t maxEntries, uint32_t flags,
@@ -392,16 +395,18 @@ class SystemDevice : public VerbsDevice {
     }
     return entry;
   }
-  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                    bool remoteWrite) override {
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes, bool remoteWrite,
+                                                    bool relaxedOrdering) override {
     int access = IBV_ACCESS_LOCAL_WRITE | (remoteWrite ? IBV_ACCESS_REMOTE_WRITE : 0);
-    ibv_mr* mr = fn_->regMr(pd_, address, bytes, access);
+    ibv_mr* mr = regMr(address, bytes, access, relaxedOrdering);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
-  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) override {
-    ibv_mr* mr = fn_->regMr(pd_, address, bytes,
-                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  bool supportsRelaxedOrdering() const override { return fn_->regMrIova2 != nullptr; }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
+                                                        bool relaxedOrdering) override {
+    ibv_mr* mr = regMr(address, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                       relaxedOrdering);
     if (mr == nullptr) {
       throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
                   " (needs the nvidia-peermem module, or use dma-buf)");
@@ -429,10 +434,11 @@ class SystemDevice : public VerbsDevice {
     return true;
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                    uint64_t iova) override {
+                                                    uint64_t iova, bool relaxedOrdering) override {
     std::string why;
     if (!supportsDmaBuf(&why)) throw Error("dma-buf registration on " + name_ + ": " + why);
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (relaxedOrdering && supportsRelaxedOrdering()) access |= kRelaxedOrdering;
     ibv_mr* mr = fn_->regDmaBufMr(pd_, offset, bytes, iova, fd, access);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
@@ -510,6 +516,19 @@ class SystemDevice : public VerbsDevice {
   }
 
  private:
+  // IBV_ACCESS_RELAXED_ORDERING (IBV_ACCESS_OPTIONAL_FIRST), spelled out for older headers.
+  static constexpr int kRelaxedOrdering = 1 << 20;
+
+  // ibv_reg_mr as the header's macro makes it: with an optional flag it is
+  // ibv_reg_mr_iova2 (iova = the address); the plain symbol would reject it.
+  ibv_mr* regMr(void* address, size_t bytes, int access, bool relaxedOrdering) {
+    if (relaxedOrdering && fn_->regMrIova2 != nullptr) {
+      return fn_->regMrIova2(pd_, address, bytes, reinterpret_cast<uint64_t>(address),
+                             static_cast<unsigned int>(access | kRelaxedOrdering));
+    }
+    return fn_->regMr(pd_, address, bytes, access);
+  }
+
   std::shared_ptr<Functions> fn_;
   std::string name_;
   ibv_context* context_;
@@ -626,6 +645,7 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     return nullptr;
   }
   fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
+  fn->regMrIova2 = reinterpret_cast<Functions::RegMrIova2>(dlsym(h, "ibv_reg_mr_iova2"));
   fn->queryGidTable = reinterpret_cast<Functions::QueryGidTable>(dlsym(h, "_ibv_query_gid_table"));
   fn->queryGidEx = reinterpret_cast<Functions::QueryGidEx>(dlsym(h, "_ibv_query_gid_ex"));
   initForkProtection(h);
