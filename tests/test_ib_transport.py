@@ -461,12 +461,12 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, glob=1,
+    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)
     body = struct.pack("<IHBBIIHBB16sQIII", values["magic"], values["version"], values["role"],
-                       values["mtu"], values["qpn"], values["psn"], values["lid"], values["glob"], 0,
+                       values["mtu"], values["qpn"], values["psn"], values["lid"], values["link_layer"], 0,
                        values["gid"], values["addr"], values["rkey"], values["slots"],
                        values["slot_bytes"])
     return body.ljust(_C.IB_QP_EXCHANGE_BYTES, b"\x00")
@@ -484,6 +484,7 @@ def test_qp_exchange_is_validated_field_by_field():
         "null region": qp_exchange(addr=0),
         "slot count": qp_exchange(slots=65),
         "staging slots": qp_exchange(slot_bytes=100),
+        r"link layer 0; 1 \(Ethernet\) or 2 \(InfiniBand\)": qp_exchange(link_layer=0),
         "bytes; expected": qp_exchange()[:40],
     }
     for needle, data in bad.items():
@@ -673,6 +674,47 @@ def test_registered_buffers_use_relaxed_ordering_where_the_library_can_ask(fabri
     g = fabric(RECCL_IB_RELAXED_ORDERING="off")
     g.a.register(bytearray(4096))
     assert g.emu.memory_regions(A0)[1] == 0
+
+
+def test_infiniband_routes_by_lid_in_a_subnet_and_by_gid_across_subnets():
+    """On an InfiniBand port a QP addresses the peer's LID and sends a GRH only
+    when the peer's subnet prefix differs (a router between); the emulated
+    switches forward by DLID within a subnet and need the GRH across. Failover
+    and failback work the same (an IB port's GID does not move on a flap)."""
+    same = 0xfe80000000000000
+    f = Fabric("ib", infiniband=[same] * 4)
+    try:
+        send, recv = f.pair()
+        stream(send, recv, plan_sizes(11, 10, CHUNK), 11)
+        for device in (A0, A1, B0, B1):
+            assert f.emu.qp_global(device) and not any(f.emu.qp_global(device)), device  # LID routed
+        f.emu.port_down(A0)
+        assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+        f.emu.port_up(A0)
+        assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+        stream(send, recv, plan_sizes(12, 10, CHUNK), 12)
+    finally:
+        f.close()
+    g = Fabric("ib", infiniband=[same, same, 0xfe80000000000001, 0xfe80000000000001])
+    try:
+        send, recv = g.pair()
+        stream(send, recv, plan_sizes(13, 10, CHUNK), 13)
+        assert g.emu.qp_global(A0) and all(g.emu.qp_global(A0))  # across subnets: a GRH
+    finally:
+        g.close()
+
+
+def test_link_layers_of_both_ends_must_match():
+    """An InfiniBand port and a RoCE port cannot reach each other: the dial says
+    so, naming both, instead of timing out."""
+    ib = 0xfe80000000000000
+    f = Fabric("ib", infiniband=[ib, ib], RECCL_NO_PATH_TIMEOUT_MS=1000)  # host a IB, host b RoCE
+    try:
+        with pytest.raises(RecclError, match=r"link layers differ: ib-\w-0 is (InfiniBand|Ethernet \(RoCE\)), "
+                                             r"the peer's device is (Ethernet \(RoCE\)|InfiniBand)"):
+            f.pair()
+    finally:
+        f.close()
 
 
 def test_ib_settings_are_validated():

@@ -246,6 +246,12 @@ PYBIND11_MODULE(_testing, m) {
            "Whether the device's library can ask for IBV_ACCESS_RELAXED_ORDERING (has ibv_reg_mr_iova2)")
       .def("memory_regions", &VerbsEmulation::memoryRegions, py::arg("device"),
            "(live memory regions, of them with relaxed ordering) on the device")
+      .def("set_infiniband", &VerbsEmulation::setInfiniband, py::arg("device"),
+           py::arg("subnet_prefix") = 0xfe80000000000000ull,
+           "InfiniBand link layer for the device (before a transport opens it): LID routing in a "
+           "subnet, GRH across subnets")
+      .def("qp_global", &VerbsEmulation::connectedGlobal, py::arg("device"),
+           "whether each of the device's QPs in RTR/RTS sends with a GRH")
       .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
              e.setGidSources(d, GidSources{table, queryEx, sysfs});
            }, py::arg("device"), py::arg("table") = true, py::arg("query_ex") = true, py::arg("sysfs") = true,

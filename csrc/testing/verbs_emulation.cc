@@ -151,6 +151,9 @@ struct DeviceRecord {
   int modifyTimeouts = 0;
   int64_t landingDelayNs = 0;  // setLandingDelay
   bool relaxedOrdering = true;  // setRelaxedOrdering: the library can ask for it
+  bool ethernet = true;          // setInfiniband: false, with a LID and an IB GID
+  uint16_t lid = 0;
+  uint64_t subnetPrefix = 0;
   std::deque<Landing> landings;  // accepted for it, not yet in its memory, in order  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
   std::vector<GidEntry> extraGids;     // addGid: kept over flaps, after the link-local pair
@@ -218,6 +221,18 @@ WcOpcode opcodeOf(SendRequest::Op op) {
 }
 
 }  // namespace
+
+// An InfiniBand port's table: its port GID (subnet prefix + GUID) at index 0;
+// it does not move on a flap.
+std::vector<GidEntry> buildIbGidTable(int deviceIndex, uint64_t subnetPrefix) {
+  std::vector<GidEntry> table(kGidTableLength);
+  for (int i = 0; i < 8; ++i) table[0].gid[i] = static_cast<uint8_t>(subnetPrefix >> (56 - 8 * i));
+  table[0].gid[8] = 0x02;  // a GUID
+  table[0].gid[15] = static_cast<uint8_t>(deviceIndex + 1);
+  table[0].type = GidType::kIb;
+  for (size_t i = 0; i < table.size(); ++i) table[i].index = static_cast<int>(i);
+  return table;
+}
 
 struct VerbsEmulation::State {
   std::mutex mutex;
@@ -332,12 +347,24 @@ struct VerbsEmulation::State {
       return nullptr;  // a QP in RESET/INIT/ERR drops what arrives
     }
     if (remote.peer.qpNumber != qp.qpNumber || !linkUsable(remote.device)) return nullptr;
-    const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
-    if (theirs.gid != qp.peer.gid) return nullptr;
-    if (!carriedBetween(local.gids.at(qp.gidIndex), theirs)) return nullptr;
+    const DeviceRecord& far = devices[remote.device];
+    if (local.ethernet != far.ethernet) return nullptr;  // an IB port cannot reach a RoCE one
     // The responder takes only the PSN it expects: ours must be its rq_psn
     // (a mismatch is NAKed or dropped as a duplicate, then retry-exceeded).
     if (remote.peer.packetSequence != qp.sendPsn) return nullptr;
+    if (!local.ethernet) {
+      // InfiniBand: switches forward by DLID within a subnet; across subnets
+      // only a GRH (routed by GID) gets there.
+      if (local.subnetPrefix != far.subnetPrefix) {
+        return qp.peer.global && far.gids.at(remote.gidIndex).gid == qp.peer.gid ? &remote : nullptr;
+      }
+      if (qp.peer.lid != far.lid) return nullptr;
+      if (qp.peer.global && far.gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
+      return &remote;
+    }
+    const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
+    if (theirs.gid != qp.peer.gid) return nullptr;
+    if (!carriedBetween(local.gids.at(qp.gidIndex), theirs)) return nullptr;
     return &remote;
   }
 
@@ -846,6 +873,11 @@ class EmulatedQueuePair : public VerbsQueuePair {
       throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
     }
     if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
+    const DeviceRecord& device = state_->devices[record_.device];
+    if (device.ethernet && !peer.global) throw Error("RoCE needs a GRH (is_global) in the address vector (EINVAL)");
+    if (!device.ethernet && !peer.global && peer.lid == 0) {
+      throw Error("an InfiniBand address vector without a GRH needs a DLID (EINVAL)");
+    }
     if (route.serviceLevel > 15) {
       throw Error("service level " + std::to_string(route.serviceLevel) + " not in 0..15 (4 bits)");
     }
@@ -959,7 +991,8 @@ class EmulatedDevice : public VerbsDevice {
     Lock lock(state_->mutex);
     PortAttributes attributes;
     attributes.active = state_->devices[device_].portUp;
-    attributes.ethernet = true;
+    attributes.ethernet = state_->devices[device_].ethernet;
+    attributes.lid = state_->devices[device_].lid;
     attributes.activeMtu = 3;  // 1024, the usual RoCE MTU
     attributes.gidTableLength = static_cast<int>(state_->devices[device_].gids.size());
     attributes.speedMbps = kEmulatedPortMbps;
@@ -1155,7 +1188,9 @@ void VerbsEmulation::setPortUp(const std::string& device, bool up) {
   DeviceRecord& record = state_->devices[index];
   if (record.portUp == up) return;
   record.portUp = up;
-  if (up) {
+  if (up && !record.ethernet) {
+    state_->raise(index, AsyncEventType::kPortActive);  // an IB port's GID stays where it was
+  } else if (up) {
     record.gids = buildGidTable(index, ++record.flaps, record.extraGids);
     state_->raise(index, AsyncEventType::kGidChange);
     state_->raise(index, AsyncEventType::kPortActive);
@@ -1215,6 +1250,29 @@ void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {
   Lock lock(state_->mutex);
   state_->devices[state_->deviceIndex(device)].landingDelayNs =
       std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+}
+
+void VerbsEmulation::setInfiniband(const std::string& device, uint64_t subnetPrefix) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  DeviceRecord& record = state_->devices[index];
+  record.ethernet = false;
+  record.lid = static_cast<uint16_t>(index + 1);
+  record.subnetPrefix = subnetPrefix;
+  record.gids = buildIbGidTable(index, subnetPrefix);
+}
+
+std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<bool> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->peer.global);
+    }
+  }
+  return out;
 }
 
 void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {

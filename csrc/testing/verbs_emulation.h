@@ -2,7 +2,8 @@
 // transport runs and is tested where there is no RDMA hardware. Several
 // transports in one process share one emulation: each opens its own devices.
 //
-// What it models: devices with one RoCE port (state, GID table), protection
+// What it models: devices with one RoCE port (or, set_infiniband, an IB port
+// with a LID; state, GID table), protection
 // domains, memory regions with lkey/rkey, bounds and access checks, completion
 // queues and completion channels (an eventfd; an armed CQ raises one event at
 // its next completion, then stays quiet until re-armed), RC QPs with the
@@ -93,6 +94,13 @@ class VerbsEmulation : public VerbsApi {
   // Whether the device's library can ask for relaxed ordering (it has
   // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
   void setRelaxedOrdering(const std::string& device, bool supported);
+  // Makes the device's port InfiniBand (before anything opens it): LID =
+  // its position + 1, one IB GID (subnetPrefix + a GUID) at index 0. Packets
+  // go by DLID within a subnet and need a GRH (the GID) across subnets; an IB
+  // port and a RoCE one never reach each other.
+  void setInfiniband(const std::string& device, uint64_t subnetPrefix);
+  // Whether each of the device's QPs in RTR/RTS sends with a GRH.
+  std::vector<bool> connectedGlobal(const std::string& device);
   // The device's live memory regions: (all, those with relaxed ordering).
   std::pair<int, int> memoryRegions(const std::string& device);
   // Alters the next delivery sent from `device`: "immediate" (an out-of-range

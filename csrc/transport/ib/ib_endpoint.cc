@@ -1,6 +1,7 @@
 #include "transport/ib/ib_endpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "core/error.h"
@@ -54,14 +55,20 @@ QpExchange IbEndpoint::describe(const GidPolicy& policy) {
   const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
                                  policy, device_->name());
   gidIndex_ = gid.index;
+  gid_ = gid.gid;
+  ethernet_ = port.ethernet;
+  if (!port.ethernet && port.lid == 0) {
+    throw Error("port " + std::to_string(kPort) + " of " + device_->name() +
+                " is InfiniBand without a LID (is a subnet manager running?)");
+  }
   mtu_ = port.activeMtu;
   QpExchange out;
   out.role = role_ == Role::kSender ? QpExchange::Role::kSender : QpExchange::Role::kReceiver;
   out.qp.qpNumber = qp_->qpNumber();
   out.qp.packetSequence = packetSequence_;
   out.qp.lid = port.lid;
-  out.qp.global = true;
   out.qp.gid = gid.gid;
+  out.ethernet = port.ethernet;
   out.mtu = mtu_;
   out.regionAddress = reinterpret_cast<uint64_t>(remote_.data());
   out.rkey = remoteMr_->rkey();
@@ -97,9 +104,17 @@ void modifyRetryingTimeouts(const char* what, Transition transition) {
 
 void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount,
                          const QpRoute& route) {
-  if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
+  auto layer = [](bool ethernet) { return ethernet ? "Ethernet (RoCE)" : "InfiniBand"; };
+  if (peer.ethernet != ethernet_) {
+    throw Error(std::string("link layers differ: ") + device_->name() + " is " + layer(ethernet_) +
+                ", the peer's device is " + layer(peer.ethernet) +
+                "; RoCE and InfiniBand ports cannot reach each other (RECCL_IB_HCA selects devices)");
+  }
+  QpPeer remote = peer.qp;
+  // The first 8 bytes of an IB GID are its subnet prefix.
+  remote.global = ethernet_ || std::memcmp(gid_.data(), peer.qp.gid.data(), 8) != 0;
   modifyRetryingTimeouts("moving the QP to RTR", [&] {
-    qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu), route);
+    qp_->toReadyToReceive(remote, kPort, gidIndex_, std::min(mtu_, peer.mtu), route);
   });
   modifyRetryingTimeouts("moving the QP to RTS",
                          [&] { qp_->toReadyToSend(packetSequence_, timeout, retryCount); });

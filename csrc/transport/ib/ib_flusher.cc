@@ -22,7 +22,7 @@ IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& polic
   QpPeer self;  // connected to itself: the READ never leaves the NIC
   self.qpNumber = qp_->qpNumber();
   self.lid = port.lid;
-  self.global = true;
+  self.global = port.ethernet;  // IB: its own LID, no GRH
   self.gid = gid.gid;
   qp_->toReadyToReceive(self, kPort, gid.index, port.activeMtu, QpRoute{});
   qp_->toReadyToSend(0, timeout, retryCount);

@@ -299,8 +299,12 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
                                                  config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
     QpExchange local = endpoint->describe(gidPolicy_);
-    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
     std::vector<uint8_t> mine = encodeQpExchange(local);
+    // Link layers that differ fail connect() below; the sender learns it from
+    // our description (and names it) instead of from a closed socket.
+    const bool mismatch = local.ethernet != remote.ethernet;
+    if (mismatch) exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
+    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t ready = 0;
     exchangeRead(socket.get(), &ready, 1, timeout, "sender's ready byte");

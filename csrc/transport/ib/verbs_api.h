@@ -126,7 +126,7 @@ struct QpPeer {
   uint32_t packetSequence = 0;
   uint16_t lid = 0;
   Gid gid{};
-  bool global = true;  // route by GID (always for RoCE)
+  bool global = true;  // a GRH, routed by GID (always on RoCE; on IB only across subnets)
 };
 
 // How our packets are marked (the address vector of INIT->RTR): settings of
