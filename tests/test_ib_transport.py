@@ -143,6 +143,24 @@ def test_a_failing_poll_cq_fails_the_path_and_the_data_moves_over(fabric, events
     stream(send, recv, plan_sizes(62, 10, CHUNK), 62)
 
 
+@pytest.mark.parametrize("device", [A0, B0])
+def test_a_completion_queue_overrun_fails_its_paths_which_come_back(fabric, events, device):
+    """CQ_ERR: the device's CQs overran, their QPs are in ERR and polling them
+    fails. Each path on them fails at its next turn (a heartbeat at the latest),
+    the stream goes on over rail 1 bit for bit, and since the NIC itself is fine
+    the primary is re-dialed on fresh CQs and the connection fails back."""
+    f = fabric()
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(65, 5, CHUNK), 65)
+    f.emu.overrun_cqs(device)
+    stream(send, recv, plan_sizes(66, 30, 2 * CHUNK), 66)
+    end = send if device == A0 else recv
+    assert wait_until(lambda: any("overran" in e.detail for e in events.of("path_down", end.id)), 5), [
+        e.detail for e in events.of("path_down", end.id)]
+    assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+    stream(send, recv, plan_sizes(67, 10, CHUNK), 67)
+
+
 def test_modify_qp_timeouts_are_retried_then_fail_the_dial_clearly(fabric):
     """ibv_modify_qp answering ETIMEDOUT (RoCE neighbour resolution still under
     way) is tried again: three timeouts on rail 0 still give a rail-0 primary.

@@ -252,6 +252,8 @@ PYBIND11_MODULE(_testing, m) {
            "subnet, GRH across subnets")
       .def("qp_global", &VerbsEmulation::connectedGlobal, py::arg("device"),
            "whether each of the device's QPs in RTR/RTS sends with a GRH")
+      .def("overrun_cqs", &VerbsEmulation::overrunCompletionQueues, py::arg("device"),
+           "Every CQ of the device overruns now: CQ_ERR, their QPs to ERR, polls fail")
       .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
              e.setGidSources(d, GidSources{table, queryEx, sysfs});
            }, py::arg("device"), py::arg("table") = true, py::arg("query_ex") = true, py::arg("sysfs") = true,

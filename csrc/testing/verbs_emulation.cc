@@ -259,6 +259,17 @@ struct VerbsEmulation::State {
     throw ConfigError("no emulated RDMA device '" + name + "'; devices: " + known);
   }
 
+  // The CQ overran: lost (CQ_ERR), with every QP that completes into it, as
+  // on a real HCA.
+  void overrun(CompletionQueueRecord* cq) {
+    cq->overrun = true;
+    ++counters.cqOverruns;
+    raise(cq->device, AsyncEventType::kCqError);
+    for (QueuePairRecord* qp : allQps) {
+      if (qp->sendCq == cq || qp->recvCq == cq) toError(*qp);
+    }
+  }
+
   void complete(CompletionQueueRecord* cq, WorkCompletion wc, uint64_t sendSequence = 0) {
     if (cq == nullptr || cq->overrun) return;
     if (wc.status == WcStatus::kFlushed) ++counters.flushed;
@@ -268,14 +279,7 @@ struct VerbsEmulation::State {
       ++counters.accessErrors;
     }
     if (cq->entries.size() >= cq->depth) {
-      // More completions than the CQ holds: the CQ is lost (CQ_ERR) and so
-      // is every QP that completes into it, as on a real HCA.
-      cq->overrun = true;
-      ++counters.cqOverruns;
-      raise(cq->device, AsyncEventType::kCqError);
-      for (QueuePairRecord* qp : allQps) {
-        if (qp->sendCq == cq || qp->recvCq == cq) toError(*qp);
-      }
+      overrun(cq);  // more completions than the CQ holds
       return;
     }
     if (wc.status != WcStatus::kSuccess) {
@@ -1273,6 +1277,14 @@ std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
     }
   }
   return out;
+}
+
+void VerbsEmulation::overrunCompletionQueues(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  for (CompletionQueueRecord* cq : state_->cqs) {
+    if (cq->device == index && !cq->overrun) state_->overrun(cq);
+  }
 }
 
 void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {

@@ -91,6 +91,9 @@ class VerbsEmulation : public VerbsApi {
   // to ERR still lands (why a receiver waits RECCL_IB_FENCE_DELAY_MS after
   // the fence before it reports what it has).
   void setLandingDelay(const std::string& device, Millis delay);
+  // Every CQ of the device overruns now (CQ_ERR; their QPs go to ERR; polling
+  // them fails), as if each had got more completions than its depth.
+  void overrunCompletionQueues(const std::string& device);
   // Whether the device's library can ask for relaxed ordering (it has
   // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
   void setRelaxedOrdering(const std::string& device, bool supported);

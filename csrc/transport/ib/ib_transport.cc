@@ -151,6 +151,13 @@ void IbTransport::watchEvents(int nic) {
       case AsyncEventType::kPortActive:
         health.setLinkUp(healthIds_[nic], true, Reason::kLinkUp);
         break;
+      case AsyncEventType::kCqError:
+        // One CQ overran (its QPs are in ERR): the path owning it finds its
+        // poll failing at its next turn (a heartbeat at the latest) and fails
+        // over; the event does not say which, and the NIC itself is fine.
+        RECCL_LOG(kWarn, "completion queue overrun on " + nics_[nic].name +
+                             ": the path using it fails over and re-dials");
+        break;
       default:
         // GID changes need nothing here: each new QP reads the table afresh.
         // A QP's own fatal error shows up as CQE errors on its path.
