@@ -322,12 +322,16 @@ class Fabric:
     TCP (the only fault a TCP transport can be given inside one process).
     """
 
-    def __init__(self, kind="ib", **overrides):
+    def __init__(self, kind="ib", infiniband=None, **overrides):
+        """`infiniband`: IB only, four subnet prefixes (A0, A1, B0, B1) that make
+        the devices InfiniBand ports instead of RoCE ones."""
         self.kind = kind
         self.pairs = []
         self.listeners = []
         if kind == "ib":
             self.emu = testing().IbEmulation([A0, A1, B0, B1])
+            for device, prefix in zip((A0, A1, B0, B1), infiniband or ()):
+                self.emu.set_infiniband(device, prefix)
             self.nics_a, self.nics_b = [A0, A1], [B0, B1]
             self.a = native().IbTransport(self.emu, ib_env(self.nics_a, **overrides))
             self.b = native().IbTransport(self.emu, ib_env(self.nics_b, **overrides))

@@ -33,7 +33,8 @@ class Pair:
     """Two connected RC QPs on devices x and y, each with send/recv CQs and a
     64 KiB buffer registered for remote write."""
 
-    def __init__(self, timeout=10, retry=1, max_send=16, channel=False):
+    def __init__(self, timeout=10, retry=1, max_send=16, channel=False, send_cq_depth=64, psn_x=0, psn_y=0,
+                 y_expects_psn=None):
         self.emu = emulations().IbEmulation(["x", "y"])
         self.x, self.y = self.emu.open("x"), self.emu.open("y")
         self.bx, self.by = bytearray(65536), bytearray(65536)
@@ -42,17 +43,19 @@ class Pair:
         # With `channel`, y's two CQs announce completions on one channel, as
         # an IB path's do.
         self.channel = self.y.create_channel() if channel else None
-        self.sx, self.rx = self.x.create_cq(), self.x.create_cq()
+        self.sx, self.rx = self.x.create_cq(depth=send_cq_depth), self.x.create_cq()
         self.sy, self.ry = self.y.create_cq(self.channel), self.y.create_cq(self.channel)
         self.qx = self.x.create_qp(self.sx, self.rx, max_send=max_send)
         self.qy = self.y.create_qp(self.sy, self.ry, max_send=max_send)
         gx, gy = roce_v2_ipv4_index(self.x), roce_v2_ipv4_index(self.y)
         for qp in (self.qx, self.qy):
             qp.to_init()
-        self.qx.to_rtr(self.qy.qp_number, self.y.gid_table()[gy][0], gx)
-        self.qy.to_rtr(self.qx.qp_number, self.x.gid_table()[gx][0], gy)
-        self.qx.to_rts(timeout, retry)
-        self.qy.to_rts(timeout, retry)
+        # y_expects_psn: what y is told x's PSN is (a wrong one models a bad exchange).
+        self.qx.to_rtr(self.qy.qp_number, self.y.gid_table()[gy][0], gx, peer_psn=psn_y)
+        self.qy.to_rtr(self.qx.qp_number, self.x.gid_table()[gx][0], gy,
+                       peer_psn=psn_x if y_expects_psn is None else y_expects_psn)
+        self.qx.to_rts(timeout, retry, psn=psn_x)
+        self.qy.to_rts(timeout, retry, psn=psn_y)
 
 
 def poll_until(cq, count, timeout=5.0):
@@ -102,7 +105,7 @@ def test_writes_land_in_order_and_immediates_complete_receives():
     assert bytes(p.by[1000:5096]) == bytes(src)
     recv = poll_until(p.ry, 1)
     assert recv == [{"wr_id": 77, "status": "success", "opcode": "recv_rdma_with_imm",
-                     "byte_len": 4096, "imm": 0xABCD}]
+                     "byte_len": 4096, "imm": 0xABCD, "qp_num": p.qy.qp_number, "vendor_err": 0}]
     counters = p.emu.counters()
     assert counters["writes"] == 9 and counters["writes_with_imm"] == 1
 
@@ -236,15 +239,100 @@ def test_dmabuf_regions_are_reached_through_the_fd_never_through_their_address()
 
 
 def test_dmabuf_and_gpu_pointer_registration_errors_are_clear():
+    """rdma-core's rules for ibv_reg_dmabuf_mr: the range lies inside the
+    dma-buf, and iova sits at the same offset within a page as `offset` (the
+    NIC maps whole pages); an unaligned offset with a matching iova is fine."""
     emu = emulations().IbEmulation(["x"])
     x = emu.open("x")
     arena = DmaBufArena(8192, "emu-bad")
-    with pytest.raises(RecclError, match="not a multiple of the 4096-byte page size"):
+    assert x.register_dmabuf(arena.fd, 100, 4096, arena.device + 100).address(0) == arena.device + 100
+    with pytest.raises(RecclError, match="offset 100 and iova .* different offsets within a 4096-byte page"):
         x.register_dmabuf(arena.fd, 100, 4096, arena.device)
-    with pytest.raises(RecclError, match="mmap of fd -1 failed"):
+    with pytest.raises(RecclError, match=r"\[4096, \+8192\) lies beyond the dma-buf's 8192 bytes"):
+        x.register_dmabuf(arena.fd, 4096, 8192, arena.device)
+    with pytest.raises(RecclError, match="fd -1 is not a dma-buf"):
         x.register_dmabuf(-1, 0, 4096, arena.device)
     with pytest.raises(RecclError, match="cannot register GPU memory by pointer"):
         x.register_gpu_pointer(arena.device, 4096)
+
+
+def test_an_unaligned_dmabuf_offset_reaches_the_right_bytes():
+    p = Pair()
+    arena = DmaBufArena(3 * 4096, "emu-unaligned")
+    region = p.y.register_dmabuf(arena.fd, 4196, 4000, arena.device + 4196)
+    p.bx[:32] = b"\x77" * 32
+    p.qx.post_send("write", p.mx, 0, 32, region.address(10), region.rkey, wr_id=1)
+    assert poll_until(p.sx, 1)[0]["status"] == "success"
+    assert bytes(arena.host[4206:4238]) == b"\x77" * 32 and not arena.host[:4206].any()
+
+
+def test_send_queue_slots_free_only_when_their_completion_is_polled():
+    """A send-queue slot is not free when its request executes but when its
+    completion, or a later one's (an unsignaled request has none), is polled."""
+    p = Pair(max_send=4)
+    for i in range(4):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(8 * i), p.my.rkey, wr_id=i)
+    deadline = time.monotonic() + 5
+    while p.emu.counters()["writes"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert p.emu.counters()["writes"] == 4  # all executed ...
+    with pytest.raises(RecclError, match="send queue full: 4 requests whose completions were not polled"):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=9)  # ... none polled
+    assert len(p.sx.poll(max=1)) == 1
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=4)  # one slot back
+    assert len(poll_until(p.sx, 4)) == 4
+    # Three unsignaled writes and a signaled one: the last one's completion frees all four.
+    for i in range(3):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=20 + i, signaled=False)
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=23)
+    time.sleep(0.05)
+    with pytest.raises(RecclError, match="send queue full"):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=24)
+    assert [c["wr_id"] for c in poll_until(p.sx, 1)] == [23]
+    for i in range(4):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=30 + i)
+    assert len(poll_until(p.sx, 4)) == 4
+
+
+def test_a_completion_queue_that_overruns_is_lost_with_its_queue_pairs():
+    """More completions than the CQ's depth: CQ_ERR, polling it fails (< 0) and
+    its QPs go to ERR (their requests are flushed, so nothing more lands)."""
+    p = Pair(send_cq_depth=2, max_send=8)
+    for i in range(3):
+        p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=i)
+    assert p.x.wait_event(2.0) == "CQ error"
+    with pytest.raises(RecclError, match="ibv_poll_cq failed .* overran its 2 entries"):
+        p.sx.poll()
+    assert p.emu.counters()["cq_overruns"] == 1
+    p.bx[:8] = b"late!!!!"
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(100), p.my.rkey, wr_id=7)
+    time.sleep(0.05)
+    assert p.by[100:108] == b"\x00" * 8  # the QP is in ERR: nothing of it lands
+
+
+def test_packet_sequence_numbers_must_match():
+    """The responder takes only the PSN it was told to expect (rq_psn): a QP
+    whose sq_psn differs gets nothing through (retry exceeded); equal non-zero
+    PSNs work, compared in their 24 bits."""
+    good = Pair(psn_x=0x123456, psn_y=0xABCDEF, y_expects_psn=0x1123456)  # 24 bits: the same
+    good.qx.post_send("write", good.mx, 0, 8, good.my.address(0), good.my.rkey, wr_id=1)
+    assert poll_until(good.sx, 1)[0]["status"] == "success"
+    bad = Pair(timeout=12, retry=1, psn_x=7, y_expects_psn=8)
+    bad.qx.post_send("write", bad.mx, 0, 8, bad.my.address(0), bad.my.rkey, wr_id=1)
+    assert poll_until(bad.sx, 1)[0]["status"] == "transport retry counter exceeded"
+
+
+def test_error_completions_are_valid_only_in_wr_id_status_qp_num_and_vendor_err():
+    p = Pair()
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=5)
+    ok = poll_until(p.sx, 1)[0]
+    assert (ok["wr_id"], ok["status"], ok["qp_num"], ok["opcode"], ok["byte_len"]) == (
+        5, "success", p.qx.qp_number, "rdma_write", 8)
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey + 99, wr_id=6)
+    bad = poll_until(p.sx, 1)[0]
+    assert (bad["wr_id"], bad["status"], bad["qp_num"]) == (6, "remote access error", p.qx.qp_number)
+    # The rest is garbage, as ibv_poll_cq(3) allows: nothing may read it.
+    assert bad["byte_len"] == 0xDEADBEEF and bad["imm"] == 0xBADC0DE
 
 
 def test_held_requests_land_late_unless_the_responder_was_fenced():

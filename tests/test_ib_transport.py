@@ -31,7 +31,7 @@ import torch_reccl
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
-from conftest import (A0, A1, B0, B1, IB_CHUNK, ib_env, in_thread, message, plan_sizes, run_sender,
+from conftest import (A0, A1, B0, B1, IB_CHUNK, Fabric, ib_env, in_thread, message, plan_sizes, run_sender,
                       stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
@@ -141,6 +141,24 @@ def test_a_failing_poll_cq_fails_the_path_and_the_data_moves_over(fabric, events
     downs = events.wait_for(3, "path_down", connection=end.id)
     assert any("ibv_poll_cq failed" in e.detail for e in downs), [e.detail for e in downs]
     stream(send, recv, plan_sizes(62, 10, CHUNK), 62)
+
+
+@pytest.mark.parametrize("device", [A0, B0])
+def test_a_completion_queue_overrun_fails_its_paths_which_come_back(fabric, events, device):
+    """CQ_ERR: the device's CQs overran, their QPs are in ERR and polling them
+    fails. Each path on them fails at its next turn (a heartbeat at the latest),
+    the stream goes on over rail 1 bit for bit, and since the NIC itself is fine
+    the primary is re-dialed on fresh CQs and the connection fails back."""
+    f = fabric()
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(65, 5, CHUNK), 65)
+    f.emu.overrun_cqs(device)
+    stream(send, recv, plan_sizes(66, 30, 2 * CHUNK), 66)
+    end = send if device == A0 else recv
+    assert wait_until(lambda: any("overran" in e.detail for e in events.of("path_down", end.id)), 5), [
+        e.detail for e in events.of("path_down", end.id)]
+    assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+    stream(send, recv, plan_sizes(67, 10, CHUNK), 67)
 
 
 def test_modify_qp_timeouts_are_retried_then_fail_the_dial_clearly(fabric):
@@ -343,6 +361,41 @@ def test_a_write_in_flight_on_the_old_path_never_lands_after_completion(fabric):
     assert dst == b"\xee" * size
 
 
+@pytest.mark.parametrize("fence_delay_ms", [500, 0])
+def test_writes_accepted_before_the_fence_land_before_the_resync(fabric, fence_delay_ms):
+    """A QP moved to ERR takes no more packets, but writes its HCA accepted just
+    before may still be on their way to memory. The receiver's NIC here accepts
+    at once and writes memory 300 ms later; the sender fails over while some of
+    a registered message's writes are accepted but not landed. With the fence
+    delay (RECCL_IB_FENCE_DELAY_MS, longer than that) the receiver reports what
+    it has only after they landed, so nothing lands after the receive completed
+    and the application reused its buffer. Without it (0) they do: the
+    application's bytes are overwritten, which is what the delay prevents."""
+    f = fabric(RECCL_HEARTBEAT_MS="3000", RECCL_IB_TIMEOUT="20", RECCL_IB_FENCE_DELAY_MS=fence_delay_ms)
+    send, recv = f.pair()
+    size = 8 * CHUNK
+    src = bytearray(message(84, 0, size))
+    dst = bytearray(size)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    registered_stream(f.a, f.b, send, recv, [CHUNK], 85)  # warm: both paths up
+    f.emu.set_landing_delay(B0, 0.3)
+    writes = f.emu.counters()["writes"]
+    request_r = recv.irecv(dst, registration=dst_reg)
+    request_s = send.isend(src, registration=src_reg)
+    assert wait_until(lambda: f.emu.counters()["writes"] >= writes + 2, 5)  # accepted, not landed
+    f.emu.port_down(A0)  # the sender fails over at once; the receiver fences the old QP
+    assert request_r.wait(10) == size and request_s.wait(10) == size
+    assert recv.active_path == 1
+    assert dst == src
+    dst[:] = b"\xee" * size  # the application reuses its buffer
+    time.sleep(0.5)  # past every landing
+    assert f.emu.counters()["landed_late"] >= 2
+    if fence_delay_ms:
+        assert dst == b"\xee" * size
+    else:
+        assert dst != b"\xee" * size  # a stale write of the old path landed in the reused buffer
+
+
 def test_failback_waits_for_the_old_paths_writes_or_fences_it(fabric):
     """On failback the old path stays healthy, so the receiver does not fence
     it: the sender must see every direct write of it completed first. Writes
@@ -426,12 +479,12 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, glob=1,
+    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)
     body = struct.pack("<IHBBIIHBB16sQIII", values["magic"], values["version"], values["role"],
-                       values["mtu"], values["qpn"], values["psn"], values["lid"], values["glob"], 0,
+                       values["mtu"], values["qpn"], values["psn"], values["lid"], values["link_layer"], 0,
                        values["gid"], values["addr"], values["rkey"], values["slots"],
                        values["slot_bytes"])
     return body.ljust(_C.IB_QP_EXCHANGE_BYTES, b"\x00")
@@ -449,6 +502,7 @@ def test_qp_exchange_is_validated_field_by_field():
         "null region": qp_exchange(addr=0),
         "slot count": qp_exchange(slots=65),
         "staging slots": qp_exchange(slot_bytes=100),
+        r"link layer 0; 1 \(Ethernet\) or 2 \(InfiniBand\)": qp_exchange(link_layer=0),
         "bytes; expected": qp_exchange()[:40],
     }
     for needle, data in bad.items():
@@ -482,25 +536,223 @@ def test_garbage_on_the_bootstrap_port_is_refused_and_counted(fabric):
     listener.close()
 
 
-def test_gid_choice_prefers_roce_v2_ipv4_and_skips_empty_entries():
+def test_gid_choice_takes_only_roce_v2_ipv4_or_the_addr_range():
+    """RoCE: a RoCE v2 GID that is not link-local and holds an IPv4 address (or,
+    with RECCL_IB_ADDR_RANGE, an address in that range); never RoCE v1, never
+    link-local, never a GID whose type is unknown (it may be v1)."""
     link_local = b"\xfe\x80" + b"\x00" * 13 + b"\x01"
     mapped = b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01"
+    other = b"\x00" * 10 + b"\xff\xff\xc0\xa8\x05\x07"  # 192.168.5.7
+    global6 = bytes.fromhex("fd000000000000000000000000000001")
     zero = b"\x00" * 16
     assert _C.ib_select_gid([(link_local, "RoCEv1"), (link_local, "RoCEv2"), (mapped, "RoCEv1"),
                              (mapped, "RoCEv2")]) == 3
-    assert _C.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2")]) == 2
+    # Link-local RoCE v2, IPv6 and v1 GIDs are not chosen by default: none usable.
+    assert _C.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2"),
+                             (global6, "RoCEv2"), (mapped, "RoCEv1")]) == -1
+    # Unknown types (sysfs hidden, no ibv_query_gid_ex) are never ranked usable.
+    assert _C.ib_select_gid([(link_local, "unknown"), (mapped, "unknown")]) == -1
     assert _C.ib_select_gid([(zero, "RoCEv2")]) == -1
-    assert _C.ib_select_gid([(link_local, "IB")], ethernet=False) == 0
+    # The lowest index wins among usable ones; the range picks among them.
+    table = [(link_local, "RoCEv2"), (other, "RoCEv2"), (global6, "RoCEv2"), (mapped, "RoCEv2")]
+    assert _C.ib_select_gid(table) == 1
+    assert _C.ib_select_gid(table, addr_range="10.0.0.0/8") == 3
+    assert _C.ib_select_gid(table, addr_range="10.0.0.1/32") == 3
+    assert _C.ib_select_gid(table, addr_range="192.168.4.0/23") == 1
+    assert _C.ib_select_gid(table, addr_range="10.1.0.0/16") == -1
+    assert _C.ib_select_gid(table, addr_range="fd00::/8") == 2
+    assert _C.ib_select_gid(table, addr_range="fe80::/10") == -1  # link-local never
+    assert _C.ib_select_gid(table, addr_range="0.0.0.0/0") == 1
+    # IB link layer: every GID is an IB GID; the first non-zero one.
+    assert _C.ib_select_gid([(zero, "IB"), (link_local, "IB")], ethernet=False) == 1
+    assert _C.ib_select_gid([(link_local, "unknown")], ethernet=False) == 0
     with pytest.raises(ConfigError, match="16 bytes"):
         _C.ib_select_gid([(b"\x01", "RoCEv2")])
+
+
+def ipv4_gid(a, b, c, d):
+    return b"\x00" * 10 + b"\xff\xff" + bytes([a, b, c, d])
+
+
+@pytest.mark.parametrize("sources", [dict(table=True, query_ex=False, sysfs=False),
+                                     dict(table=False, query_ex=True, sysfs=False),
+                                     dict(table=False, query_ex=False, sysfs=True)])
+def test_gid_types_come_from_the_verbs_calls_when_sysfs_is_hidden(sources):
+    """In a container sysfs may not show gid_attrs/types; the types then come
+    from ibv_query_gid_table (one call per dial) or ibv_query_gid_ex. Each way
+    the QPs use the RoCE v2 IPv4 GID (the emulated fabric is routed: a RoCE v1
+    or link-local GID, which the old sysfs-only reading fell back to, carries
+    nothing)."""
+    f = Fabric("ib")
+    try:
+        for device in (A0, A1, B0, B1):
+            f.emu.set_gid_sources(device, **sources)
+        send, recv = f.pair()
+        stream(send, recv, plan_sizes(5, 10, CHUNK), 5)
+        for device in (A0, B0):
+            assert set(f.emu.qp_gid_indexes(device)) == {ipv4_gid_index(f.emu.gid_table(device))}
+    finally:
+        f.close()
+
+
+def test_no_typed_gid_fails_the_dial_naming_the_table_and_the_fix(fabric):
+    """Neither the verbs calls nor sysfs give types: no GID is usable (an
+    unknown type may be RoCE v1), and the dial says so, naming the table and
+    RECCL_IB_GID_INDEX; forcing the IPv4 RoCE v2 index then works."""
+    f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1000")
+    for device in (A0, A1, B0, B1):
+        f.emu.set_gid_sources(device, table=False, query_ex=False, sysfs=False)
+    with pytest.raises(RecclError, match="no usable GID.*unknown-type.*RECCL_IB_GID_INDEX"):
+        f.pair()
+    index = ipv4_gid_index(f.emu.gid_table(A0))
+    assert all(ipv4_gid_index(f.emu.gid_table(d)) == index for d in (A1, B0, B1))
+    g = fabric(RECCL_IB_GID_INDEX=index)
+    for device in (A0, A1, B0, B1):
+        g.emu.set_gid_sources(device, table=False, query_ex=False, sysfs=False)
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(6, 5, CHUNK), 6)
+    assert set(g.emu.qp_gid_indexes(A0)) == {index}
+
+
+def test_a_forced_gid_index_that_holds_nothing_fails_clearly(fabric):
+    f = fabric(RECCL_IB_GID_INDEX=15, RECCL_NO_PATH_TIMEOUT_MS="1000")
+    with pytest.raises(RecclError, match=r"RECCL_IB_GID_INDEX=15: .* has no GID at that index; its GIDs: 0 fe80::"):
+        f.pair()
+
+
+def test_addr_range_picks_the_gid_and_survives_a_flap(fabric):
+    """Each device gets a second IPv4 address (192.168.x.1) and an IPv6 one
+    below its 10.0.x.1 GID: by default the lowest-indexed IPv4 GID is used,
+    RECCL_IB_ADDR_RANGE=10.0.0.0/16 picks 10.0.x.1, fd00::/16 the IPv6 one. After
+    a flap moves the addresses, the re-dialed QP finds the range's GID again."""
+    def extra(f):
+        for i, device in enumerate((A0, A1, B0, B1)):
+            f.emu.add_gid(device, ipv4_gid(192, 168, i, 1))
+            f.emu.add_gid(device, bytes.fromhex("fd0000000000000000000000000000") + bytes([i + 1]))
+
+    def gid_of(f, device):
+        return {f.emu.gid_table(device)[i][0] for i in f.emu.qp_gid_indexes(device)}
+
+    f = fabric()
+    extra(f)
+    send, recv = f.pair()
+    stream(send, recv, plan_sizes(7, 5, CHUNK), 7)
+    assert gid_of(f, A0) == {ipv4_gid(192, 168, 0, 1)}
+
+    g = fabric(RECCL_IB_ADDR_RANGE="10.0.0.0/16")
+    extra(g)
+    send, recv = g.pair()
+    stream(send, recv, plan_sizes(8, 5, CHUNK), 8)
+    assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)} and gid_of(g, B0) == {ipv4_gid(10, 0, 2, 1)}
+    g.emu.port_down(A0)
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+    g.emu.port_up(A0)
+    assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+    stream(send, recv, plan_sizes(9, 5, CHUNK), 9)
+    assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)}
+
+    h = fabric(RECCL_IB_ADDR_RANGE="fd00::/16")
+    extra(h)
+    send, recv = h.pair()
+    stream(send, recv, plan_sizes(10, 5, CHUNK), 10)
+    assert gid_of(h, A0) == {bytes.fromhex("fd0000000000000000000000000000") + b"\x01"}
+
+    k = fabric(RECCL_IB_ADDR_RANGE="172.16.0.0/12", RECCL_NO_PATH_TIMEOUT_MS="1000")
+    with pytest.raises(RecclError, match=r"none is RoCE v2 .*RECCL_IB_ADDR_RANGE=172.16.0.0/12"):
+        k.pair()
+
+
+def test_registered_buffers_use_relaxed_ordering_where_the_library_can_ask(fabric):
+    """Buffers registered with the transport (NCCL's regMr) ask for
+    IBV_ACCESS_RELAXED_ORDERING on every device whose library has
+    ibv_reg_mr_iova2, as NCCL does; a device without it (where asking would fail
+    with EINVAL) registers without it and still carries the data; the transport's
+    own rings never use it; RECCL_IB_RELAXED_ORDERING=off never asks."""
+    f = fabric()
+    f.emu.set_relaxed_ordering(A1, False)
+    send, recv = f.pair()
+    before = {d: f.emu.memory_regions(d) for d in (A0, A1, B0, B1)}
+    assert all(relaxed == 0 for _, relaxed in before.values())  # rings and FIFOs: never
+    src = bytearray(message(86, 0, 3 * CHUNK))
+    dst = bytearray(len(src))
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    after = {d: f.emu.memory_regions(d) for d in (A0, A1, B0, B1)}
+    assert after[A0] == (before[A0][0] + 1, 1)
+    assert after[A1] == (before[A1][0] + 1, 0)  # fell back: no ibv_reg_mr_iova2
+    assert after[B0] == (before[B0][0] + 1, 1) and after[B1] == (before[B1][0] + 1, 1)
+    request_r = recv.irecv(dst, registration=dst_reg)
+    assert send.isend(src, registration=src_reg).wait(10) == len(src)
+    assert request_r.wait(10) == len(src) and dst == src
+    f.emu.port_down(A0)  # over the device without relaxed ordering too
+    assert wait_until(lambda: send.active_path == 1, 5)
+    dst[:] = bytes(len(dst))
+    request_r = recv.irecv(dst, registration=dst_reg)
+    assert send.isend(src, registration=src_reg).wait(10) == len(src)
+    assert request_r.wait(10) == len(src) and dst == src
+    g = fabric(RECCL_IB_RELAXED_ORDERING="off")
+    g.a.register(bytearray(4096))
+    assert g.emu.memory_regions(A0)[1] == 0
+
+
+def test_infiniband_routes_by_lid_in_a_subnet_and_by_gid_across_subnets():
+    """On an InfiniBand port a QP addresses the peer's LID and sends a GRH only
+    when the peer's subnet prefix differs (a router between); the emulated
+    switches forward by DLID within a subnet and need the GRH across. Failover
+    and failback work the same (an IB port's GID does not move on a flap)."""
+    same = 0xfe80000000000000
+    f = Fabric("ib", infiniband=[same] * 4)
+    try:
+        send, recv = f.pair()
+        stream(send, recv, plan_sizes(11, 10, CHUNK), 11)
+        for device in (A0, A1, B0, B1):
+            assert f.emu.qp_global(device) and not any(f.emu.qp_global(device)), device  # LID routed
+        f.emu.port_down(A0)
+        assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+        f.emu.port_up(A0)
+        assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+        stream(send, recv, plan_sizes(12, 10, CHUNK), 12)
+    finally:
+        f.close()
+    g = Fabric("ib", infiniband=[same, same, 0xfe80000000000001, 0xfe80000000000001])
+    try:
+        send, recv = g.pair()
+        stream(send, recv, plan_sizes(13, 10, CHUNK), 13)
+        assert g.emu.qp_global(A0) and all(g.emu.qp_global(A0))  # across subnets: a GRH
+    finally:
+        g.close()
+
+
+def test_link_layers_of_both_ends_must_match():
+    """An InfiniBand port and a RoCE port cannot reach each other: the dial says
+    so, naming both, instead of timing out."""
+    ib = 0xfe80000000000000
+    f = Fabric("ib", infiniband=[ib, ib], RECCL_NO_PATH_TIMEOUT_MS=1000)  # host a IB, host b RoCE
+    try:
+        with pytest.raises(RecclError, match=r"link layers differ: ib-\w-0 is (InfiniBand|Ethernet \(RoCE\)), "
+                                             r"the peer's device is (Ethernet \(RoCE\)|InfiniBand)"):
+            f.pair()
+    finally:
+        f.close()
 
 
 def test_ib_settings_are_validated():
     for name, value, needle in [("RECCL_IB_TIMEOUT", "0", "1..31"), ("RECCL_IB_TIMEOUT", "32", "1..31"),
                                 ("RECCL_IB_RETRY_CNT", "8", "0..7"), ("RECCL_IB_HCA", "a,,b", "comma"),
-                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15")]:
+                                ("RECCL_IB_TC", "256", "0..255"), ("RECCL_IB_SL", "16", "0..15"),
+                                ("RECCL_IB_GID_INDEX", "-2", "-1..255"), ("RECCL_IB_GID_INDEX", "256", "-1..255"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0", "no /prefix length"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/33", "prefix length must be 0..32"),
+                                ("RECCL_IB_ADDR_RANGE", "fd00::/129", "prefix length must be 0..128"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0/8", "'10.0.0' is not an IPv4 address"),
+                                ("RECCL_IB_ADDR_RANGE", "fd00::g/8", "not an IPv6 address"),
+                                ("RECCL_IB_ADDR_RANGE", "10.0.0.0/x", "prefix length"),
+                                ("RECCL_IB_RELAXED_ORDERING", "on", "auto or off"),
+                                ("RECCL_IB_FENCE_DELAY_MS", "1001", "0..1000")]:
+        with pytest.raises(ConfigError, match=f"{name}=.*CIDR" if name == "RECCL_IB_ADDR_RANGE" else needle):
+            _C.validate_config({name: value})
         with pytest.raises(ConfigError, match=needle):
             _C.validate_config({name: value})
+    _C.validate_config({"RECCL_IB_ADDR_RANGE": "fd00::/8", "RECCL_IB_GID_INDEX": "3"})
     emu = emulations().IbEmulation([A0, A1])
     with pytest.raises(ConfigError, match="no emulated RDMA device 'mlx5_9'"):
         _C.IbTransport(emu, ib_env(["mlx5_9"]))

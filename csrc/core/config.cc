@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "core/address_range.h"
 #include "core/error.h"
 #include "core/frame.h"
 #include "core/log.h"
@@ -45,6 +46,10 @@ void storeNumbers(Config& config, SettingValue&& value) {
 }
 
 void storeZeroCopy(Config& config, SettingValue&& value) { config.ibZeroCopy = value.text == "on"; }
+
+void storeRelaxedOrdering(Config& config, SettingValue&& value) {
+  config.ibRelaxedOrdering = value.text == "auto";
+}
 
 void storeSpread(Config& config, SettingValue&& value) { config.spread = value.text == "on"; }
 
@@ -189,6 +194,31 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_IB_SL", "0", 0, 15, storeNumber<&Config::ibServiceLevel>,
             "IB transport: service level of every QP (the address vector's SL: the virtual "
             "lane on InfiniBand, the priority the driver maps it to on RoCE), as `NCCL_IB_SL`"),
+    integer("RECCL_IB_FENCE_DELAY_MS", "10", 0, 1000, storeNumber<&Config::ibFenceDelayMs>,
+            "IB transport: after a receiver moves a failed path's QP to the error state it waits "
+            "this long before it tells the sender which bytes arrived (RESYNC): writes the QP "
+            "accepted just before may still be on their way to memory, and the sender re-sends "
+            "what was not reported (as `NCCL_IB_RESILIENCY_PORT_FAILOVER_PROBE_DELAY`, 10 ms; "
+            "docs/ib.md, \"Fence, then resync\")"),
+    integer("RECCL_IB_GID_INDEX", "-1", -1, 255, storeNumber<&Config::ibGidIndex>,
+            "IB transport: the source GID index of every QP, as `NCCL_IB_GID_INDEX`; -1 chooses "
+            "per dial from the port's table as it is then (RoCE: the lowest-indexed RoCE v2 GID "
+            "holding an IPv4 address, or one in `RECCL_IB_ADDR_RANGE`; never link-local, RoCE v1 "
+            "or a GID of unknown type; chosen afresh after a link flap). A forced index must hold "
+            "a GID on every device, or the dial fails naming the table (docs/ib.md)"),
+    found("RECCL_IB_ADDR_RANGE", SettingType::kAddressRange, "IPv4-mapped RoCE v2 GIDs, any address",
+          storeText<&Config::ibAddressRange>,
+          "IB transport on RoCE: only a RoCE v2 GID whose address lies in this CIDR range is "
+          "chosen (`10.0.0.0/16`, or an IPv6 range such as `fd00::/8` to use IPv6 GIDs), as "
+          "`NCCL_IB_ADDR_RANGE`; a port without one fails its dials saying so"),
+    choice("RECCL_IB_RELAXED_ORDERING", "auto", "auto|off", storeRelaxedOrdering,
+           "IB transport: auto registers the buffers NCCL registers (`regMr`, dma-buf, GPU "
+           "pointers) with `IBV_ACCESS_RELAXED_ORDERING` where libibverbs has "
+           "`ibv_reg_mr_iova2` (rdma-core v29+; a device that cannot use it ignores the optional "
+           "flag), as NCCL's default `NCCL_IB_PCI_RELAXED_ORDERING=2` does: PCIe relaxed ordering "
+           "lets the NIC's writes pass each other, which matters for bandwidth on some CPUs and "
+           "virtual machines. The transport's own rings and FIFOs never use it (their order is "
+           "the protocol). off: never"),
     choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeZeroCopy,
            "IB transport. on: buffers registered with the transport (the NCCL plugin's `regMr` / "
            "`regMrDmaBuf`) are RDMA-written straight into the peer's registered receive buffer, "
@@ -287,6 +317,8 @@ std::string describeValid(const SettingSpec& spec) {
       return "a comma list of integers in " + range;
     case SettingType::kAddress:
       return "one interface name or local IPv4 address";
+    case SettingType::kAddressRange:
+      return "an IPv4 or IPv6 network in CIDR form (`10.0.0.0/16`, `fd00::/8`)";
     case SettingType::kText:
       break;
   }
@@ -330,6 +362,14 @@ SettingValue parseSetting(const SettingSpec& spec, const std::string& value, con
       break;
     case SettingType::kText:
       if (value.empty()) invalid(spec, label, value);
+      out.text = value;
+      break;
+    case SettingType::kAddressRange:
+      AddressRange range;
+      std::string why;
+      if (!AddressRange::tryParse(value, &range, &why)) {
+        throw ConfigError(label + "=" + value + " is not valid: " + why + "; " + AddressRange::kValidForm);
+      }
       out.text = value;
       break;
   }

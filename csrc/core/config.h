@@ -50,6 +50,10 @@ struct Config {
   int ibRetryCount;                // RECCL_IB_RETRY_CNT: retries before a QP errors out
   int ibTrafficClass;              // RECCL_IB_TC: GRH traffic class of every QP
   int ibServiceLevel;              // RECCL_IB_SL: service level of every QP
+  int ibFenceDelayMs;              // RECCL_IB_FENCE_DELAY_MS: wait after a QP's ERR before a RESYNC
+  int ibGidIndex;                  // RECCL_IB_GID_INDEX: -1 = chosen per dial from the table
+  std::string ibAddressRange;      // RECCL_IB_ADDR_RANGE: CIDR the RoCE GID must be in; empty = IPv4
+  bool ibRelaxedOrdering;          // RECCL_IB_RELAXED_ORDERING: auto = where the library has it
   bool ibZeroCopy;                 // RECCL_IB_ZERO_COPY: registered buffers placed directly
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
   std::string nvl;                 // RECCL_NVL: off | on (docs/nvl.md)
@@ -75,6 +79,7 @@ enum class SettingType {
   kIntList,  // a comma list of integers, each in lo..hi
   kAddress,  // one interface name or local IPv4 address (no commas)
   kText,     // any non-empty string
+  kAddressRange,  // an IPv4 or IPv6 network in CIDR form (core/address_range.h)
 };
 
 // The value of a setting once checked against its spec, in the field its type fills.

@@ -1,5 +1,6 @@
 #include "core/connection.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "core/grey_detector.h"
@@ -105,7 +106,7 @@ void Connection::failPathLocked(int index, Reason reason, const std::string& det
   slot.state = SlotState::kFailed;
   slot.lastFailure = reason;
   slot.lastDetail = detail;
-  slot.path->shutdown();
+  shutdownPathLocked(*slot.path);
   if (!closed_ && !peerClosed_) {
     NicHealth& health = NicHealth::instance();
     health.counters(env_.localHealthIds.at(slot.nics.localNic)).pathsDown.fetch_add(1);
@@ -131,7 +132,7 @@ uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
   Slot& slot = slots_.at(index);
   if (slot.path) {
     if (slot.state == SlotState::kUp) failPathLocked(index, Reason::kError, "replaced by a new dial");
-    slot.path->shutdown();
+    shutdownPathLocked(*slot.path);
     retired_.push_back(std::move(slot.path));
   }
   bool reestablished = slot.everUp;
@@ -144,6 +145,11 @@ uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
   if (reestablished) emitPathEvent(EventKind::kPathUp, index, Reason::kHealed, "");
   env_.supervisor->poke();
   return slot.pathId;
+}
+
+void Connection::shutdownPathLocked(Path& path) {
+  path.shutdown();
+  quietAfter_ = std::max(quietAfter_, path.quietAfter());
 }
 
 void Connection::reapLocked() {
@@ -219,7 +225,7 @@ void Connection::failConnectionLocked(const std::string& why) {
 void Connection::retireAllPathsLocked(const std::string& why) {
   for (auto& slot : slots_) {
     if (slot.path) {
-      slot.path->shutdown();
+      shutdownPathLocked(*slot.path);
       retired_.push_back(std::move(slot.path));
     }
     slot.state = SlotState::kIdle;

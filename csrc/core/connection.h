@@ -99,6 +99,8 @@ class Connection : public PathOwner, public Serviced {
   uint64_t installPathLocked(int index, std::shared_ptr<Path> path, PathCandidate nics);
   // Moves failed paths out of their slots (to be destroyed unlocked).
   void reapLocked();
+  // Stops `path` and notes when its late writes have landed (quietAfter_).
+  void shutdownPathLocked(Path& path);
   // Destroys retired paths whose last user has let go; call unlocked.
   void destroyRetired();
   // Fails the connection and everything pending on it.
@@ -135,6 +137,9 @@ class Connection : public PathOwner, public Serviced {
   mutable std::mutex mutex_;
   std::vector<Slot> slots_;
   std::vector<std::shared_ptr<Path>> retired_;
+  // When the late writes of every path stopped so far have landed
+  // (Path::quietAfter): a receiver reports what arrived only after it.
+  Clock::time_point quietAfter_{};
   uint64_t nextPathId_ = 1;
   int active_ = -1;
   uint64_t epoch_ = 0;

@@ -71,6 +71,14 @@ class Path {
   }
   // Stops all I/O at once (blocked calls return); threads exit soon after.
   virtual void shutdown() = 0;
+  // Once shut down, the instant from which nothing the peer sent on this path
+  // can still be landing in local memory. An RDMA QP moved to the error state
+  // takes no more packets, but writes it accepted just before may still be on
+  // their way to memory, so that is the shutdown plus a short delay (NCCL
+  // waits NCCL_IB_RESILIENCY_PORT_FAILOVER_PROBE_DELAY, 10 ms). A receiver
+  // reports what it has (RESYNC) only after it. Data that lands only through
+  // the receiver's own copy (fenced there by epochs) has nothing to wait for.
+  virtual Clock::time_point quietAfter() const { return {}; }
   // shutdown(), then waits until no thread runs, or will run, this path's I/O
   // (its own threads, or the event loops serving its sockets): once it
   // returns, no callback reaches the owner. The owner calls it before letting

@@ -1,5 +1,7 @@
 #include "core/recv_connection.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
@@ -136,6 +138,12 @@ RecvConnection::ResyncAnswer RecvConnection::answerIfFencedLocked() {
       return {};
     }
     RECCL_LOG(kWarn, "resync fence: copies of the old epoch still running; answering anyway");
+  }
+  // Writes a stopped path accepted just before it stopped may still be on
+  // their way to memory (Path::quietAfter): report what arrived only after.
+  if (Clock::now() < quietAfter_) {
+    env_.supervisor->wakeBy(quietAfter_);
+    return {};
   }
   const PendingResync pending = *pendingResync_;
   pendingResync_.reset();

@@ -141,7 +141,8 @@ void bindIbTransport(py::module_& m) {
     d["devices"] = api ? api->deviceNames() : std::vector<std::string>{};
     return d;
   }, "dlopen()s libibverbs.so.1: {'loaded', 'error', 'devices'}");
-  m.def("ib_select_gid", [](const std::vector<std::pair<py::bytes, std::string>>& table, bool ethernet) {
+  m.def("ib_select_gid", [](const std::vector<std::pair<py::bytes, std::string>>& table, bool ethernet,
+                            const std::string& addrRange) {
     std::vector<GidEntry> entries;
     for (const auto& [gid, type] : table) {
       std::string raw = gid;
@@ -149,10 +150,15 @@ void bindIbTransport(py::module_& m) {
       GidEntry entry;
       std::memcpy(entry.gid.data(), raw.data(), 16);
       entry.type = gidTypeFromName(type);
+      entry.index = static_cast<int>(entries.size());
       entries.push_back(entry);
     }
-    return selectGidIndex(entries, ethernet);
-  }, py::arg("table"), py::arg("ethernet") = true);
+    if (addrRange.empty()) return selectGidIndex(entries, ethernet);
+    const AddressRange range = AddressRange::parse(addrRange);
+    return selectGidIndex(entries, ethernet, &range);
+  }, py::arg("table"), py::arg("ethernet") = true, py::arg("addr_range") = "",
+     "The GID index the IB transport chooses from (gid, type) entries at their list positions "
+     "(addr_range: RECCL_IB_ADDR_RANGE); -1 when none is usable");
   m.def("ib_decode_qp_exchange", [](py::bytes data, const std::string& role) {
     std::string raw = data;
     if (role != "sender" && role != "receiver") {

@@ -33,9 +33,22 @@ const char* gidTypeName(GidType type) {
   return "unknown";
 }
 
+GidType gidTypeNamed(const std::string& name) {
+  for (GidType type : {GidType::kIb, GidType::kRoceV1, GidType::kRoceV2, GidType::kUnknown}) {
+    if (name == gidTypeName(type)) return type;
+  }
+  throw ConfigError("GID type '" + name + "' is not valid: expected IB, RoCEv1, RoCEv2 or unknown");
+}
+
+// (gid bytes, type name) at each entry's table index; empty indexes all-zero.
 py::list gidList(const std::vector<GidEntry>& table) {
-  py::list out;
+  std::vector<GidEntry> dense;
   for (const auto& entry : table) {
+    if (entry.index >= static_cast<int>(dense.size())) dense.resize(static_cast<size_t>(entry.index) + 1);
+    dense[static_cast<size_t>(entry.index)] = entry;
+  }
+  py::list out;
+  for (const auto& entry : dense) {
     out.append(py::make_tuple(py::bytes(reinterpret_cast<const char*>(entry.gid.data()), 16),
                               gidTypeName(entry.type)));
   }
@@ -67,6 +80,8 @@ py::dict completionDict(const WorkCompletion& wc) {
   d["opcode"] = kOpcodes[static_cast<int>(wc.opcode)];
   d["byte_len"] = wc.byteLength;
   d["imm"] = wc.hasImmediate ? py::object(py::int_(wc.immediate)) : py::none();
+  d["qp_num"] = wc.qpNumber;
+  d["vendor_err"] = wc.vendorError;
   return d;
 }
 
@@ -101,21 +116,26 @@ void bindRawVerbs(py::module_& m) {
   py::class_<VerbsQueuePair, std::shared_ptr<VerbsQueuePair>>(m, "IbQueuePair")
       .def_property_readonly("qp_number", &VerbsQueuePair::qpNumber)
       .def("to_init", [](VerbsQueuePair& qp) { qp.toInit(1); })
-      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex) {
+      .def("to_rtr", [](VerbsQueuePair& qp, uint32_t peerQp, py::bytes peerGid, int gidIndex, uint32_t peerPsn) {
         std::string raw = peerGid;
         if (raw.size() != 16) throw ConfigError("a GID has 16 bytes");
         QpPeer peer;
         peer.qpNumber = peerQp;
+        peer.packetSequence = peerPsn;
         std::memcpy(peer.gid.data(), raw.data(), 16);
         qp.toReadyToReceive(peer, 1, gidIndex, 3, QpRoute{});
-      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"))
-      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry) { qp.toReadyToSend(0, timeout, retry); },
-           py::arg("timeout"), py::arg("retry_count"))
+      }, py::arg("peer_qp"), py::arg("peer_gid"), py::arg("gid_index"), py::arg("peer_psn") = 0,
+         "INIT->RTR; peer_psn: the rq_psn, the PSN the peer's RTS will start from")
+      .def("to_rts", [](VerbsQueuePair& qp, int timeout, int retry, uint32_t psn) {
+        qp.toReadyToSend(psn, timeout, retry);
+      }, py::arg("timeout"), py::arg("retry_count"), py::arg("psn") = 0)
       .def("to_error", &VerbsQueuePair::toError)
       .def("post_send", [](VerbsQueuePair& qp, const std::string& op, const PyRegion& local, size_t offset,
-                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId) {
+                           size_t length, uint64_t remoteAddress, uint32_t rkey, uint32_t imm, uint64_t wrId,
+                           bool signaled) {
         SendRequest request;
         request.wrId = wrId;
+        request.signaled = signaled;
         request.op = opFromName(op);
         request.sge = {local.address(offset, length), static_cast<uint32_t>(length), local.region->lkey()};
         request.remoteAddress = remoteAddress;
@@ -124,7 +144,8 @@ void bindRawVerbs(py::module_& m) {
         std::string error;
         if (!qp.postSend(request, &error)) throw Error(error);
       }, py::arg("op"), py::arg("local"), py::arg("offset"), py::arg("length"),
-         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0)
+         py::arg("remote_address") = 0, py::arg("rkey") = 0, py::arg("imm") = 0, py::arg("wr_id") = 0,
+         py::arg("signaled") = true)
       .def("post_recv", [](VerbsQueuePair& qp, const PyRegion& local, size_t offset, size_t length, uint64_t wrId) {
         RecvRequest request;
         request.wrId = wrId;
@@ -135,21 +156,23 @@ void bindRawVerbs(py::module_& m) {
   py::class_<VerbsDevice, std::shared_ptr<VerbsDevice>>(m, "IbDevice")
       .def_property_readonly("name", &VerbsDevice::name)
       .def("port_active", [](VerbsDevice& d) { return d.queryPort(1).active; })
-      .def("gid_table", [](VerbsDevice& d) { return gidList(readGidTable(d, 1)); })
+      .def("gid_table", [](VerbsDevice& d) {
+        return gidList(readGidTable(d, 1, d.queryPort(1).gidTableLength));
+      }, "the port's GIDs as the transport reads them (gid, type) by index")
       .def("register", [](VerbsDevice& d, py::buffer buffer, bool remoteWrite) {
         auto region = std::make_shared<PyRegion>();
         region->owner = buffer;
         py::buffer_info info = buffer.request(true);
         region->base = reinterpret_cast<uint64_t>(info.ptr);
         region->size = static_cast<size_t>(info.size * info.itemsize);
-        region->region = d.registerMemory(info.ptr, region->size, remoteWrite);
+        region->region = d.registerMemory(info.ptr, region->size, remoteWrite, false);
         return region;
       }, py::arg("buffer"), py::arg("remote_write") = false, py::keep_alive<0, 1>())
       .def("register_dmabuf", [](VerbsDevice& d, int fd, uint64_t offset, size_t length, uint64_t iova) {
         auto region = std::make_shared<PyRegion>();
         region->base = iova;
         region->size = length;
-        region->region = d.registerDmaBuf(fd, offset, length, iova);
+        region->region = d.registerDmaBuf(fd, offset, length, iova, false);
         return region;
       }, py::arg("fd"), py::arg("offset"), py::arg("length"), py::arg("iova"), py::keep_alive<0, 1>(),
          "ibv_reg_dmabuf_mr: the NIC reaches [iova, +length) through the fd, never through iova")
@@ -157,15 +180,15 @@ void bindRawVerbs(py::module_& m) {
         auto region = std::make_shared<PyRegion>();
         region->base = address;
         region->size = length;
-        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length);
+        region->region = d.registerPeerMemory(reinterpret_cast<void*>(address), length, false);
         return region;
       }, py::arg("address"), py::arg("length"), py::keep_alive<0, 1>())
       .def("create_channel", [](VerbsDevice& d) {
         return std::shared_ptr<VerbsCompletionChannel>(d.createCompletionChannel());
       }, py::keep_alive<0, 1>())
-      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel) {
-        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(64, channel.get()));
-      }, py::arg("channel") = nullptr, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
+      .def("create_cq", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionChannel> channel, int depth) {
+        return std::shared_ptr<VerbsCompletionQueue>(d.createCompletionQueue(depth, channel.get()));
+      }, py::arg("channel") = nullptr, py::arg("depth") = 64, py::keep_alive<0, 1>(), py::keep_alive<0, 2>())
       .def("create_qp", [](VerbsDevice& d, std::shared_ptr<VerbsCompletionQueue> send,
                            std::shared_ptr<VerbsCompletionQueue> recv, int maxSend, int maxRecv) {
         return std::shared_ptr<VerbsQueuePair>(d.createQueuePair(send.get(), recv.get(), maxSend, maxRecv));
@@ -214,6 +237,38 @@ PYBIND11_MODULE(_testing, m) {
              return out;
            }, py::arg("device"), "(traffic class, service level) of the device's QPs in RTR/RTS")
       .def("gid_table", [](VerbsEmulation& e, const std::string& d) { return gidList(e.gidTable(d)); })
+      .def("set_landing_delay", [](VerbsEmulation& e, const std::string& d, double seconds) {
+             e.setLandingDelay(d, Millis(static_cast<int64_t>(seconds * 1000)));
+           }, py::arg("device"), py::arg("seconds"),
+           "Deliveries to the device are acknowledged at once and reach memory this much later, "
+           "even past a move of the responder QP to ERR")
+      .def("set_relaxed_ordering", &VerbsEmulation::setRelaxedOrdering, py::arg("device"), py::arg("supported"),
+           "Whether the device's library can ask for IBV_ACCESS_RELAXED_ORDERING (has ibv_reg_mr_iova2)")
+      .def("memory_regions", &VerbsEmulation::memoryRegions, py::arg("device"),
+           "(live memory regions, of them with relaxed ordering) on the device")
+      .def("set_infiniband", &VerbsEmulation::setInfiniband, py::arg("device"),
+           py::arg("subnet_prefix") = 0xfe80000000000000ull,
+           "InfiniBand link layer for the device (before a transport opens it): LID routing in a "
+           "subnet, GRH across subnets")
+      .def("qp_global", &VerbsEmulation::connectedGlobal, py::arg("device"),
+           "whether each of the device's QPs in RTR/RTS sends with a GRH")
+      .def("overrun_cqs", &VerbsEmulation::overrunCompletionQueues, py::arg("device"),
+           "Every CQ of the device overruns now: CQ_ERR, their QPs to ERR, polls fail")
+      .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
+             e.setGidSources(d, GidSources{table, queryEx, sysfs});
+           }, py::arg("device"), py::arg("table") = true, py::arg("query_ex") = true, py::arg("sysfs") = true,
+           "Where the device's GID types can be read: ibv_query_gid_table, ibv_query_gid_ex, sysfs "
+           "(all False: every type reads unknown)")
+      .def("add_gid", [](VerbsEmulation& e, const std::string& d, py::bytes gid, const std::string& type) {
+             std::string raw = gid;
+             if (raw.size() != 16) throw ConfigError("a GID has 16 bytes, not " + std::to_string(raw.size()));
+             Gid value{};
+             std::memcpy(value.data(), raw.data(), 16);
+             e.addGid(d, value, gidTypeNamed(type));
+           }, py::arg("device"), py::arg("gid"), py::arg("type") = "RoCEv2",
+           "Adds an address after the link-local pair (below the IPv4 GID), kept over flaps")
+      .def("qp_gid_indexes", &VerbsEmulation::connectedGidIndexes, py::arg("device"),
+           "the source GID index of each of the device's QPs in RTR/RTS")
       .def("counters", [](VerbsEmulation& e) {
         EmulationCounters c = e.counters();
         py::dict d;
@@ -231,6 +286,8 @@ PYBIND11_MODULE(_testing, m) {
         d["dropped"] = c.dropped;
         d["corrupted"] = c.corrupted;
         d["qp_errors"] = c.qpErrors;
+        d["cq_overruns"] = c.cqOverruns;
+        d["landed_late"] = c.landedLate;
         return d;
       });
 

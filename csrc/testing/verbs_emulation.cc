@@ -2,6 +2,7 @@
 
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,8 +45,18 @@ struct CompletionChannelRecord {
   std::deque<CompletionQueueRecord*> waiting;
 };
 
+// A completion waiting in its CQ, and (a send completion) which send-queue
+// slots polling it frees: every request of `qp` up to `sendSequence`.
+struct QueuedCompletion {
+  WorkCompletion wc;
+  uint64_t sendSequence = 0;  // 0: a receive completion
+};
+
 struct CompletionQueueRecord {
-  std::deque<WorkCompletion> entries;
+  std::deque<QueuedCompletion> entries;
+  size_t depth = 0;                             // ibv_create_cq's cqe: more is an overrun
+  int device = 0;
+  bool overrun = false;                         // unusable: polls fail, CQ_ERR raised
   VerbsCompletionQueue* handle = nullptr;       // what an event names
   CompletionChannelRecord* channel = nullptr;
   bool armed = false;                           // the next completion raises an event
@@ -58,6 +69,7 @@ struct MemoryRegionRecord {
   size_t bytes = 0;
   bool remoteWrite = false;
   bool remoteRead = false;
+  bool relaxedOrdering = false;
   uint32_t lkey = 0;
   uint32_t rkey = 0;
 
@@ -72,6 +84,7 @@ struct MemoryRegionRecord {
 
 struct PendingSend {
   SendRequest request;
+  uint64_t sequence = 0;  // its number among the QP's posted requests
   int64_t firstTryNs = 0;
   bool countedDrop = false;
 };
@@ -89,6 +102,11 @@ struct QueuePairRecord {
   int64_t retryBudgetNs = 0;
   size_t maxSend = 0;
   size_t maxRecv = 0;
+  uint32_t sendPsn = 0;   // sq_psn (RTS); the peer's rq_psn must equal it
+  // Send-queue slots: requests posted minus those whose completion (or a
+  // later one's: an unsignaled request has none) was polled.
+  uint64_t posted = 0;
+  uint64_t retired = 0;
   std::deque<PendingSend> sends;
   std::deque<RecvRequest> recvs;
 };
@@ -104,8 +122,22 @@ struct WireRequest {
   uint32_t toQp = 0;
   int fromDevice = 0;
   SendRequest request;
+  uint64_t sequence = 0;
   std::vector<uint8_t> payload;
   bool senderFlushed = false;  // the sending QP went to ERR meanwhile
+};
+
+// A delivery its responder accepted (and ACKed) whose bytes reach memory
+// only at dueNs (setLandingDelay).
+struct Landing {
+  int64_t dueNs = 0;
+  uint32_t toQp = 0;
+  bool byLocalKey = false;  // a SEND into a receive buffer (lkey) or a write (rkey)
+  uint32_t key = 0;
+  uint64_t address = 0;
+  std::vector<uint8_t> payload;
+  bool hasRecv = false;
+  WorkCompletion wc;
 };
 
 struct DeviceRecord {
@@ -116,14 +148,23 @@ struct DeviceRecord {
   int flaps = 0;
   std::string corruptKind;
   int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
-  int modifyTimeouts = 0;  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
+  int modifyTimeouts = 0;
+  int64_t landingDelayNs = 0;  // setLandingDelay
+  bool relaxedOrdering = true;  // setRelaxedOrdering: the library can ask for it
+  bool ethernet = true;          // setInfiniband: false, with a LID and an IB GID
+  uint16_t lid = 0;
+  uint64_t subnetPrefix = 0;
+  std::deque<Landing> landings;  // accepted for it, not yet in its memory, in order  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
   std::vector<GidEntry> gids;
+  std::vector<GidEntry> extraGids;     // addGid: kept over flaps, after the link-local pair
+  GidSources gidSources;
   std::vector<AsyncQueue*> listeners;  // one per open handle
 };
 
-std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
-  // Link-local first, then (depending on the flap count) some global IPv6
-  // addresses, then the IPv4-mapped address: its index moves with every flap.
+std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps, const std::vector<GidEntry>& extras) {
+  // Link-local first, then the added entries, then (depending on the flap
+  // count) some global IPv6 addresses, then the IPv4-mapped address: its
+  // index moves with every flap.
   std::vector<GidEntry> table;
   auto pair = [&](Gid gid) {
     table.push_back({gid, GidType::kRoceV1});
@@ -134,6 +175,7 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
   linkLocal[1] = 0x80;
   linkLocal[15] = static_cast<uint8_t>(deviceIndex + 1);
   pair(linkLocal);
+  table.insert(table.end(), extras.begin(), extras.end());
   for (int i = 0; i < flaps % 3; ++i) {
     Gid global{};
     global[0] = 0xfd;
@@ -151,8 +193,23 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps) {
   mapped[14] = static_cast<uint8_t>(deviceIndex);
   mapped[15] = 1;
   pair(mapped);
-  table.resize(kGidTableLength);  // the rest are empty (all-zero) entries
+  table.resize(std::max<size_t>(table.size(), kGidTableLength));  // the rest are empty (all-zero) entries
+  for (size_t i = 0; i < table.size(); ++i) table[i].index = static_cast<int>(i);
   return table;
+}
+
+bool isLinkLocalGid(const Gid& gid) { return gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80; }
+bool isIpv4MappedGid(const Gid& gid) {
+  static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid.data(), kPrefix, sizeof(kPrefix)) == 0;
+}
+
+// The emulated RoCE fabric is routed (each port its own IP subnet), as a
+// rail-optimized L3 fabric is: only RoCE v2 packets with routable addresses
+// cross it, and both ends must speak the same address family.
+bool carriedBetween(const GidEntry& from, const GidEntry& to) {
+  auto routable = [](const GidEntry& e) { return e.type == GidType::kRoceV2 && !isLinkLocalGid(e.gid); };
+  return routable(from) && routable(to) && isIpv4MappedGid(from.gid) == isIpv4MappedGid(to.gid);
 }
 
 WcOpcode opcodeOf(SendRequest::Op op) {
@@ -164,6 +221,18 @@ WcOpcode opcodeOf(SendRequest::Op op) {
 }
 
 }  // namespace
+
+// An InfiniBand port's table: its port GID (subnet prefix + GUID) at index 0;
+// it does not move on a flap.
+std::vector<GidEntry> buildIbGidTable(int deviceIndex, uint64_t subnetPrefix) {
+  std::vector<GidEntry> table(kGidTableLength);
+  for (int i = 0; i < 8; ++i) table[0].gid[i] = static_cast<uint8_t>(subnetPrefix >> (56 - 8 * i));
+  table[0].gid[8] = 0x02;  // a GUID
+  table[0].gid[15] = static_cast<uint8_t>(deviceIndex + 1);
+  table[0].type = GidType::kIb;
+  for (size_t i = 0; i < table.size(); ++i) table[i].index = static_cast<int>(i);
+  return table;
+}
 
 struct VerbsEmulation::State {
   std::mutex mutex;
@@ -190,15 +259,38 @@ struct VerbsEmulation::State {
     throw ConfigError("no emulated RDMA device '" + name + "'; devices: " + known);
   }
 
-  void complete(CompletionQueueRecord* cq, WorkCompletion wc) {
-    if (cq == nullptr) return;
+  // The CQ overran: lost (CQ_ERR), with every QP that completes into it, as
+  // on a real HCA.
+  void overrun(CompletionQueueRecord* cq) {
+    cq->overrun = true;
+    ++counters.cqOverruns;
+    raise(cq->device, AsyncEventType::kCqError);
+    for (QueuePairRecord* qp : allQps) {
+      if (qp->sendCq == cq || qp->recvCq == cq) toError(*qp);
+    }
+  }
+
+  void complete(CompletionQueueRecord* cq, WorkCompletion wc, uint64_t sendSequence = 0) {
+    if (cq == nullptr || cq->overrun) return;
     if (wc.status == WcStatus::kFlushed) ++counters.flushed;
     if (wc.status == WcStatus::kRetryExceeded) ++counters.retryExceeded;
     if (wc.status == WcStatus::kRemoteAccess || wc.status == WcStatus::kLocalProtection ||
         wc.status == WcStatus::kLocalLengthError) {
       ++counters.accessErrors;
     }
-    cq->entries.push_back(wc);
+    if (cq->entries.size() >= cq->depth) {
+      overrun(cq);  // more completions than the CQ holds
+      return;
+    }
+    if (wc.status != WcStatus::kSuccess) {
+      // Only wr_id, status, qp_num and vendor_err of an error completion
+      // are valid (ibv_poll_cq(3)); the rest is left as garbage here.
+      wc.opcode = static_cast<WcOpcode>((wc.wrId + 3) % 6);
+      wc.byteLength = 0xDEADBEEF;
+      wc.hasImmediate = true;
+      wc.immediate = 0xBADC0DE;
+    }
+    cq->entries.push_back({wc, sendSequence});
     if (cq->armed && cq->channel != nullptr) {
       // One event per arm, as on a real HCA: the CQ stays quiet until re-armed.
       cq->armed = false;
@@ -207,32 +299,36 @@ struct VerbsEmulation::State {
     }
   }
 
-  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status) {
+  // An unsignaled request that succeeds has no completion: its slot frees
+  // with the next completion polled after it.
+  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status, uint64_t sequence) {
     if (status == WcStatus::kSuccess && !request.signaled) return;
     WorkCompletion wc;
     wc.wrId = request.wrId;
     wc.status = status;
     wc.opcode = opcodeOf(request.op);
     wc.byteLength = request.sge.length;
-    complete(qp.sendCq, wc);
+    wc.qpNumber = qp.qpNumber;
+    complete(qp.sendCq, wc, sequence);
   }
 
   void toError(QueuePairRecord& qp) {
     if (qp.state == QpState::kError) return;
     qp.state = QpState::kError;
     ++counters.qpErrors;
-    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed);
+    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed, pending.sequence);
     qp.sends.clear();
     // Requests already on the wire stay there (a QP's error state does not
     // recall packets in flight), but their sender sees them flushed.
     for (auto& parked : wire) {
       if (parked.fromQp == qp.qpNumber && !parked.senderFlushed) {
         parked.senderFlushed = true;
-        completeSend(qp, parked.request, WcStatus::kFlushed);
+        completeSend(qp, parked.request, WcStatus::kFlushed, parked.sequence);
       }
     }
     for (const auto& recv : qp.recvs) {
       WorkCompletion wc;
+      wc.qpNumber = qp.qpNumber;
       wc.wrId = recv.wrId;
       wc.status = WcStatus::kFlushed;
       wc.opcode = WcOpcode::kRecv;
@@ -255,7 +351,24 @@ struct VerbsEmulation::State {
       return nullptr;  // a QP in RESET/INIT/ERR drops what arrives
     }
     if (remote.peer.qpNumber != qp.qpNumber || !linkUsable(remote.device)) return nullptr;
-    if (devices[remote.device].gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
+    const DeviceRecord& far = devices[remote.device];
+    if (local.ethernet != far.ethernet) return nullptr;  // an IB port cannot reach a RoCE one
+    // The responder takes only the PSN it expects: ours must be its rq_psn
+    // (a mismatch is NAKed or dropped as a duplicate, then retry-exceeded).
+    if (remote.peer.packetSequence != qp.sendPsn) return nullptr;
+    if (!local.ethernet) {
+      // InfiniBand: switches forward by DLID within a subnet; across subnets
+      // only a GRH (routed by GID) gets there.
+      if (local.subnetPrefix != far.subnetPrefix) {
+        return qp.peer.global && far.gids.at(remote.gidIndex).gid == qp.peer.gid ? &remote : nullptr;
+      }
+      if (qp.peer.lid != far.lid) return nullptr;
+      if (qp.peer.global && far.gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
+      return &remote;
+    }
+    const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
+    if (theirs.gid != qp.peer.gid) return nullptr;
+    if (!carriedBetween(local.gids.at(qp.gidIndex), theirs)) return nullptr;
     return &remote;
   }
 
@@ -285,6 +398,7 @@ struct VerbsEmulation::State {
     PendingSend& head = qp.sends.front();
     if (head.firstTryNs == 0) head.firstTryNs = now;
     const SendRequest request = head.request;
+    const uint64_t sequence = head.sequence;
     QueuePairRecord* remote = route(qp);
     if (remote == nullptr) {
       bool dropped = devices[qp.device].drop;
@@ -296,7 +410,7 @@ struct VerbsEmulation::State {
       }
       if (now - head.firstTryNs <= qp.retryBudgetNs) return false;
       qp.sends.pop_front();
-      completeSend(qp, request, WcStatus::kRetryExceeded);
+      completeSend(qp, request, WcStatus::kRetryExceeded, sequence);
       toError(qp);
       return true;
     }
@@ -305,7 +419,7 @@ struct VerbsEmulation::State {
       MemoryRegionRecord* mr = localRegion(qp.device, request.sge);
       if (mr == nullptr) {
         qp.sends.pop_front();
-        completeSend(qp, request, WcStatus::kLocalProtection);
+        completeSend(qp, request, WcStatus::kLocalProtection, sequence);
         toError(qp);
         return true;
       }
@@ -319,14 +433,14 @@ struct VerbsEmulation::State {
       qp.sends.pop_front();
       if (mr == nullptr || mr->device != remote->device || !mr->remoteRead ||
           !mr->covers(request.remoteAddress, request.sge.length)) {
-        completeSend(qp, request, WcStatus::kRemoteAccess);
+        completeSend(qp, request, WcStatus::kRemoteAccess, sequence);
         toError(*remote);
         toError(qp);
         return true;
       }
       if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
       ++counters.reads;
-      completeSend(qp, request, WcStatus::kSuccess);
+      completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
     if (devices[qp.device].hold) {
@@ -336,6 +450,7 @@ struct VerbsEmulation::State {
       parked.toQp = remote->qpNumber;
       parked.fromDevice = qp.device;
       parked.request = request;
+      parked.sequence = sequence;
       if (source != nullptr) parked.payload.assign(source, source + request.sge.length);
       wire.push_back(std::move(parked));
       ++counters.held;
@@ -346,11 +461,11 @@ struct VerbsEmulation::State {
     if (result == Delivery::kReceiverNotReady) return false;  // RNR: retried without bound
     qp.sends.pop_front();
     if (result == Delivery::kDone) {
-      completeSend(qp, request, WcStatus::kSuccess);
+      completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
     completeSend(qp, request, result == Delivery::kRemoteAccess ? WcStatus::kRemoteAccess
-                                                                : WcStatus::kRemoteOperation);
+                                                                : WcStatus::kRemoteOperation, sequence);
     toError(*remote);
     toError(qp);
     return true;
@@ -369,6 +484,7 @@ struct VerbsEmulation::State {
       RecvRequest recv = remote.recvs.front();
       remote.recvs.pop_front();
       WorkCompletion wc;
+      wc.qpNumber = remote.qpNumber;
       wc.wrId = recv.wrId;
       wc.status = status;
       wc.opcode = WcOpcode::kRecv;
@@ -394,8 +510,23 @@ struct VerbsEmulation::State {
       target = mr->translate(request.remoteAddress);
     }
     uint32_t immediate = request.immediate;
-    if (request.sge.length > 0) std::memcpy(target, source, request.sge.length);
-    corrupt(fromDevice, request.op, target, request.sge.length, &immediate);
+    // A responder device with a landing delay accepts (and ACKs) now and
+    // writes memory later; what it accepted lands even if its QP goes to ERR
+    // meanwhile. Later deliveries queue behind earlier ones (RC order).
+    std::deque<Landing>& landings = devices[remote.device].landings;
+    const int64_t delay = devices[remote.device].landingDelayNs;
+    const bool late = delay > 0 || !landings.empty();
+    Landing landing;
+    uint8_t* into = target;
+    if (request.sge.length > 0) {
+      if (late) {
+        landing.payload.assign(source, source + request.sge.length);
+        into = landing.payload.data();
+      } else {
+        std::memcpy(target, source, request.sge.length);
+      }
+    }
+    corrupt(fromDevice, request.op, into, request.sge.length, &immediate);
     counters.bytes += request.sge.length;
     if (request.op == SendRequest::Op::kSend) {
       ++counters.sends;
@@ -403,10 +534,12 @@ struct VerbsEmulation::State {
       ++counters.writes;
       if (request.op == SendRequest::Op::kWriteWithImmediate) ++counters.writesWithImmediate;
     }
+    WorkCompletion wc;
+    RecvRequest recv;
     if (consumesRecv) {
-      RecvRequest recv = remote.recvs.front();
+      recv = remote.recvs.front();
       remote.recvs.pop_front();
-      WorkCompletion wc;
+      wc.qpNumber = remote.qpNumber;
       wc.wrId = recv.wrId;
       wc.byteLength = request.sge.length;
       if (request.op == SendRequest::Op::kSend) {
@@ -416,9 +549,53 @@ struct VerbsEmulation::State {
         wc.hasImmediate = true;
         wc.immediate = immediate;
       }
-      complete(remote.recvCq, wc);
     }
+    if (late) {
+      const bool send = request.op == SendRequest::Op::kSend;
+      landing.dueNs = std::max(nowNs() + delay, landings.empty() ? int64_t{0} : landings.back().dueNs);
+      landing.toQp = remote.qpNumber;
+      landing.byLocalKey = send;
+      landing.key = send ? recv.sge.lkey : request.rkey;
+      landing.address = send ? recv.sge.address : request.remoteAddress;
+      landing.hasRecv = consumesRecv;
+      landing.wc = wc;
+      landings.push_back(std::move(landing));
+      return Delivery::kDone;
+    }
+    if (consumesRecv) complete(remote.recvCq, wc);
     return Delivery::kDone;
+  }
+
+  // Accepted deliveries whose time has come reach memory (the region looked
+  // up again: it may be gone) and complete their receive (flushed if the QP
+  // went to ERR meanwhile). True if any landed.
+  bool land(int64_t now) {
+    bool any = false;
+    for (DeviceRecord& device : devices) any = landOn(device.landings, now) || any;
+    return any;
+  }
+
+  bool landOn(std::deque<Landing>& landings, int64_t now) {
+    bool any = false;
+    while (!landings.empty() && landings.front().dueNs <= now) {
+      Landing landing = std::move(landings.front());
+      landings.pop_front();
+      if (!landing.payload.empty()) {
+        auto& keys = landing.byLocalKey ? byLkey : byRkey;
+        auto it = keys.find(landing.key);
+        if (it != keys.end() && it->second->covers(landing.address, landing.payload.size())) {
+          std::memcpy(it->second->translate(landing.address), landing.payload.data(), landing.payload.size());
+        }
+      }
+      ++counters.landedLate;
+      auto qp = qps.find(landing.toQp);
+      if (landing.hasRecv && qp != qps.end()) {
+        if (qp->second->state == QpState::kError) landing.wc.status = WcStatus::kFlushed;
+        complete(qp->second->recvCq, landing.wc);
+      }
+      any = true;
+    }
+    return any;
   }
 
   // The hold on `device` ended: what it parked on the wire arrives now, in
@@ -445,13 +622,13 @@ struct VerbsEmulation::State {
                                   : Delivery::kReceiverNotReady;
       if (result == Delivery::kDone) {
         ++counters.wireDelivered;
-        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess);
+        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess, parked.sequence);
         continue;
       }
       ++counters.wireDropped;
       if (result != Delivery::kReceiverNotReady && remote != nullptr) toError(*remote);
       if (from != nullptr) {
-        completeSend(*from, parked.request, WcStatus::kRetryExceeded);
+        completeSend(*from, parked.request, WcStatus::kRetryExceeded, parked.sequence);
         toError(*from);
       }
     }
@@ -459,6 +636,9 @@ struct VerbsEmulation::State {
   }
 
   bool retrying() const {
+    for (const DeviceRecord& device : devices) {
+      if (!device.landings.empty()) return true;
+    }
     for (const auto& [number, qp] : qps) {
       if (qp->state == QpState::kReadyToSend && !qp->sends.empty()) return true;
     }
@@ -489,30 +669,48 @@ using State = VerbsEmulation::State;
 using Lock = std::unique_lock<std::mutex>;
 
 // The emulated NIC's own mapping of a dma-buf fd (RAII).
+// The emulated NIC's own mapping of a dma-buf fd (RAII), under the kernel's
+// rules for ibv_reg_dmabuf_mr: [offset, offset + bytes) inside the dma-buf, and
+// iova at the same offset within a page as `offset` (the NIC maps whole
+// pages), else EINVAL.
 class DmaBufMapping {
  public:
-  DmaBufMapping(int fd, uint64_t offset, size_t bytes) : bytes_(bytes) {
-    const long page = ::sysconf(_SC_PAGESIZE);
-    if (offset % static_cast<uint64_t>(page) != 0) {
-      throw Error("dma-buf offset " + std::to_string(offset) + " is not a multiple of the " +
-                  std::to_string(page) + "-byte page size");
+  DmaBufMapping(int fd, uint64_t offset, size_t bytes, uint64_t iova) {
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (offset % page != iova % page) {
+      throw Error("emulated ibv_reg_dmabuf_mr: offset " + std::to_string(offset) + " and iova " +
+                  std::to_string(iova) + " lie at different offsets within a " + std::to_string(page) +
+                  "-byte page (EINVAL)");
     }
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                          static_cast<off_t>(offset));
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) {
+      throw Error(std::string("emulated ibv_reg_dmabuf_mr: fd ") + std::to_string(fd) +
+                  " is not a dma-buf: " + std::strerror(errno));
+    }
+    const uint64_t size = static_cast<uint64_t>(info.st_size);
+    if (offset > size || bytes > size - offset) {
+      throw Error("emulated ibv_reg_dmabuf_mr: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                  ") lies beyond the dma-buf's " + std::to_string(size) + " bytes (EINVAL)");
+    }
+    lead_ = offset % page;
+    mappedBytes_ = bytes + lead_;
+    void* mapped = ::mmap(nullptr, mappedBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                          static_cast<off_t>(offset - lead_));
     if (mapped == MAP_FAILED) {
       throw Error(std::string("emulated ibv_reg_dmabuf_mr: mmap of fd ") + std::to_string(fd) +
                   " failed: " + std::strerror(errno));
     }
-    data_ = static_cast<uint8_t*>(mapped);
+    mapped_ = static_cast<uint8_t*>(mapped);
   }
-  ~DmaBufMapping() { ::munmap(data_, bytes_); }
+  ~DmaBufMapping() { ::munmap(mapped_, mappedBytes_); }
   DmaBufMapping(const DmaBufMapping&) = delete;
   DmaBufMapping& operator=(const DmaBufMapping&) = delete;
-  uint8_t* data() const { return data_; }
+  uint8_t* data() const { return mapped_ + lead_; }  // byte `offset` of the dma-buf
 
  private:
-  uint8_t* data_ = nullptr;
-  const size_t bytes_;
+  uint8_t* mapped_ = nullptr;
+  size_t mappedBytes_ = 0;
+  uint64_t lead_ = 0;
 };
 
 class EmulatedMemoryRegion : public VerbsMemoryRegion {
@@ -574,10 +772,12 @@ class EmulatedCompletionChannel : public VerbsCompletionChannel {
 
 class EmulatedCompletionQueue : public VerbsCompletionQueue {
  public:
-  EmulatedCompletionQueue(std::shared_ptr<State> state, int device,
+  EmulatedCompletionQueue(std::shared_ptr<State> state, int device, int depth,
                           CompletionChannelRecord* channel)
       : state_(std::move(state)), device_(device) {
     record_.handle = this;
+    record_.depth = static_cast<size_t>(depth);
+    record_.device = device;
     record_.channel = channel;
     Lock lock(state_->mutex);
     state_->cqs.push_back(&record_);
@@ -610,9 +810,18 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       --failures;
       throw Error("ibv_poll_cq failed (returned -1)");
     }
+    if (record_.overrun) {
+      throw Error("ibv_poll_cq failed (returned -1): the completion queue overran its " +
+                  std::to_string(record_.depth) + " entries");
+    }
     int count = 0;
     while (count < max && !record_.entries.empty()) {
-      out[count++] = record_.entries.front();
+      const QueuedCompletion& queued = record_.entries.front();
+      out[count++] = queued.wc;
+      if (queued.sendSequence != 0) {
+        auto qp = state_->qps.find(queued.wc.qpNumber);
+        if (qp != state_->qps.end()) qp->second->retired = std::max(qp->second->retired, queued.sendSequence);
+      }
       record_.entries.pop_front();
     }
     return count;
@@ -668,10 +877,16 @@ class EmulatedQueuePair : public VerbsQueuePair {
       throw Error("source GID index " + std::to_string(gidIndex) + " is empty or out of range");
     }
     if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
+    const DeviceRecord& device = state_->devices[record_.device];
+    if (device.ethernet && !peer.global) throw Error("RoCE needs a GRH (is_global) in the address vector (EINVAL)");
+    if (!device.ethernet && !peer.global && peer.lid == 0) {
+      throw Error("an InfiniBand address vector without a GRH needs a DLID (EINVAL)");
+    }
     if (route.serviceLevel > 15) {
       throw Error("service level " + std::to_string(route.serviceLevel) + " not in 0..15 (4 bits)");
     }
     record_.peer = peer;
+    record_.peer.packetSequence &= 0xFFFFFF;  // rq_psn: 24 bits, as the HCA keeps it
     record_.gidIndex = gidIndex;
     record_.sourceGid = gids[gidIndex].gid;
     record_.route = route;
@@ -686,6 +901,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
                   std::to_string(retryCount) + " outside 1..31 / 0..7");
     }
     record_.retryBudgetNs = retryBudgetNs(timeout, retryCount);
+    record_.sendPsn = packetSequence & 0xFFFFFF;
     record_.state = QpState::kReadyToSend;
   }
   void toError() override {
@@ -694,19 +910,26 @@ class EmulatedQueuePair : public VerbsQueuePair {
   }
   bool postSend(const SendRequest& request, std::string* error) override {
     Lock lock(state_->mutex);
-    if (record_.state == QpState::kError) {
-      state_->completeSend(record_, request, WcStatus::kFlushed);
-      return true;
-    }
-    if (record_.state != QpState::kReadyToSend) {
+    if (record_.state != QpState::kReadyToSend && record_.state != QpState::kError) {
       *error = std::string("post_send on a QP in ") + qpStateName(record_.state) + " (EINVAL)";
       return false;
     }
-    if (record_.sends.size() >= record_.maxSend) {
-      *error = "send queue full (ENOMEM)";
+    // A slot frees when the request's completion, or a later one's, is
+    // polled, not when the request executes (as on a real HCA).
+    if (record_.posted - record_.retired >= record_.maxSend) {
+      *error = "send queue full: " + std::to_string(record_.maxSend) +
+               " requests whose completions were not polled yet (ENOMEM)";
       return false;
     }
-    record_.sends.push_back({request, 0, false});
+    const uint64_t sequence = ++record_.posted;
+    if (record_.state == QpState::kError) {
+      state_->completeSend(record_, request, WcStatus::kFlushed, sequence);
+      return true;
+    }
+    PendingSend pending;
+    pending.request = request;
+    pending.sequence = sequence;
+    record_.sends.push_back(pending);
     state_->work.notify_all();
     return true;
   }
@@ -714,6 +937,7 @@ class EmulatedQueuePair : public VerbsQueuePair {
     Lock lock(state_->mutex);
     if (record_.state == QpState::kError) {
       WorkCompletion wc;
+      wc.qpNumber = record_.qpNumber;
       wc.wrId = request.wrId;
       wc.status = WcStatus::kFlushed;
       wc.opcode = WcOpcode::kRecv;
@@ -771,26 +995,45 @@ class EmulatedDevice : public VerbsDevice {
     Lock lock(state_->mutex);
     PortAttributes attributes;
     attributes.active = state_->devices[device_].portUp;
-    attributes.ethernet = true;
+    attributes.ethernet = state_->devices[device_].ethernet;
+    attributes.lid = state_->devices[device_].lid;
     attributes.activeMtu = 3;  // 1024, the usual RoCE MTU
-    attributes.gidTableLength = kGidTableLength;
+    attributes.gidTableLength = static_cast<int>(state_->devices[device_].gids.size());
     attributes.speedMbps = kEmulatedPortMbps;
     return attributes;
+  }
+  bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) override {
+    checkPort(port);
+    Lock lock(state_->mutex);
+    const DeviceRecord& device = state_->devices[device_];
+    if (!device.gidSources.table) {
+      *why = "emulated libibverbs without ibv_query_gid_table";
+      return false;
+    }
+    for (const GidEntry& entry : device.gids) {
+      if (entry.gid != Gid{}) out->push_back(entry);  // valid entries only, as the real call
+    }
+    return true;
   }
   GidEntry queryGid(int port, int index) override {
     checkPort(port);
     Lock lock(state_->mutex);
-    const auto& gids = state_->devices[device_].gids;
+    const DeviceRecord& device = state_->devices[device_];
+    const auto& gids = device.gids;
     if (index < 0 || index >= static_cast<int>(gids.size())) {
       throw Error("GID index " + std::to_string(index) + " out of range 0.." +
                   std::to_string(gids.size() - 1));
     }
-    return gids[index];
+    GidEntry entry = gids[index];
+    if (!device.gidSources.queryEx && !device.gidSources.sysfs) entry.type = GidType::kUnknown;
+    return entry;
   }
-  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                    bool remoteWrite) override {
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes, bool remoteWrite,
+                                                    bool relaxedOrdering) override {
     if (address == nullptr || bytes == 0) throw Error("cannot register an empty memory region");
+    checkRelaxedOrdering(relaxedOrdering);
     MemoryRegionRecord record;
+    record.relaxedOrdering = relaxedOrdering;
     record.device = device_;
     record.base = static_cast<uint8_t*>(address);
     record.iova = reinterpret_cast<uint64_t>(address);
@@ -799,16 +1042,21 @@ class EmulatedDevice : public VerbsDevice {
     return std::make_unique<EmulatedMemoryRegion>(state_, record);
   }
   bool supportsDmaBuf(std::string*) const override { return true; }
-  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t) override {
+  bool supportsRelaxedOrdering() const override {
+    Lock lock(state_->mutex);
+    return state_->devices[device_].relaxedOrdering;
+  }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t, bool) override {
     throw Error("the verbs emulation cannot register GPU memory by pointer (on a real host that "
                 "needs nvidia-peermem); register it as a dma-buf instead");
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                    uint64_t iova) override {
+                                                    uint64_t iova, bool relaxedOrdering) override {
     if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");
+    checkRelaxedOrdering(relaxedOrdering);
     // Like a real NIC, the emulation reaches the memory through the fd (its
     // own mapping), never through the caller's address `iova`.
-    auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes);
+    auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes, iova);
     MemoryRegionRecord record;
     record.device = device_;
     record.base = mapping->data();
@@ -816,6 +1064,7 @@ class EmulatedDevice : public VerbsDevice {
     record.bytes = bytes;
     record.remoteWrite = true;
     record.remoteRead = true;
+    record.relaxedOrdering = relaxedOrdering;
     return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
   }
   std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() override {
@@ -830,7 +1079,7 @@ class EmulatedDevice : public VerbsDevice {
       if (emulated == nullptr) throw Error("a completion channel of another provider");
       events = emulated->record();
     }
-    return std::make_unique<EmulatedCompletionQueue>(state_, device_, events);
+    return std::make_unique<EmulatedCompletionQueue>(state_, device_, depth, events);
   }
   std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
                                                   VerbsCompletionQueue* recvCq, int maxSend,
@@ -860,6 +1109,13 @@ class EmulatedDevice : public VerbsDevice {
   }
 
  private:
+  // A library without ibv_reg_mr_iova2 has only the plain ibv_reg_mr, which
+  // rejects the optional flag (EINVAL).
+  void checkRelaxedOrdering(bool asked) const {
+    if (asked && !supportsRelaxedOrdering()) {
+      throw Error("emulated ibv_reg_mr: IBV_ACCESS_RELAXED_ORDERING without ibv_reg_mr_iova2 (EINVAL)");
+    }
+  }
   static void checkPort(int port) {
     if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
   }
@@ -881,7 +1137,7 @@ VerbsEmulation::VerbsEmulation(std::vector<std::string> devices) : state_(std::m
     }
     DeviceRecord record;
     record.name = devices[i];
-    record.gids = buildGidTable(static_cast<int>(i), 0);
+    record.gids = buildGidTable(static_cast<int>(i), 0, {});
     state_->devices.push_back(std::move(record));
   }
   thread_ = std::thread([this] { run(); });
@@ -901,7 +1157,8 @@ void VerbsEmulation::run() {
   nameThisThread("reccl-ibemu");
   Lock lock(state_->mutex);
   while (!state_->stopping) {
-    if (state_->step(nowNs())) continue;
+    const bool landed = state_->land(nowNs());
+    if (state_->step(nowNs()) || landed) continue;
     // Requests waiting (a route, a receive, their retry budget) are retried
     // every millisecond; with none, only new work (which notifies) can change
     // anything, so an idle fabric sleeps.
@@ -935,8 +1192,10 @@ void VerbsEmulation::setPortUp(const std::string& device, bool up) {
   DeviceRecord& record = state_->devices[index];
   if (record.portUp == up) return;
   record.portUp = up;
-  if (up) {
-    record.gids = buildGidTable(index, ++record.flaps);
+  if (up && !record.ethernet) {
+    state_->raise(index, AsyncEventType::kPortActive);  // an IB port's GID stays where it was
+  } else if (up) {
+    record.gids = buildGidTable(index, ++record.flaps, record.extraGids);
     state_->raise(index, AsyncEventType::kGidChange);
     state_->raise(index, AsyncEventType::kPortActive);
   } else {
@@ -985,6 +1244,88 @@ std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) 
     if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
                                 qp->state == QpState::kReadyToSend)) {
       out.push_back(qp->route);
+    }
+  }
+  return out;
+}
+
+void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {
+  if (delay.count() < 0) throw ConfigError("a landing delay must be >= 0 ms");
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].landingDelayNs =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+}
+
+void VerbsEmulation::setInfiniband(const std::string& device, uint64_t subnetPrefix) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  DeviceRecord& record = state_->devices[index];
+  record.ethernet = false;
+  record.lid = static_cast<uint16_t>(index + 1);
+  record.subnetPrefix = subnetPrefix;
+  record.gids = buildIbGidTable(index, subnetPrefix);
+}
+
+std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<bool> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->peer.global);
+    }
+  }
+  return out;
+}
+
+void VerbsEmulation::overrunCompletionQueues(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  for (CompletionQueueRecord* cq : state_->cqs) {
+    if (cq->device == index && !cq->overrun) state_->overrun(cq);
+  }
+}
+
+void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].relaxedOrdering = supported;
+}
+
+std::pair<int, int> VerbsEmulation::memoryRegions(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::pair<int, int> out{0, 0};
+  for (const auto& [key, region] : state_->byLkey) {
+    if (region->device != index) continue;
+    ++out.first;
+    if (region->relaxedOrdering) ++out.second;
+  }
+  return out;
+}
+
+void VerbsEmulation::setGidSources(const std::string& device, GidSources sources) {
+  Lock lock(state_->mutex);
+  state_->devices[state_->deviceIndex(device)].gidSources = sources;
+}
+
+void VerbsEmulation::addGid(const std::string& device, const Gid& gid, GidType type) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  DeviceRecord& record = state_->devices[index];
+  record.extraGids.push_back({gid, type});
+  record.gids = buildGidTable(index, record.flaps, record.extraGids);
+  state_->raise(index, AsyncEventType::kGidChange);
+}
+
+std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(device);
+  std::vector<int> out;
+  for (const auto& [number, qp] : state_->qps) {
+    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                qp->state == QpState::kReadyToSend)) {
+      out.push_back(qp->gidIndex);
     }
   }
   return out;

@@ -2,7 +2,8 @@
 // transport runs and is tested where there is no RDMA hardware. Several
 // transports in one process share one emulation: each opens its own devices.
 //
-// What it models: devices with one RoCE port (state, GID table), protection
+// What it models: devices with one RoCE port (or, set_infiniband, an IB port
+// with a LID; state, GID table), protection
 // domains, memory regions with lkey/rkey, bounds and access checks, completion
 // queues and completion channels (an eventfd; an armed CQ raises one event at
 // its next completion, then stays quiet until re-armed), RC QPs with the
@@ -42,9 +43,19 @@ struct EmulationCounters {
   uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
   uint64_t corrupted = 0;       // deliveries altered by corruptNext
   uint64_t qpErrors = 0;        // QPs that entered ERR
+  uint64_t landedLate = 0;      // deliveries that reached memory after a landing delay
+  uint64_t cqOverruns = 0;      // CQs that got more completions than their depth
   uint64_t held = 0;            // requests parked on the wire by setHold
   uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
   uint64_t wireDropped = 0;     // parked requests their responder no longer took
+};
+
+// Where an emulated device's GID types can be read from, as on hosts with
+// different rdma-core versions and sysfs views. The kernel always knows them.
+struct GidSources {
+  bool table = true;    // ibv_query_gid_table (rdma-core v30+)
+  bool queryEx = true;  // ibv_query_gid_ex (rdma-core v30+)
+  bool sysfs = true;    // gid_attrs/types (false: hidden, as in some containers)
 };
 
 class VerbsEmulation : public VerbsApi {
@@ -74,6 +85,27 @@ class VerbsEmulation : public VerbsApi {
   // how tests show that a stale write of an old path cannot land once the
   // receiver fenced that path.
   void setHold(const std::string& device, bool hold);
+  // Deliveries to the device are accepted (and acknowledged) at once but
+  // reach its memory `delay` later, in order, even if the responder QP went
+  // to ERR meanwhile: a write the HCA accepted just before its QP was moved
+  // to ERR still lands (why a receiver waits RECCL_IB_FENCE_DELAY_MS after
+  // the fence before it reports what it has).
+  void setLandingDelay(const std::string& device, Millis delay);
+  // Every CQ of the device overruns now (CQ_ERR; their QPs go to ERR; polling
+  // them fails), as if each had got more completions than its depth.
+  void overrunCompletionQueues(const std::string& device);
+  // Whether the device's library can ask for relaxed ordering (it has
+  // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
+  void setRelaxedOrdering(const std::string& device, bool supported);
+  // Makes the device's port InfiniBand (before anything opens it): LID =
+  // its position + 1, one IB GID (subnetPrefix + a GUID) at index 0. Packets
+  // go by DLID within a subnet and need a GRH (the GID) across subnets; an IB
+  // port and a RoCE one never reach each other.
+  void setInfiniband(const std::string& device, uint64_t subnetPrefix);
+  // Whether each of the device's QPs in RTR/RTS sends with a GRH.
+  std::vector<bool> connectedGlobal(const std::string& device);
+  // The device's live memory regions: (all, those with relaxed ordering).
+  std::pair<int, int> memoryRegions(const std::string& device);
   // Alters the next delivery sent from `device`: "immediate" (an out-of-range
   // immediate), "payload" (the first payload byte flipped).
   void corruptNext(const std::string& device, const std::string& kind);
@@ -82,6 +114,14 @@ class VerbsEmulation : public VerbsApi {
   // QPs' INIT->RTR and RTR->RTS transitions answer ETIMEDOUT, state unchanged).
   void failNext(const std::string& device, const std::string& call, int times);
   std::vector<GidEntry> gidTable(const std::string& device);
+  // How the device's GID types can be read (a real queryGid without ex and
+  // sysfs answers kUnknown).
+  void setGidSources(const std::string& device, GidSources sources);
+  // Adds an address to the device's table (after its link-local pair, so
+  // below the IPv4 GID's index), kept over flaps.
+  void addGid(const std::string& device, const Gid& gid, GidType type);
+  // The source GID index of each of the device's QPs now in RTR or RTS.
+  std::vector<int> connectedGidIndexes(const std::string& device);
   // The traffic class and service level of each of the device's QPs now in RTR or RTS.
   std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();

@@ -1,6 +1,7 @@
 #include "transport/ib/ib_endpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "core/error.h"
@@ -21,8 +22,10 @@ IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t 
   remote_.assign(role_ == Role::kSender ? kDataSlots * sizeof(uint64_t)
                                         : static_cast<size_t>(kDataSlots) * slotBytes_,
                  0);
-  localMr_ = device_->registerMemory(local_.data(), local_.size(), false);
-  remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true);
+  // Never relaxed ordering: the FIFO entry and staged chunks must be in
+  // place when the SEND or immediate after them completes.
+  localMr_ = device_->registerMemory(local_.data(), local_.size(), false, false);
+  remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true, false);
   const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 4);
   const int maxRecv = static_cast<int>(kControlRecvs);
   channel_ = device_->createCompletionChannel();
@@ -44,13 +47,19 @@ bool IbEndpoint::postReceive(uint32_t i, std::string* error) {
   return qp_->postRecv(request, error);
 }
 
-QpExchange IbEndpoint::describe() {
+QpExchange IbEndpoint::describe(const GidPolicy& policy) {
   PortAttributes port = device_->queryPort(kPort);
   if (!port.active) throw Error("port " + std::to_string(kPort) + " of " + device_->name() + " is down");
-  std::vector<GidEntry> table = readGidTable(*device_, kPort);
-  gidIndex_ = selectGidIndex(table, port.ethernet);
-  if (port.ethernet && gidIndex_ < 0) {
-    throw Error(device_->name() + " has no usable RoCE GID (is an IP address configured?)");
+  // One table query per dial, chosen from the table as it is now (after a
+  // flap the same address may sit at another index).
+  const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
+                                 policy, device_->name());
+  gidIndex_ = gid.index;
+  gid_ = gid.gid;
+  ethernet_ = port.ethernet;
+  if (!port.ethernet && port.lid == 0) {
+    throw Error("port " + std::to_string(kPort) + " of " + device_->name() +
+                " is InfiniBand without a LID (is a subnet manager running?)");
   }
   mtu_ = port.activeMtu;
   QpExchange out;
@@ -58,8 +67,8 @@ QpExchange IbEndpoint::describe() {
   out.qp.qpNumber = qp_->qpNumber();
   out.qp.packetSequence = packetSequence_;
   out.qp.lid = port.lid;
-  out.qp.global = port.ethernet || gidIndex_ >= 0;
-  if (gidIndex_ >= 0) out.qp.gid = table[gidIndex_].gid;
+  out.qp.gid = gid.gid;
+  out.ethernet = port.ethernet;
   out.mtu = mtu_;
   out.regionAddress = reinterpret_cast<uint64_t>(remote_.data());
   out.rkey = remoteMr_->rkey();
@@ -95,9 +104,17 @@ void modifyRetryingTimeouts(const char* what, Transition transition) {
 
 void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount,
                          const QpRoute& route) {
-  if (gidIndex_ < 0 && peer.qp.global) throw Error("the peer routes by GID but we have none");
+  auto layer = [](bool ethernet) { return ethernet ? "Ethernet (RoCE)" : "InfiniBand"; };
+  if (peer.ethernet != ethernet_) {
+    throw Error(std::string("link layers differ: ") + device_->name() + " is " + layer(ethernet_) +
+                ", the peer's device is " + layer(peer.ethernet) +
+                "; RoCE and InfiniBand ports cannot reach each other (RECCL_IB_HCA selects devices)");
+  }
+  QpPeer remote = peer.qp;
+  // The first 8 bytes of an IB GID are its subnet prefix.
+  remote.global = ethernet_ || std::memcmp(gid_.data(), peer.qp.gid.data(), 8) != 0;
   modifyRetryingTimeouts("moving the QP to RTR", [&] {
-    qp_->toReadyToReceive(peer.qp, kPort, std::max(gidIndex_, 0), std::min(mtu_, peer.mtu), route);
+    qp_->toReadyToReceive(remote, kPort, gidIndex_, std::min(mtu_, peer.mtu), route);
   });
   modifyRetryingTimeouts("moving the QP to RTS",
                          [&] { qp_->toReadyToSend(packetSequence_, timeout, retryCount); });

@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/frame.h"
+#include "transport/ib/gid_select.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_api.h"
 
@@ -47,10 +48,13 @@ class IbEndpoint {
   IbEndpoint& operator=(const IbEndpoint&) = delete;
 
   // Our side of the QP exchange, with the source GID chosen now from the
-  // port's current table. Throws Error when the port has no usable GID.
-  QpExchange describe();
+  // port's current table under `policy`. Throws Error when none is usable.
+  QpExchange describe(const GidPolicy& policy);
   // INIT -> RTR -> RTS towards `peer`; a transition that answers ETIMEDOUT
   // is retried (kModifyQpAttempts, kModifyQpRetryDelay), then throws Error.
+  // Both ends must have one link layer (Error naming both otherwise). RoCE
+  // always routes by GID (a GRH); InfiniBand by the peer's LID, with a GRH
+  // only when the peer's subnet prefix differs from ours (a router between).
   void connect(const QpExchange& peer, int timeout, int retryCount, const QpRoute& route);
   // Proves the connected QP reaches the peer before the path is used: one
   // 8-byte RDMA WRITE into the start of the peer's region (overwritten before
@@ -86,6 +90,8 @@ class IbEndpoint {
   const uint32_t slotBytes_;
   const uint32_t packetSequence_;
   int gidIndex_ = -1;
+  Gid gid_{};
+  bool ethernet_ = true;  // our port's link layer
   int mtu_ = 3;
   std::vector<uint8_t> local_;
   std::vector<uint8_t> remote_;

@@ -8,23 +8,23 @@
 
 namespace reccl {
 
-IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, int timeout, int retryCount)
+IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& policy, int timeout,
+                     int retryCount)
     : device_(std::move(device)), landing_(64, 0) {
   PortAttributes port = device_->queryPort(kPort);
   if (!port.active) throw Error("flush QP: port " + std::to_string(kPort) + " of " + device_->name() + " is down");
-  std::vector<GidEntry> table = readGidTable(*device_, kPort);
-  const int gidIndex = selectGidIndex(table, port.ethernet);
-  if (port.ethernet && gidIndex < 0) throw Error("flush QP: " + device_->name() + " has no usable GID");
-  landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false);
+  const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
+                                 policy, device_->name());
+  landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false, false);
   cq_ = device_->createCompletionQueue(4, nullptr);
   qp_ = device_->createQueuePair(cq_.get(), cq_.get(), 4, 1);
   qp_->toInit(kPort);
   QpPeer self;  // connected to itself: the READ never leaves the NIC
   self.qpNumber = qp_->qpNumber();
   self.lid = port.lid;
-  self.global = port.ethernet || gidIndex >= 0;
-  if (gidIndex >= 0) self.gid = table[gidIndex].gid;
-  qp_->toReadyToReceive(self, kPort, std::max(gidIndex, 0), port.activeMtu, QpRoute{});
+  self.global = port.ethernet;  // IB: its own LID, no GRH
+  self.gid = gid.gid;
+  qp_->toReadyToReceive(self, kPort, gid.index, port.activeMtu, QpRoute{});
   qp_->toReadyToSend(0, timeout, retryCount);
 }
 

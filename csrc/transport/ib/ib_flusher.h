@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "transport/ib/gid_select.h"
 #include "transport/ib/verbs_api.h"
 
 namespace reccl {
@@ -20,7 +21,7 @@ namespace reccl {
 class IbFlusher {
  public:
   // Throws Error when the loopback QP cannot be set up (port down, no GID).
-  IbFlusher(std::shared_ptr<VerbsDevice> device, int timeout, int retryCount);
+  IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& policy, int timeout, int retryCount);
   IbFlusher(const IbFlusher&) = delete;
   IbFlusher& operator=(const IbFlusher&) = delete;
 

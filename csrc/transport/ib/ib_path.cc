@@ -56,6 +56,7 @@ IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int
       beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
       ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
       ibTimeout_(config.ibTimeout),
+      fenceDelay_(config.ibFenceDelayMs),
       ibRetryCount_(config.ibRetryCount) {
   for (uint32_t i = 0; i < IbEndpoint::kControlSends; ++i) freeControl_.push_back(i);
   if (sender_) {
@@ -101,6 +102,11 @@ void IbPath::start(PathOwner* owner, uint64_t pathId) {
   loop_->setDeadline(loopId_, Clock::now());
 }
 
+Clock::time_point IbPath::quietAfter() const {
+  const int64_t stopped = stoppedAtNs_.load();
+  return stopped == 0 ? Clock::time_point{} : atNs(stopped) + fenceDelay_;
+}
+
 void IbPath::shutdown() {
   if (stop_.exchange(true)) return;
   // The fence: from here on no request of this QP executes, so nothing of
@@ -110,6 +116,7 @@ void IbPath::shutdown() {
   } catch (const Error& error) {
     RECCL_LOG(kWarn, std::string("moving a QP to the error state: ") + error.what());
   }
+  stoppedAtNs_.store(nowNs());
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     queue_.clear();

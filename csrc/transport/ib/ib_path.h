@@ -62,6 +62,8 @@ class IbPath : public Path {
   void dropQueuedData() override;
   bool drainDirectWrites(Millis timeout) override;
   void shutdown() override;
+  // The moment the QP went to ERR plus RECCL_IB_FENCE_DELAY_MS.
+  Clock::time_point quietAfter() const override;
   void stopAndJoin() override;
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
@@ -128,6 +130,8 @@ class IbPath : public Path {
   const Millis beatInterval_;
   const int ioThreadsPerNic_;
   const int ibTimeout_;
+  const Millis fenceDelay_;             // RECCL_IB_FENCE_DELAY_MS
+  std::atomic<int64_t> stoppedAtNs_{0};  // when shutdown() moved the QP to ERR
   const int ibRetryCount_;
   PathOwner* owner_ = nullptr;
   uint64_t pathId_ = 0;

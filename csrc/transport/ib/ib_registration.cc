@@ -56,27 +56,30 @@ IbPlacement IbPlacement::decode(const std::vector<uint8_t>& bytes) {
 
 std::unique_ptr<IbRegistration> IbRegistration::host(
     const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* base,
-    uint64_t bytes) {
+    uint64_t bytes, bool relaxedOrdering) {
   if (base == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(base), bytes, true,
-                       [&](VerbsDevice& device) { return device.registerMemory(base, bytes, true); });
+  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(base), bytes, true, [&](VerbsDevice& device) {
+    return device.registerMemory(base, bytes, true, relaxedOrdering && device.supportsRelaxedOrdering());
+  });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::peer(
     const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address,
-    uint64_t bytes) {
+    uint64_t bytes, bool relaxedOrdering) {
   if (address == nullptr || bytes == 0) throw ConfigError("cannot register an empty buffer");
-  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(address), bytes, false,
-                       [&](VerbsDevice& device) { return device.registerPeerMemory(address, bytes); });
+  return onEveryDevice(registrar, devices, reinterpret_cast<uint64_t>(address), bytes, false, [&](VerbsDevice& device) {
+    return device.registerPeerMemory(address, bytes, relaxedOrdering && device.supportsRelaxedOrdering());
+  });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
     const void* registrar, const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd,
-    uint64_t offset, uint64_t bytes, uint64_t address) {
+    uint64_t offset, uint64_t bytes, uint64_t address, bool relaxedOrdering) {
   if (fd < 0) throw ConfigError("dma-buf fd " + std::to_string(fd) + " is not a file descriptor");
   if (bytes == 0 || address == 0) throw ConfigError("cannot register an empty dma-buf range");
   return onEveryDevice(registrar, devices, address, bytes, false, [&](VerbsDevice& device) {
-    return device.registerDmaBuf(fd, offset, bytes, address);
+    return device.registerDmaBuf(fd, offset, bytes, address,
+                                 relaxedOrdering && device.supportsRelaxedOrdering());
   });
 }
 

@@ -31,17 +31,20 @@ class IbRegistration : public MemoryRegistration {
  public:
   // Registers host memory on every device in `devices` (local + remote write).
   // `registrar`: the transport that owns `devices`.
+  // `relaxedOrdering`: ask for IBV_ACCESS_RELAXED_ORDERING on each device
+  // that supports asking (RECCL_IB_RELAXED_ORDERING=auto), here and below.
   static std::unique_ptr<IbRegistration> host(const void* registrar,
                                               const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                              void* base, uint64_t bytes);
+                                              void* base, uint64_t bytes, bool relaxedOrdering);
   // Registers GPU memory by pointer (peer memory) on every device.
   static std::unique_ptr<IbRegistration> peer(const void* registrar,
                                               const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                              void* address, uint64_t bytes);
+                                              void* address, uint64_t bytes, bool relaxedOrdering);
   // Registers `bytes` of dma-buf `fd` from `offset` on every device, addressed as `address`.
   static std::unique_ptr<IbRegistration> dmaBuf(const void* registrar,
                                                 const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                                int fd, uint64_t offset, uint64_t bytes, uint64_t address);
+                                                int fd, uint64_t offset, uint64_t bytes, uint64_t address,
+                                                bool relaxedOrdering);
 
   uint64_t address() const override { return address_; }
   uint64_t bytes() const override { return bytes_; }

@@ -65,7 +65,12 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 }  // namespace
 
 IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
-    : config_(std::move(config)), verbs_(std::move(verbs)), bootstrapAddress_(std::move(bootstrapAddress)) {
+    : config_(std::move(config)),
+      gidPolicy_{config_.ibGidIndex, config_.ibAddressRange.empty()
+                                         ? std::nullopt
+                                         : std::optional<AddressRange>(AddressRange::parse(config_.ibAddressRange))},
+      verbs_(std::move(verbs)),
+      bootstrapAddress_(std::move(bootstrapAddress)) {
   if (!verbs_) throw ConfigError("the IB transport needs a verbs provider");
   std::vector<std::string> names = config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
   if (names.empty()) {
@@ -146,6 +151,13 @@ void IbTransport::watchEvents(int nic) {
       case AsyncEventType::kPortActive:
         health.setLinkUp(healthIds_[nic], true, Reason::kLinkUp);
         break;
+      case AsyncEventType::kCqError:
+        // One CQ overran (its QPs are in ERR): the path owning it finds its
+        // poll failing at its next turn (a heartbeat at the latest) and fails
+        // over; the event does not say which, and the NIC itself is fine.
+        RECCL_LOG(kWarn, "completion queue overrun on " + nics_[nic].name +
+                             ": the path using it fails over and re-dials");
+        break;
       default:
         // GID changes need nothing here: each new QP reads the table afresh.
         // A QP's own fatal error shows up as CQE errors on its path.
@@ -193,7 +205,7 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
   if (!config_.ibZeroCopy) return nullptr;
-  return IbRegistration::host(this, devices_, base, bytes);
+  return IbRegistration::host(this, devices_, base, bytes, config_.ibRelaxedOrdering);
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
@@ -201,7 +213,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* addr
   if (!config_.ibZeroCopy) {
     throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
   }
-  return IbRegistration::peer(this, devices_, address, bytes);
+  return IbRegistration::peer(this, devices_, address, bytes, config_.ibRelaxedOrdering);
 }
 
 void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
@@ -225,7 +237,7 @@ void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint
     std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(candidate)];
     try {
       if (!flusher) {
-        flusher = std::make_unique<IbFlusher>(devices_[candidate], config_.ibTimeout, config_.ibRetryCount);
+        flusher = std::make_unique<IbFlusher>(devices_[candidate], gidPolicy_, config_.ibTimeout, config_.ibRetryCount);
       }
       flusher->flush(address, memory->rkey(candidate), Millis(config_.heartbeatMs));
       return;
@@ -257,7 +269,7 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t
                                                                 uint64_t bytes, uint64_t address) {
   std::string why;
   if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
-  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address);
+  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address, config_.ibRelaxedOrdering);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {
@@ -293,9 +305,13 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
                                                  config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
-    QpExchange local = endpoint->describe();
-    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
+    QpExchange local = endpoint->describe(gidPolicy_);
     std::vector<uint8_t> mine = encodeQpExchange(local);
+    // Link layers that differ fail connect() below; the sender learns it from
+    // our description (and names it) instead of from a closed socket.
+    const bool mismatch = local.ethernet != remote.ethernet;
+    if (mismatch) exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
+    endpoint->connect(remote, config_.ibTimeout, config_.ibRetryCount, route());
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t ready = 0;
     exchangeRead(socket.get(), &ready, 1, timeout, "sender's ready byte");
@@ -348,7 +364,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   try {
     auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
                                                  handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
-    std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe());
+    std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe(gidPolicy_));
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t bytes[kQpExchangeBytes];
     exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "receiver's QP description");

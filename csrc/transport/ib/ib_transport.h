@@ -77,6 +77,7 @@ class IbTransport : public Transport {
   QpRoute route() const {
     return {static_cast<uint8_t>(config_.ibTrafficClass), static_cast<uint8_t>(config_.ibServiceLevel)};
   }
+  const GidPolicy gidPolicy_;  // RECCL_IB_GID_INDEX, RECCL_IB_ADDR_RANGE
   const std::shared_ptr<VerbsApi> verbs_;
   const std::string bootstrapAddress_;
   std::vector<NicInfo> nics_;

@@ -20,7 +20,7 @@ struct WireExchange {
   uint32_t qpNumber;
   uint32_t packetSequence;
   uint16_t lid;
-  uint8_t global;
+  uint8_t linkLayer;  // 1 Ethernet (RoCE), 2 InfiniBand
   uint8_t reserved;
   uint8_t gid[16];
   uint64_t regionAddress;
@@ -42,7 +42,7 @@ std::vector<uint8_t> encodeQpExchange(const QpExchange& exchange) {
   wire.qpNumber = exchange.qp.qpNumber;
   wire.packetSequence = exchange.qp.packetSequence;
   wire.lid = exchange.qp.lid;
-  wire.global = exchange.qp.global ? 1 : 0;
+  wire.linkLayer = exchange.ethernet ? 1 : 2;
   std::memcpy(wire.gid, exchange.qp.gid.data(), 16);
   wire.regionAddress = exchange.regionAddress;
   wire.rkey = exchange.rkey;
@@ -75,7 +75,9 @@ QpExchange decodeQpExchange(const uint8_t* bytes, size_t length, QpExchange::Rol
     bad("QP number " + std::to_string(wire.qpNumber) + " not in 1..2^24-1");
   }
   if (wire.packetSequence >= (1u << 24)) bad("packet sequence number beyond 24 bits");
-  if (wire.global > 1) bad("global flag must be 0 or 1");
+  if (wire.linkLayer != 1 && wire.linkLayer != 2) {
+    bad("link layer " + std::to_string(wire.linkLayer) + "; 1 (Ethernet) or 2 (InfiniBand)");
+  }
   if (wire.regionAddress == 0) bad("null region address");
   if (wire.slotCount == 0 || wire.slotCount > kMaxIbSlots) {
     bad("slot count " + std::to_string(wire.slotCount) + " not in 1.." + std::to_string(kMaxIbSlots));
@@ -94,7 +96,7 @@ QpExchange decodeQpExchange(const uint8_t* bytes, size_t length, QpExchange::Rol
   out.qp.qpNumber = wire.qpNumber;
   out.qp.packetSequence = wire.packetSequence;
   out.qp.lid = wire.lid;
-  out.qp.global = wire.global == 1;
+  out.ethernet = wire.linkLayer == 1;
   std::memcpy(out.qp.gid.data(), wire.gid, 16);
   out.regionAddress = wire.regionAddress;
   out.rkey = wire.rkey;

@@ -18,7 +18,8 @@ constexpr uint32_t kMaxIbSlots = 64;
 struct QpExchange {
   enum class Role : uint8_t { kSender = 0, kReceiver = 1 };
   Role role = Role::kSender;
-  QpPeer qp;
+  QpPeer qp;                   // qp.global: decided by the receiving end (IbEndpoint::connect)
+  bool ethernet = true;        // link layer of the describing port: Ethernet (RoCE) or InfiniBand
   int mtu = 3;
   uint64_t regionAddress = 0;  // sender: CTS FIFO; receiver: staging ring
   uint32_t rkey = 0;

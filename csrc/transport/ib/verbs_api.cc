@@ -24,6 +24,7 @@ const char* asyncEventName(AsyncEventType type) {
     case AsyncEventType::kGidChange: return "GID change";
     case AsyncEventType::kQpFatal: return "QP fatal";
     case AsyncEventType::kDeviceFatal: return "device fatal";
+    case AsyncEventType::kCqError: return "CQ error";
     case AsyncEventType::kOther: return "other";
   }
   return "unknown";

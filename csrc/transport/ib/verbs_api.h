@@ -41,7 +41,8 @@ const char* wcStatusName(WcStatus status);
 
 enum class WcOpcode : uint8_t { kSend, kRdmaWrite, kRecv, kRecvRdmaWithImm, kRdmaRead, kOther };
 
-// ibv_wc
+// ibv_wc. An error completion (status != kSuccess) is valid only in wrId,
+// status, qpNumber and vendorError (ibv_poll_cq(3)): never read the rest then.
 struct WorkCompletion {
   uint64_t wrId = 0;
   WcStatus status = WcStatus::kSuccess;
@@ -50,6 +51,7 @@ struct WorkCompletion {
   bool hasImmediate = false;
   uint32_t immediate = 0;  // host order
   uint32_t vendorError = 0;
+  uint32_t qpNumber = 0;
 };
 
 enum class AsyncEventType : uint8_t {
@@ -58,6 +60,7 @@ enum class AsyncEventType : uint8_t {
   kGidChange,    // IBV_EVENT_GID_CHANGE
   kQpFatal,      // IBV_EVENT_QP_FATAL and other per-QP errors
   kDeviceFatal,  // IBV_EVENT_DEVICE_FATAL
+  kCqError,      // IBV_EVENT_CQ_ERR: a CQ overran; its QPs are in ERR and polling it fails
   kOther,
 };
 const char* asyncEventName(AsyncEventType type);
@@ -73,6 +76,7 @@ enum class GidType : uint8_t { kIb, kRoceV1, kRoceV2, kUnknown };
 struct GidEntry {
   Gid gid{};
   GidType type = GidType::kUnknown;
+  int index = 0;  // its index in the port's table (the QP's sgid_index)
 };
 
 // ibv_port_attr, the fields we use
@@ -122,7 +126,7 @@ struct QpPeer {
   uint32_t packetSequence = 0;
   uint16_t lid = 0;
   Gid gid{};
-  bool global = true;  // route by GID (always for RoCE)
+  bool global = true;  // a GRH, routed by GID (always on RoCE; on IB only across subnets)
 };
 
 // How our packets are marked (the address vector of INIT->RTR): settings of
@@ -193,19 +197,32 @@ class VerbsDevice {
   virtual ~VerbsDevice() = default;
   virtual std::string name() const = 0;
   virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
-  virtual GidEntry queryGid(int port, int index) = 0;    // ibv_query_gid (+ GID type)
-  // ibv_reg_mr; remote write access when `remoteWrite`.
+  // ibv_query_gid_table (rdma-core v30+): every valid entry of the port's
+  // table in one call, each with the type the kernel gives it. false, with the
+  // reason in `why`, where the library lacks it or the call fails.
+  virtual bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) = 0;
+  // One entry: ibv_query_gid_ex (type from the kernel) where the library has
+  // it, else ibv_query_gid with the type from sysfs (gid_attrs/types), which
+  // is kUnknown where sysfs does not say (hidden in a container, old kernel).
+  virtual GidEntry queryGid(int port, int index) = 0;
+  // ibv_reg_mr; remote write access when `remoteWrite`. `relaxedOrdering`
+  // (only where supportsRelaxedOrdering): ibv_reg_mr_iova2 with
+  // IBV_ACCESS_RELAXED_ORDERING, an optional flag a device may ignore.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                            bool remoteWrite) = 0;
+                                                            bool remoteWrite, bool relaxedOrdering) = 0;
+  // Whether the library can ask for relaxed ordering (ibv_reg_mr_iova2,
+  // rdma-core v29+: the plain ibv_reg_mr symbol rejects optional flags).
+  virtual bool supportsRelaxedOrdering() const = 0;
   // ibv_reg_dmabuf_mr with local and remote write and remote read (the flush
   // reads it): `bytes` of the dma-buf
   // `fd` from `offset`, which the NIC addresses as [iova, iova + bytes).
   // Throws Error when the provider cannot (supportsDmaBuf says why).
   virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                            uint64_t iova) = 0;
+                                                            uint64_t iova, bool relaxedOrdering) = 0;
   // ibv_reg_mr on a device (GPU) pointer, local + remote write + remote read: works only
   // where a peer-memory module (nvidia-peermem) lets the NIC map it.
-  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) = 0;
+  virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
+                                                                bool relaxedOrdering) = 0;
   // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
   virtual bool supportsDmaBuf(std::string* why) const = 0;
   virtual std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() = 0;  // ibv_create_comp_channel

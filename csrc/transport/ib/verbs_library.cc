@@ -62,6 +62,17 @@ struct Functions {
   using RegDmaBufMr = ibv_mr* (*)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd,
                                   int access);
   RegDmaBufMr regDmaBufMr = nullptr;
+  // Optional (rdma-core v29+): what ibv_reg_mr becomes with optional access flags.
+  using RegMrIova2 = ibv_mr* (*)(ibv_pd*, void* address, size_t length, uint64_t iova, unsigned int access);
+  RegMrIova2 regMrIova2 = nullptr;
+  // Optional (rdma-core v30+): _ibv_query_gid_table / _ibv_query_gid_ex, the
+  // symbols behind the inline ibv_query_gid_table / ibv_query_gid_ex.
+  using QueryGidTable = ssize_t (*)(ibv_context*, void* entries, size_t maxEntries, uint32_t flags,
+                                    size_t entrySize);
+  using QueryGidEx = int (*)(ibv_context*, uint32_t port, uint32_t index, void* entry, uint32_t flags,
+                             size_t entrySize);
+  QueryGidTable queryGidTable = nullptr;
+  QueryGidEx queryGidEx = nullptr;
 
   ~Functions() {
     if (handle != nullptr) dlclose(handle);
@@ -105,6 +116,24 @@ WcOpcode opcodeOf(ibv_wc_opcode opcode) {
   }
 }
 
+// struct ibv_gid_entry (rdma-core v30+), spelled out so older headers build.
+struct GidTableEntry {
+  uint8_t gid[16];
+  uint32_t gidIndex;
+  uint32_t portNumber;
+  uint32_t gidType;  // enum ibv_gid_type: 0 IB, 1 RoCE v1, 2 RoCE v2
+  uint32_t netdevIndex;
+};
+
+GidType gidTypeOf(uint32_t type) {
+  switch (type) {
+    case 0: return GidType::kIb;
+    case 1: return GidType::kRoceV1;
+    case 2: return GidType::kRoceV2;
+    default: return GidType::kUnknown;
+  }
+}
+
 class SystemMemoryRegion : public VerbsMemoryRegion {
  public:
   SystemMemoryRegion(std::shared_ptr<Functions> fn, ibv_mr* mr) : fn_(std::move(fn)), mr_(mr) {}
@@ -139,6 +168,7 @@ class SystemCompletionQueue : public VerbsCompletionQueue {
       wc.hasImmediate = (wcs[i].wc_flags & IBV_WC_WITH_IMM) != 0;
       wc.immediate = wc.hasImmediate ? ntohl(wcs[i].imm_data) : 0;
       wc.vendorError = wcs[i].vendor_err;
+      wc.qpNumber = wcs[i].qp_num;
     }
     return got;
   }
@@ -313,13 +343,47 @@ class SystemDevice : public VerbsDevice {
     out.speedMbps = portSpeedMbps(attr.active_speed, attr.active_width);
     return out;
   }
+  bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) override {
+    if (fn_->queryGidTable == nullptr) {
+      *why = "libibverbs.so.1 has no ibv_query_gid_table (rdma-core older than v30)";
+      return false;
+    }
+    std::vector<GidTableEntry> entries(static_cast<size_t>(std::max(queryPort(port).gidTableLength, 1)) *
+                                       4);  // every port's entries come back
+    const ssize_t count = fn_->queryGidTable(context_, entries.data(), entries.size(), 0, sizeof(GidTableEntry));
+    if (count < 0) {
+      *why = errnoText("ibv_query_gid_table", static_cast<int>(-count));
+      return false;
+    }
+    for (ssize_t i = 0; i < count; ++i) {
+      if (entries[i].portNumber != static_cast<uint32_t>(port)) continue;
+      GidEntry entry;
+      std::memcpy(entry.gid.data(), entries[i].gid, 16);
+      entry.type = gidTypeOf(entries[i].gidType);
+      entry.index = static_cast<int>(entries[i].gidIndex);
+      out->push_back(entry);
+    }
+    return true;
+  }
   GidEntry queryGid(int port, int index) override {
+    GidEntry entry;
+    entry.index = index;
+    if (fn_->queryGidEx != nullptr) {
+      GidTableEntry raw{};
+      const int rc = fn_->queryGidEx(context_, static_cast<uint32_t>(port), static_cast<uint32_t>(index),
+                                     &raw, 0, sizeof(raw));
+      if (rc == ENODATA) return entry;  // an empty entry: all-zero, unused
+      if (rc != 0) throw Error(errnoText("ibv_query_gid_ex", rc));
+      std::memcpy(entry.gid.data(), raw.gid, 16);
+      entry.type = gidTypeOf(raw.gidType);
+      return entry;
+    }
     ibv_gid gid{};
     int rc = fn_->queryGid(context_, static_cast<uint8_t>(port), index, &gid);
     if (rc != 0) throw Error(errnoText("ibv_query_gid", rc));
-    GidEntry entry;
     std::memcpy(entry.gid.data(), gid.raw, 16);
-    // The GID type lives in sysfs ("IB/RoCE v1" or "RoCE v2").
+    // The GID type lives in sysfs ("IB/RoCE v1" or "RoCE v2"); where sysfs
+    // does not say (hidden in a container) it stays kUnknown, never chosen.
     std::ifstream type("/sys/class/infiniband/" + name_ + "/ports/" + std::to_string(port) +
                        "/gid_attrs/types/" + std::to_string(index));
     std::string text;
@@ -327,20 +391,22 @@ class SystemDevice : public VerbsDevice {
     if (text == "RoCE v2") {
       entry.type = GidType::kRoceV2;
     } else if (text == "IB/RoCE v1") {
-      entry.type = queryPort(port).ethernet ? GidType::kRoceV1 : GidType::kIb;
+      entry.type = GidType::kRoceV1;  // on an IB port every GID is IB: the type is not read there
     }
     return entry;
   }
-  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                    bool remoteWrite) override {
+  std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes, bool remoteWrite,
+                                                    bool relaxedOrdering) override {
     int access = IBV_ACCESS_LOCAL_WRITE | (remoteWrite ? IBV_ACCESS_REMOTE_WRITE : 0);
-    ibv_mr* mr = fn_->regMr(pd_, address, bytes, access);
+    ibv_mr* mr = regMr(address, bytes, access, relaxedOrdering);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
   }
-  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes) override {
-    ibv_mr* mr = fn_->regMr(pd_, address, bytes,
-                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  bool supportsRelaxedOrdering() const override { return fn_->regMrIova2 != nullptr; }
+  std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
+                                                        bool relaxedOrdering) override {
+    ibv_mr* mr = regMr(address, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                       relaxedOrdering);
     if (mr == nullptr) {
       throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
                   " (needs the nvidia-peermem module, or use dma-buf)");
@@ -368,10 +434,11 @@ class SystemDevice : public VerbsDevice {
     return true;
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                    uint64_t iova) override {
+                                                    uint64_t iova, bool relaxedOrdering) override {
     std::string why;
     if (!supportsDmaBuf(&why)) throw Error("dma-buf registration on " + name_ + ": " + why);
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (relaxedOrdering && supportsRelaxedOrdering()) access |= kRelaxedOrdering;
     ibv_mr* mr = fn_->regDmaBufMr(pd_, offset, bytes, iova, fd, access);
     if (mr == nullptr) throw Error(errnoText("ibv_reg_dmabuf_mr", errno));
     return std::make_unique<SystemMemoryRegion>(fn_, mr);
@@ -433,6 +500,7 @@ class SystemDevice : public VerbsDevice {
       case IBV_EVENT_QP_REQ_ERR:
       case IBV_EVENT_QP_ACCESS_ERR: event->type = AsyncEventType::kQpFatal; break;
       case IBV_EVENT_DEVICE_FATAL: event->type = AsyncEventType::kDeviceFatal; break;
+      case IBV_EVENT_CQ_ERR: event->type = AsyncEventType::kCqError; break;
       default: event->type = AsyncEventType::kOther; break;
     }
     bool portEvent = raw.event_type == IBV_EVENT_PORT_ACTIVE || raw.event_type == IBV_EVENT_PORT_ERR ||
@@ -448,6 +516,19 @@ class SystemDevice : public VerbsDevice {
   }
 
  private:
+  // IBV_ACCESS_RELAXED_ORDERING (IBV_ACCESS_OPTIONAL_FIRST), spelled out for older headers.
+  static constexpr int kRelaxedOrdering = 1 << 20;
+
+  // ibv_reg_mr as the header's macro makes it: with an optional flag it is
+  // ibv_reg_mr_iova2 (iova = the address); the plain symbol would reject it.
+  ibv_mr* regMr(void* address, size_t bytes, int access, bool relaxedOrdering) {
+    if (relaxedOrdering && fn_->regMrIova2 != nullptr) {
+      return fn_->regMrIova2(pd_, address, bytes, reinterpret_cast<uint64_t>(address),
+                             static_cast<unsigned int>(access | kRelaxedOrdering));
+    }
+    return fn_->regMr(pd_, address, bytes, access);
+  }
+
   std::shared_ptr<Functions> fn_;
   std::string name_;
   ibv_context* context_;
@@ -564,6 +645,9 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
     return nullptr;
   }
   fn->regDmaBufMr = reinterpret_cast<Functions::RegDmaBufMr>(dlsym(h, "ibv_reg_dmabuf_mr"));
+  fn->regMrIova2 = reinterpret_cast<Functions::RegMrIova2>(dlsym(h, "ibv_reg_mr_iova2"));
+  fn->queryGidTable = reinterpret_cast<Functions::QueryGidTable>(dlsym(h, "_ibv_query_gid_table"));
+  fn->queryGidEx = reinterpret_cast<Functions::QueryGidEx>(dlsym(h, "_ibv_query_gid_ex"));
   initForkProtection(h);
   return std::make_shared<SystemVerbs>(fn);
 }
