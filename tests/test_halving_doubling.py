@@ -9,7 +9,10 @@ test_collectives.py: small integers, exact in any order). Random floats (inexact
 bits) must come out the same on every rank and the same when run again. The
 test also checks that halving is what ran: on channel 1 (which only the data
 phase uses) each rank sends to its log2 P partners and, where it folds, its
-neighbour; the ring would send to its successor only.
+neighbour; the ring would send to its successor only. It runs twice: all ranks
+on one host (positions are ranks), and ranks dealt round-robin over three
+emulated hosts (RECCL_HOST_ID), where partners are positions in the layout's
+host-by-host order.
 """
 from __future__ import annotations
 
@@ -28,11 +31,20 @@ GROUP_SIZES = (2, 3, 4, 5, 7, 8, 16)
 COUNTS = (1, 3, 13, 5001)    # below every k but 2, odd, and several chunks per step
 FULL_COUNTS = (3, 5001)      # every dtype and op; the others float32 and int32 SUM
 JOB_TIMEOUT_S = 170
+HOSTS = 3                    # "round-robin": rank r on emulated host r % 3
 DTYPES = ("float32", "int32", "float16", "bfloat16", "int64", "uint8", "bool")
 
 
+def ring_order(k, placement):
+    """Position -> rank in a group of the first k ranks (layout.h: host by host,
+    hosts by their lowest rank, each host's ranks in rank order)."""
+    if placement == "one-host":
+        return list(range(k))
+    return sorted(range(k), key=lambda r: (r % HOSTS, r))
+
+
 def expected_peers(position, k):
-    """Ranks that `position` sends data-phase bytes to in a group of k in rank order."""
+    """Positions that `position` sends data-phase bytes to in a group of k."""
     pow2 = 1
     while pow2 * 2 <= k:
         pow2 *= 2
@@ -62,9 +74,11 @@ def float_bits(rank, k, group, dist, torch):
     return out
 
 
-def rank_main(rank, port, out_dir):
+def rank_main(rank, port, out_dir, placement):
     os.environ.update(reccl_env(SMALL_BYTES=0, ALGO="halving", HEARTBEAT_MS=3000,
                                 CONNECT_TIMEOUT_MS=20000, NO_PATH_TIMEOUT_MS=30000))
+    if placement == "round-robin":  # positions differ from ranks (two-level layout)
+        os.environ["RECCL_HOST_ID"] = f"host-{rank % HOSTS}"
     result = {"rank": rank}
     try:
         import torch
@@ -102,15 +116,19 @@ def rank_main(rank, port, out_dir):
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
-def test_halving_allreduce_at_every_group_size(tmp_path):
-    results = run_rank_job(tmp_path, rank_main, WORLD, (), JOB_TIMEOUT_S)
+@pytest.mark.parametrize("placement", ["one-host", "round-robin"])
+def test_halving_allreduce_at_every_group_size(tmp_path, placement):
+    results = run_rank_job(tmp_path, rank_main, WORLD, (placement,), JOB_TIMEOUT_S)
     for k in GROUP_SIZES:
         bits = {tuple(results[r][f"floats_k{k}"]) for r in range(k)}
         assert len(bits) == 1, f"k={k}: ranks ended with different float bits"
         again = {tuple(results[r][f"floats_again_k{k}"]) for r in range(k)}
         assert again == bits, f"k={k}: a second run gave other bits"
-        for r in range(k):
-            assert results[r][f"peers_k{k}"] == expected_peers(r, k), (k, r, results[r][f"peers_k{k}"])
+        order = ring_order(k, placement)
+        for p in range(k):
+            want = sorted(order[q] for q in expected_peers(p, k))
+            got = results[order[p]][f"peers_k{k}"]
+            assert got == want, f"k={k}: rank {order[p]} (position {p}) sent to {got}, not {want}"
 
 
 def mismatch_main(rank, port, out_dir):
