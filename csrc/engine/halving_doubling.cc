@@ -8,12 +8,10 @@ namespace reccl {
 
 namespace {
 
-// Where a rank sits in the power-of-two group of `pow2` that runs the steps:
-// positions below 2 * (n - pow2) fold in pairs (the odd one stays in).
+// Where a position sits in the power-of-two group that runs the steps, of
+// n - extra ranks: positions below 2 * extra fold in pairs (the odd one stays).
 struct Virtual {
-  int n;
-  int pow2;
-  int extra;  // n - pow2
+  int extra;
   // -1 for a rank that folds out.
   int of(int position) const {
     if (position < 2 * extra) return position % 2 == 1 ? position / 2 : -1;
@@ -88,7 +86,7 @@ void halvingDoublingAllreduce(ChannelJob& job, uint8_t* work, const Range& range
   if (n == 1 || range.count == 0) return;
   int pow2 = 1;
   while (pow2 * 2 <= n) pow2 *= 2;
-  const Virtual virt{n, pow2, n - pow2};
+  const Virtual virt{n - pow2};
   const int position = job.position();
   const int v = virt.of(position);
   auto rankOfVirtual = [&](int u) { return job.layout.rankAt(virt.positionOf(u)); };
@@ -114,8 +112,8 @@ void halvingDoublingAllreduce(ChannelJob& job, uint8_t* work, const Range& range
 
   // Reduce-scatter by recursive halving: the blocks held shrink from [0, P)
   // to [v, v + 1); at distance d, keep the half holding v, give the other.
-  // givenAt[i]: the sends of step i, which read the region step i of the
-  // all-gather receives into.
+  // givenAt: each step's sends; the all-gather step at the same distance
+  // receives into the region they read, so it waits for them first.
   std::vector<std::vector<std::shared_ptr<Request>>> givenAt;
   int lo = 0, hi = pow2;
   for (int d = pow2 / 2; d >= 1; d /= 2) {
@@ -126,7 +124,7 @@ void halvingDoublingAllreduce(ChannelJob& job, uint8_t* work, const Range& range
     const Range keep = upper ? blockSpan(blocks, mid, hi) : blockSpan(blocks, lo, mid);
     givenAt.push_back(sendRegion(job, partner, work, give, sends));
     receiveRegion(job, partner, work, keep, &op);
-    if (upper) lo = mid; else hi = mid;
+    (upper ? lo : hi) = mid;
   }
   if (op == ReduceOp::kAvg) divideBy(work + blocks[v].offset * job.elem, blocks[v].count, job.dtype, n);
 
