@@ -103,7 +103,7 @@ def main() -> int:
     dist.destroy_process_group()
     print(json.dumps({"rank": args.rank, "params": digest.hexdigest(), "losses": losses,
                       "rebalances": rebalances, "channels": info["channels"],
-                      "ops_done": info["ops_done"],
+                      "ops_done": info["ops_done"], "send_peers": info["send_peers"],
                       "train_s": round(train_s, 3)}), flush=True)
     return 0
 

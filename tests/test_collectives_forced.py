@@ -5,7 +5,8 @@ The engine picks recursive doubling or the channels by size (docs/collectives.md
 "Which algorithm runs"); RECCL_SMALL_BYTES forces the choice for every size:
 0 sends everything through the channels (rings, chains and direct transfers over
 both NICs), 1 MiB sends everything here through recursive doubling inside the
-agreement. One spawned job of 16 ranks per algorithm runs the collectives on the
+agreement; RECCL_ALGO=halving with 0 runs all_reduce by recursive halving and
+doubling over the channels instead of the ring. One spawned job of 16 ranks per algorithm runs the collectives on the
 groups of the first k ranks, for every k. Inputs and references are those of
 test_collectives.py: small integers, so every reduction is exact in any order
 and the results must equal the local reference bit for bit.
@@ -29,7 +30,10 @@ from conftest import BACKUP, reccl_env, run_rank_job
 WORLD = 16
 GROUP_SIZES = (2, 3, 4, 8, 16)
 SMALL, LARGE = 3, 5000        # fewer elements than ranks; several 4 KiB chunks per ring step
-FORCED = {"channels": 0, "recursive-doubling": 1 << 20}  # 1 MiB > 16 ranks x 5000 x 8 bytes
+# Settings per algorithm; 1 MiB > 16 ranks x 5000 x 8 bytes. "halving" changes
+# only all_reduce (recursive halving and doubling, test_halving_doubling.py).
+FORCED = {"channels": {"SMALL_BYTES": 0}, "recursive-doubling": {"SMALL_BYTES": 1 << 20},
+          "halving": {"SMALL_BYTES": 0, "ALGO": "halving"}}
 JOB_TIMEOUT_S = 150
 # Reductions: (dtype, op) pairs; test_collectives.py covers every pair at 2 and 4 ranks.
 ALL_REDUCE = [("float32", op) for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX")] + \
@@ -100,7 +104,7 @@ def backup_nic_bytes(torch_reccl):
 
 
 def rank_main(rank, port, out_dir, algorithm):
-    os.environ.update(reccl_env(SMALL_BYTES=FORCED[algorithm], HEARTBEAT_MS=3000,
+    os.environ.update(reccl_env(**FORCED[algorithm], HEARTBEAT_MS=3000,
                                 CONNECT_TIMEOUT_MS=20000, NO_PATH_TIMEOUT_MS=30000))
     result = {"rank": rank}
     try:

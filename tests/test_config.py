@@ -126,6 +126,18 @@ def test_debug_levels():
             assert level in message
 
 
+def test_algo_setting():
+    for value in ("auto", "ring", "halving"):
+        _C.validate_config({"RECCL_ALGO": value})
+    for bad in ("rd", "Ring", "", "halving,ring", "rabenseifner"):
+        with pytest.raises(ConfigError) as info:
+            _C.validate_config({"RECCL_ALGO": bad})
+        message = str(info.value)
+        assert "RECCL_ALGO" in message
+        for value in ("auto", "ring", "halving"):
+            assert value in message
+
+
 def test_transport_setting():
     for value in ("auto", "tcp", "ib"):
         _C.validate_config({"RECCL_TRANSPORT": value})

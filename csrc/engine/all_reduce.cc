@@ -1,6 +1,7 @@
 #include "engine/all_reduce.h"
 
 #include "engine/collective.h"
+#include "engine/halving_doubling.h"
 #include "engine/recursive_doubling.h"
 #include "engine/ring.h"
 
@@ -11,7 +12,7 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
   checkReduceOp(op, dtype);
   const int size = comm.size();
   const size_t bytes = count * elementSize(dtype);
-  const Algorithm algorithm = chooseAlgorithm(comm, bytes);
+  const Algorithm algorithm = chooseAllreduceAlgorithm(comm, bytes);
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
   desc.algorithm = static_cast<uint8_t>(algorithm);
@@ -24,6 +25,14 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
                return;
              }
              const std::vector<Range> ranges = comm.channelPlan().split(count);
+             if (algorithm == Algorithm::kHalvingDoubling) {
+               const size_t unit = chunkElems(comm, dtype, largestRange(ranges),
+                                              kHalvingSegmentsPerConnection);
+               comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+                 halvingDoublingAllreduce(job, bytesOf(out), ranges[job.channel], op, sends);
+               });
+               return;
+             }
              const size_t unit =
                  chunkElems(comm, dtype, largestRingSegment(ranges, size), 2 * (size - 1));
              comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {

@@ -20,6 +20,14 @@ Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes) 
   return small ? Algorithm::kRecursiveDoubling : Algorithm::kChannels;
 }
 
+Algorithm chooseAllreduceAlgorithm(const Communicator& comm, size_t bytes) {
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes);
+  if (algorithm == Algorithm::kChannels && comm.options().algo == "halving") {
+    return Algorithm::kHalvingDoubling;
+  }
+  return algorithm;
+}
+
 void checkRoot(int root, int size) {
   if (root < 0 || root >= size) {
     throw ConfigError("root rank " + std::to_string(root) + " is not in this group of " +

@@ -24,6 +24,7 @@ CommOptions::CommOptions(const Config& config)
       chunkBytes(static_cast<size_t>(config.chunkBytes)),
       window(config.window),
       smallBytes(static_cast<size_t>(config.smallBytes)),
+      algo(config.algo),
       rebalance(config.dcr),
       dcrOffset(static_cast<uint64_t>(config.dcrOffset)) {}
 

@@ -217,7 +217,7 @@ std::string mismatchMessage(const std::string& group, int ra, const OpDescriptor
             std::to_string(b.channels) + " of " + std::to_string(b.chunkBytes) +
             "; the backend options must be the same on every rank)";
   } else if (a.kind == b.kind && a.algorithm != b.algorithm) {
-    extra = " (they chose different algorithms: RECCL_SMALL_BYTES must be the same on every rank)";
+    extra = " (they chose different algorithms: RECCL_SMALL_BYTES and RECCL_ALGO must be the same on every rank)";
   } else if (a.kind == b.kind && a.planId != b.planId) {
     extra = " (channel plans " + std::to_string(a.planId) + " and " + std::to_string(b.planId) +
             " differ)";

@@ -1,0 +1,123 @@
+"""Large all_reduce by each reccl algorithm against Gloo, in one invocation.
+
+For each N in --ranks, runs the same ``reccl bench`` ranks (torch_reccl/bench_rank.py:
+N processes on this machine over loopback NICs 127.0.0.1..127.0.0.K, every
+output checked element by element after timing) three times: reccl with
+RECCL_ALGO=ring, reccl with RECCL_ALGO=halving (recursive halving and
+doubling, csrc/engine/halving_doubling.h), and Gloo. RECCL_SMALL_BYTES is left
+as it is, so sizes above it take the forced algorithm. busbw as nccl-tests:
+algbw x 2(N-1)/N from the slowest rank's mean time. Prints one table per N with
+halving/ring and each algorithm's ratio to Gloo in the same run. With
+--repeat R the three take turns R times and each cell is the median run.
+
+    python bench/allreduce_algos.py --ranks 8 16 --sizes-mib 4 16 64 --repeat 3 --json algos.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_reccl.bench_cli import Variant, build_rows, run_variant  # noqa: E402
+from torch_reccl.launch import LaunchError, LoopbackPlacement  # noqa: E402
+
+VARIANTS = (("ring", "reccl", {"RECCL_ALGO": "ring"}),
+            ("halving", "reccl", {"RECCL_ALGO": "halving"}),
+            ("gloo", "gloo", {}))
+
+
+def medians(results: List[dict]) -> List[dict]:
+    """Per size, the run with the median busbw (the lower middle one of an even
+    count), its wrong elements replaced by those of every run."""
+    by_size: Dict[int, List[dict]] = {}
+    for r in results:
+        if r["kind"] == "result":
+            by_size.setdefault(r["bytes"], []).append(r)
+    out = []
+    for same in by_size.values():
+        ordered = sorted(same, key=lambda r: r["busbw"])
+        out.append({**ordered[(len(ordered) - 1) // 2], "wrong": sum(r["wrong"] for r in same),
+                    "runs": len(same)})
+    return out
+
+
+def measure(ranks: int, args) -> Dict[str, object]:
+    sizes = [int(mib * (1 << 20)) for mib in args.sizes_mib]
+    bench_args = argparse.Namespace(device="cpu", ops=["all_reduce"], dtype="float32",
+                                    warmup=args.warmup, iters=args.iters, timeout=args.timeout)
+    runs: Dict[str, List[dict]] = {}
+    errors = {}
+    for _ in range(args.repeat):  # the variants take turns, so a load change hits all alike
+        for label, backend, env in VARIANTS:
+            try:
+                runs.setdefault(label, []).extend(
+                    run_variant(Variant(label, backend, env), LoopbackPlacement(ranks, args.rails),
+                                bench_args, sizes, None))
+            except LaunchError as error:
+                errors[label] = str(error)
+                print(f"allreduce_algos: N={ranks} {label} failed: {error}", file=sys.stderr)
+    labels = [v[0] for v in VARIANTS]
+    rows = build_rows(labels, {label: medians(rs) for label, rs in runs.items()}, "gloo")
+    for row in rows:
+        busbw = {label: m["busbw"] for label, m in row["variants"].items()}
+        row["ratios"] = {
+            "halving/ring": busbw["halving"] / busbw["ring"] if busbw.get("ring") and "halving" in busbw else None,
+            "ring/gloo": busbw["ring"] / busbw["gloo"] if busbw.get("gloo") and "ring" in busbw else None,
+            "halving/gloo": busbw["halving"] / busbw["gloo"] if busbw.get("gloo") and "halving" in busbw else None,
+        }
+    return {"ranks": ranks, "rows": rows, "errors": errors}
+
+
+def table(record: Dict[str, object]) -> str:
+    lines = [f"## N = {record['ranks']}",
+             "| size | ring busbw GB/s | halving busbw GB/s | gloo busbw GB/s | halving/ring | ring/gloo | halving/gloo | wrong |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        v = row["variants"]
+
+        def bw(label):
+            return f"{v[label]['busbw']:.3f}" if label in v else "-"
+
+        def ratio(key):
+            r = row["ratios"][key]
+            return f"{r:.2f}" if r is not None else "-"
+
+        wrong = sum(m["wrong"] for m in v.values())
+        lines.append(f"| {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
+                     f"{ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | {wrong} |")
+    return "\n".join(lines)
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[16.0])
+    p.add_argument("--rails", type=int, default=2, help="loopback NICs per rank (default 2)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each variant, taking turns; the median busbw is shown (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds without a result before a run fails")
+    p.add_argument("--json", default=None, metavar="PATH")
+    args = p.parse_args(argv)
+    if any(not 2 <= n <= 64 for n in args.ranks):
+        p.error(f"--ranks must be 2..64; got {args.ranks}")
+    if any(s <= 0 for s in args.sizes_mib) or args.iters < 1 or args.warmup < 0 or args.repeat < 1:
+        p.error("--sizes-mib must be > 0, --iters and --repeat >= 1 and --warmup >= 0")
+    records = []
+    for n in args.ranks:
+        records.append(measure(n, args))
+        print(table(records[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cores": os.cpu_count(), "runs": records}, f, indent=1)
+    wrong = sum(m["wrong"] for r in records for row in r["rows"] for m in row["variants"].values())
+    return 1 if wrong or any(r["errors"] for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
