@@ -142,6 +142,43 @@ def test_backup_off_opens_only_the_primary(pair_factory):
     stream(send, recv, plan_sizes(5, 10, 1 << 16), 5)
 
 
+def socket_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return count
+
+
+@pytest.mark.timeout(40)
+def test_data_sockets_join_when_a_path_needs_them():
+    """A path starts on its control socket and first data socket; the other
+    RECCL_NSOCKS - 1 join once chunks wait behind a busy data socket, so set-up
+    costs two handshakes per path (docs/scale.md, "set-up"). Both ends live in
+    this process: every socket shows twice in its fds."""
+    t = Transport(reccl_env(RECCL_NSOCKS="4"))
+    listener = t.listen(0)
+    before = socket_fds()
+    send = t.connect(0, listener.handle)
+    send.wait_ready(10)
+    recv = listener.accept(10)
+    try:
+        assert wait_until(lambda: len(send.paths()) == 2 and len(recv.paths()) == 2, 5), send.paths()
+        stream(send, recv, [0, 1, 100, 4096, 65536], 1, window=1)  # one small message at a time
+        time.sleep(0.2)
+        assert socket_fds() - before == 2 * 2 * 2  # primary and backup: 2 sockets each, both ends
+        stream(send, recv, [64 << 20], 2)  # 64 chunks: they queue behind the first data socket
+        # The primary has all 1 + 4 sockets at both ends; the backup still 2.
+        assert wait_until(lambda: socket_fds() - before == 2 * (5 + 2), 5), socket_fds() - before
+        stream(send, recv, plan_sizes(3, 20, 1 << 20, big=2), 3)  # over every socket, bit-exact
+        assert send.active_path == 0 and recv.active_path == 0
+    finally:
+        close_both(send, recv)
+        listener.close()
+
+
 # --------------------------------------------------------------------------- failover
 
 
