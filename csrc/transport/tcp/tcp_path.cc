@@ -89,16 +89,18 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
 void TcpPath::registerSocketLocked(size_t index, int64_t now) {
   Socket& socket = sockets_[index];
   socket.lastProgressNs = now;
-  EventLoop* loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
+  // Set before add(): the loop may report the socket at once, and onIo uses it.
+  socket.loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
   const bool reads = index == kControl || role_ == Role::kReceiver;
   // A writer is polled only while it has a chunk to write (sendData arms it).
   try {
-    socket.id = loop->add(socket.fd.get(), reads ? kReadable : 0, std::make_shared<SocketIo>(this, index));
+    socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
+                                 std::make_shared<SocketIo>(this, index));
   } catch (...) {
+    socket.loop = nullptr;
     EventLoops::instance().release(healthId_);
     throw;
   }
-  socket.loop = loop;
   if (index == kControl) return;
   std::lock_guard<std::mutex> lock(queueMutex_);
   socket.joined = true;
@@ -427,8 +429,10 @@ void TcpPath::sendData(const DataChunk& chunk) {
       woke = true;
       break;
     }
-    // Every joined writer busy: the bandwidth of the missing sockets is wanted now.
-    if (!woke && grow_ && !growAsked_) {
+    // Chunks queue behind every joined writer: the missing sockets' bandwidth is
+    // wanted now. (One chunk alone may find the last writer not yet idle after
+    // its previous chunk was acknowledged; that is no backlog.)
+    if (!woke && queue_.size() >= 2 && grow_ && !growAsked_) {
       for (size_t i = 1; i < sockets_.size(); ++i) missing = missing || !sockets_[i].joined;
       grow = growAsked_ = missing;
     }

@@ -6,8 +6,8 @@
 // timer wheels. Silence on its NIC pair or a stalled transfer fails the path.
 //
 // A path starts with the control socket and the first data socket and carries
-// everything on them; its other data sockets join later (attachData), when the
-// sender first has data waiting with every joined data socket busy (the grow
+// everything on them; its other data sockets join later (attachData), when
+// chunks first queue behind every joined data socket at the sender (the grow
 // callback), so a connection that only carries small messages one at a time
 // costs two handshakes per path, not 1 + RECCL_NSOCKS (docs/scale.md, set-up).
 #pragma once
@@ -52,8 +52,8 @@ class TcpPath : public Path {
   bool attachData(size_t slot, Fd fd);
   size_t dataSlots() const { return sockets_.size() - 1; }
   // Sender, before start(): `grow` runs once (on the thread of a sendData), the
-  // first time a chunk waits while every joined data socket is busy and some
-  // slot is still empty; it connects the missing sockets and attaches them.
+  // first time chunks queue behind every joined data socket while some slot is
+  // still empty; it connects the missing sockets and attaches them.
   void setGrow(std::function<void()> grow) { grow_ = std::move(grow); }
 
  private:
