@@ -182,6 +182,24 @@ def test_data_sockets_join_when_a_path_needs_them():
 # --------------------------------------------------------------------------- failover
 
 
+@pytest.mark.timeout(40)
+def test_backup_from_set_up_carries_bulk_data_right_after_the_first_message(pair_factory):
+    """The primary fails right after the first (small) message: the backup, up
+    since set-up on two sockets, takes over at once and grows its other data
+    sockets over the backup NIC once bulk data queues; every byte arrives."""
+    # Spreading off: it would open a last-resort rail beside the backup.
+    _t, _l, send, recv = pair_factory(reccl_env(RECCL_NSOCKS="4", RECCL_FAILBACK="0", RECCL_SPREAD="off"))
+    stream(send, recv, [100], 1, window=1)
+    assert send.active_path == 0 and len(send.paths()) == 2, send.paths()
+    before = socket_fds()
+    torch_reccl.inject_fault(PRIMARY, "down")
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 3)
+    # The primary's sockets are gone (2 per end); the backup grows by 3 per end.
+    stream(send, recv, [64 << 20] + plan_sizes(5, 10, 1 << 20, big=1), 5)
+    assert wait_until(lambda: socket_fds() - before == -2 * 2 + 2 * 3, 5), socket_fds() - before
+    assert send.active_path == 1 and recv.active_path == 1
+
+
 @pytest.mark.timeout(30)
 def test_outstanding_requests_are_bounded(pair_factory):
     _t, _l, send, recv = pair_factory()
