@@ -283,6 +283,37 @@ def test_rail_down_and_up_in_the_fabric(tmp_path):
     assert fabric_leftovers("tdr1") == []
 
 
+@pytest.mark.timeout(150)
+def test_slow_nic_in_the_fabric_is_degraded_and_training_stays_exact(tmp_path, monkeypatch):
+    """A drill's slow= fault end to end: host 0's eth1 cut to 10% by tbf under the
+    drill's training load is named degraded (reason slow) and traffic fails over
+    off it, while every step's loss and the final parameters match the fault-free
+    run. The heartbeat at 4 s, as in test_grey_fabric: this checks the detector,
+    not the race with a TCP collapse (docs/grey_failures.md)."""
+    from torch_reccl.fabric import require_root
+
+    require_root()
+    monkeypatch.setenv("RECCL_HEARTBEAT_MS", "4000")
+    out = tmp_path / "drill.json"
+    done = drill("--hosts", "2", "--rails", "2", "--rate-mbit", "1000", "--duration", "10s",
+                 "--fault", "h0nic1:slow=10%@2s,h0nic1:heal@8s", "--verify", "--name", "tdsl",
+                 "--plot", str(tmp_path / "drill.png"), "--json", str(out), timeout=140)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(out.read_text())
+    run = record["run"]
+    assert run["finished"] and run["error"] is None and record["ok"]
+    assert len(run["applied"]) == 2 and not run["not_applied"]
+    assert "slowed to 10% of 1000 mbit/s" in run["applied"][0]["what"]
+    slow_at = run["applied"][0]["t"]
+    degraded = [e for e in run["events"] if e["kind"] == "degraded"]
+    assert degraded, f"no degraded event: {run['events']}"
+    assert all(e["reason"] == "slow" and e["t"] >= slow_at for e in degraded)
+    assert any(e["kind"] == "failover" and e["reason"] == "slow" for e in run["events"])
+    assert record["verify"]["identical"] and record["verify"]["losses_identical"]
+    assert "verdict: OK" in done.stdout
+    assert fabric_leftovers("tdsl") == []
+
+
 @pytest.mark.timeout(120)
 def test_without_root_falls_back_to_inject_fault_on_loopback(tmp_path, monkeypatch, capsys):
     out = tmp_path / "drill.json"
