@@ -24,6 +24,7 @@ status 0 only when every comparison holds.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -49,7 +50,8 @@ TINY_GPT = ["--transformer-impl", "local", "--mock-data", "--tokenizer-type", "N
             "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
             "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "2",
             "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "constant", "--seed", "1234",
-            "--log-interval", "1", "--eval-iters", "0", "--distributed-timeout-minutes", "5"]
+            "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000000",
+            "--distributed-timeout-minutes", "5"]
 LAYOUTS = {"dp2": ["--tensor-model-parallel-size", "1"], "tp2": ["--tensor-model-parallel-size", "2"]}
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([-+0-9.eE]+)")
 KILL_GRACE_S = 10.0
@@ -69,12 +71,56 @@ def rank_env(rank: int, world: int, port: int, label: str, megatron_dir: str, gp
     }
 
 
+class VethLink:
+    """Real link faults for the fault run: both ranks run in a 2-host emulated fabric
+    (network namespaces, veths, bridges; torch_reccl.fabric, needs root and pyroute2),
+    NCCL's bootstrap and the store on its management network, our NICs eth0/eth1.
+    Rank 0 writes the iterations done to a file (the launcher's --reccl-fault-driver);
+    ``poll`` makes each scheduled fault (the drill's FabricFaults) once its step is done."""
+    POLL_S = 0.002
+
+    def __init__(self, fabric, out_dir: str):
+        from torch_reccl.drill.faults import FabricFaults
+
+        self.fabric = fabric
+        self.faults = FabricFaults(fabric, flap_period_s=1.0, flap_count=4)
+        self.progress_path = os.path.join(out_dir, "progress")
+        self.pending: List = []
+        self.made: List[dict] = []
+        self.env = {"MASTER_ADDR": fabric.mgmt_ip(0), "NCCL_SOCKET_IFNAME": fabric.mgmt_name,
+                    "GLOO_SOCKET_IFNAME": fabric.mgmt_name,
+                    "RECCL_NICS": ",".join(fabric.nic_name(r) for r in range(fabric.rails))}
+
+    def arm(self, schedule: str) -> List[str]:
+        """The launcher arguments for a run with this schedule ('' for fault-free)."""
+        from torch_reccl.drill.schedule import parse_schedule
+
+        self.pending, self.made = parse_schedule(schedule), []
+        if os.path.exists(self.progress_path):
+            os.remove(self.progress_path)
+        return ["--reccl-fault-driver", self.progress_path] if self.pending else []
+
+    def poll(self) -> None:
+        try:
+            with open(self.progress_path) as f:
+                done = int(f.read())
+        except (OSError, ValueError):
+            return
+        for fault in [f for f in self.pending if f.due(0.0, done)]:
+            self.pending.remove(fault)
+            self.made.append({"fault": fault.text, "iterations_done": done, "what": self.faults.apply(fault)})
+
+    def heal(self) -> None:
+        self.faults.heal_all()
+
+
 def run_job(megatron_dir: str, out_dir: str, label: str, launcher_args: List[str], script_args: List[str],
             timeout_s: float, world: int = 2, gpus: int = 1,
-            extra_env: Optional[Dict[str, str]] = None) -> dict:
+            extra_env: Optional[Dict[str, str]] = None, link: Optional["VethLink"] = None) -> dict:
     """Runs the launcher on `world` ranks from `megatron_dir` (its pretrain_gpt.py);
     each rank's log goes to out_dir/label-RANK.log. Ranks still running after
-    `timeout_s` are killed (their whole process group)."""
+    `timeout_s` are killed (their whole process group). With `link`, rank r runs in
+    the fabric's host r and the link's driver is polled while the ranks run."""
     megatron_dir = os.path.abspath(megatron_dir)
     os.makedirs(out_dir, exist_ok=True)
     port = free_port()
@@ -85,14 +131,20 @@ def run_job(megatron_dir: str, out_dir: str, label: str, launcher_args: List[str
     started = time.monotonic()
     try:
         for rank in range(world):
-            env = {**os.environ, **rank_env(rank, world, port, label, megatron_dir, gpus), **(extra_env or {})}
+            env = {**os.environ, **rank_env(rank, world, port, label, megatron_dir, gpus), **(extra_env or {}),
+                   **(link.env if link else {})}
             with open(paths[rank], "w") as log:
-                procs.append(subprocess.Popen(command, cwd=megatron_dir, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                start = functools.partial(link.fabric.popen, rank) if link else subprocess.Popen
+                procs.append(start(command, cwd=megatron_dir, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True))
         deadline = started + timeout_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            if link:
+                link.poll()
+            time.sleep(VethLink.POLL_S if link else 0.2)
     finally:
+        if link:
+            link.heal()
         hung = [rank for rank, p in enumerate(procs) if p.poll() is None]
         for p in procs:
             if p.poll() is None:
@@ -134,8 +186,9 @@ def failure(run: dict) -> Optional[str]:
 
 def run_pair(megatron_dir: str, out_dir: str, layout: str, iterations: int, schedule: str, timeout_s: float,
              gpus: int, wandb_dir: Optional[str] = None, megatron_args: Optional[List[str]] = None,
-             log: Callable[[str], None] = print) -> dict:
-    """The layout fault-free, then with the schedule; their comparison."""
+             log: Callable[[str], None] = print, link: Optional[VethLink] = None) -> dict:
+    """The layout fault-free, then with the schedule (by inject_fault, or real link
+    faults with `link`); their comparison."""
     script_args = (megatron_args if megatron_args is not None else TINY_GPT + LAYOUTS[layout]) + [
         "--train-iters", str(iterations)]
     if megatron_args is None:
@@ -146,6 +199,8 @@ def run_pair(megatron_dir: str, out_dir: str, layout: str, iterations: int, sche
         report = os.path.join(out_dir, f"{label}-report.json")
         launcher_args = ["--reccl-report", report]
         extra_args, extra_env = [], {}
+        if link:
+            launcher_args += link.arm(schedule if mode == "fault" else "")
         if mode == "fault":
             launcher_args += ["--reccl-fault-schedule", schedule]
             if wandb_dir:
@@ -155,7 +210,8 @@ def run_pair(megatron_dir: str, out_dir: str, layout: str, iterations: int, sche
                 extra_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
         log(f"[megatron_fault] {label}: {iterations} iterations ...")
         run = run_job(megatron_dir, out_dir, label, launcher_args, script_args + extra_args, timeout_s,
-                      gpus=gpus, extra_env=extra_env)
+                      gpus=gpus, extra_env=extra_env, link=link)
+        run["link_faults"] = list(link.made) if link else None
         run["report"] = None
         if os.path.exists(report):
             with open(report) as f:
@@ -233,6 +289,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default="megatron_fault_runs", help="logs, reports, W&B runs")
     parser.add_argument("--wandb", choices=["auto", "on", "off"], default="auto",
                         help="offline W&B run for each fault run (auto: when wandb is importable)")
+    parser.add_argument("--link", choices=["auto", "inject", "veth"], default="auto",
+                        help="how the NIC fails: inject (torch_reccl.inject_fault in the ranks, loopback "
+                             "NICs), veth (a real veth down in an emulated 2-host fabric: root, pyroute2, "
+                             "network namespaces); auto: veth where possible")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the result record here")
     args = parser.parse_args(argv)
     megatron_dir = os.path.abspath(args.megatron_dir)
@@ -245,22 +305,46 @@ def main(argv=None) -> int:
         os.makedirs(wandb_dir, exist_ok=True)
     command = "python bench/megatron_fault.py " + " ".join(sys.argv[1:] if argv is None else argv)
     pairs, problems = [], []
-    for layout in args.layouts:
-        pair = run_pair(megatron_dir, out_dir, layout, args.iterations, args.fault, args.timeout_s, args.gpus,
-                        wandb_dir)
-        pairs.append(pair)
-        problems += verdict(pair, args.iterations)
-        if args.json:  # after each layout, so a run cut short still leaves what it did
-            write_record(args.json, command, args, wandb_dir, pairs, problems, done=layout == args.layouts[-1])
+    fabric = start_fabric(args.link)
+    args.link = "veth" if fabric else "inject"
+    try:
+        link = VethLink(fabric, out_dir) if fabric else None
+        for layout in args.layouts:
+            pair = run_pair(megatron_dir, out_dir, layout, args.iterations, args.fault, args.timeout_s, args.gpus,
+                            wandb_dir, link=link)
+            pairs.append(pair)
+            problems += verdict(pair, args.iterations)
+            if args.json:  # after each layout, so a run cut short still leaves what it did
+                write_record(args.json, command, args, wandb_dir, pairs, problems,
+                             done=layout == args.layouts[-1])
+    finally:
+        if fabric:
+            fabric.down()
     print(table(pairs))
     for problem in problems:
         print(f"PROBLEM: {problem}")
     return 0 if not problems else 1
 
 
+def start_fabric(link: str):
+    """The emulated fabric for --link veth (or auto where it can be built), else None."""
+    if link == "inject":
+        return None
+    from torch_reccl.fabric import Fabric, FabricError, require_root
+
+    try:
+        require_root()
+        return Fabric(hosts=2, rails=2, name="meg").up()
+    except FabricError as error:
+        if link == "veth":
+            raise SystemExit(f"megatron_fault.py: --link veth: {error}")
+        print(f"[megatron_fault] --link auto: inject_fault ({error})", file=sys.stderr)
+        return None
+
+
 def write_record(path: str, command: str, args, wandb_dir: Optional[str], pairs: List[dict], problems: List[str],
                  done: bool) -> None:
-    record = {"meta": {"command": command, "schedule": args.fault, "iterations": args.iterations,
+    record = {"meta": {"command": command, "schedule": args.fault, "iterations": args.iterations, "link": args.link,
                        "layouts": args.layouts, "wandb_dir": wandb_dir, "complete": done},
               "ok": done and not problems, "problems": problems,
               "results": [{"layout": p["layout"], "losses": p["losses"],

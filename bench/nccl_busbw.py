@@ -48,7 +48,7 @@ def variants(plugin: str):
         # failed-over connections pile onto their one backup NIC
         "reccl-4nic-8ch": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-4nic-down": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
-        "reccl-4nic-down-nospread": ({**reccl4, "RECCL_SPREAD": "0", "NCCL_MIN_NCHANNELS": "8",
+        "reccl-4nic-down-nospread": ({**reccl4, "RECCL_SPREAD": "off", "NCCL_MIN_NCHANNELS": "8",
                                       "NCCL_MAX_NCHANNELS": "8"}, True),
         # NVL: GPU buffers staged by the plugin; NIC 0 sits next to GPU 0, NIC 1 next to GPU 1
         "reccl-nvl-8ch": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
@@ -136,7 +136,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
     labels = list(table)
-    print("busbw GB/s (2 ranks, 2xH200, network path forced)")
+    print(f"busbw GB/s (2 ranks on {torch.cuda.device_count()} GPU(s), network path forced)")
     print(f"{'collective/MiB':22s}" + "".join(f"{l:>19s}" for l in labels))
     keys = next((list(t) for t in table.values() if t), [])
     for key in keys:

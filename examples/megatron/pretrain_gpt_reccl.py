@@ -53,7 +53,11 @@ process of host H (``hHnicR``; ``nicR`` is host 0, ``railR`` every host) on its 
 NIC. A host is a torchrun node (GROUP_RANK); started without torchrun, each process
 is its own host (rank // LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE 1 by default), as when
 two ranks share one GPU with their own NCCL_HOSTID. Actions: down, up, flap,
-blackhole, heal. The hook: Megatron's ``train()`` calls ``train_step`` by its name in
+blackhole, heal. With ``--reccl-fault-driver PATH`` the faults are real ones made
+outside the job (bench/megatron_fault.py ``--link veth`` takes a veth down in an
+emulated fabric): rank 0 writes the iterations done to PATH before each iteration,
+the driver acts when the schedule's step is reached, and every drill action
+(slow=, lossy= too) is allowed. The hook: Megatron's ``train()`` calls ``train_step`` by its name in
 ``megatron.training.training`` every iteration, with ``iteration=`` the number of
 iterations done; the launcher wraps that function when Megatron imports the module
 (torch_reccl.import_hook), so Megatron is not edited. The same wrapper times every
@@ -128,6 +132,10 @@ def split_argv(argv):
                         help="faults by iteration, the drill's syntax: TARGET:ACTION@step N[,...], "
                              "e.g. 'h0nic0:down@step 100,h0nic0:up@step 200' (fires before "
                              "iteration N+1 in every process of host H, by inject_fault)")
+    parser.add_argument("--reccl-fault-driver", default=None, metavar="PATH",
+                        help="the schedule's faults are real link faults made by a driver outside "
+                             "the job (bench/megatron_fault.py --link veth): this process injects "
+                             "nothing and rank 0 writes the iterations done to PATH before each one")
     parser.add_argument("--reccl-report", default=None, metavar="PATH",
                         help="the collecting rank writes the run's summary here as JSON: step "
                              "time of every iteration, around each fault, failovers and failbacks")
@@ -137,15 +145,16 @@ def split_argv(argv):
 # ---------------------------------------------------------------- fault schedule
 
 
-def parse_iteration_schedule(text: Optional[str]) -> List[Fault]:
-    """The drill's schedule, restricted to what a training process can do to itself:
-    faults by iteration ("step N"), with an inject_fault equivalent."""
+def parse_iteration_schedule(text: Optional[str], by_driver: bool = False) -> List[Fault]:
+    """The drill's schedule by iteration ("step N"): restricted to what a training
+    process can do to itself (an inject_fault equivalent), unless a fabric driver
+    outside the job makes the faults (``by_driver``: every drill action)."""
     faults = parse_schedule(text or "")
     for fault in faults:
         if fault.at_step is None:
             raise ScheduleError(f"fault {fault.text!r}: the Megatron launcher schedules by iteration; "
                                 f"use @step N (fires before iteration N+1), not a time")
-        if fault.action in InjectedFaults.FABRIC_ONLY:
+        if fault.action in InjectedFaults.FABRIC_ONLY and not by_driver:
             raise ScheduleError(f"fault {fault.text!r}: a {fault.action} NIC needs the emulated fabric; "
                                 f"inject_fault has no equivalent (valid here: "
                                 f"{', '.join(sorted(InjectedFaults.KIND))})")
@@ -181,7 +190,9 @@ class IterationHook:
 
     def __init__(self, faults: List[Fault], host: int, nic_names: List[str],
                  apply: Callable[[str, str], str] = inject, sync: Optional[Callable[[], None]] = None,
-                 clock: Callable[[], float] = time.perf_counter, announce: Callable[[str], None] = print):
+                 clock: Callable[[], float] = time.perf_counter, announce: Callable[[str], None] = print,
+                 progress: Optional[Callable[[int], None]] = None):
+        self.progress = progress
         self.pending = [f for f in faults if f.host is None or f.host == host]
         self.nic_names = nic_names
         self.apply = apply
@@ -206,6 +217,8 @@ class IterationHook:
             # Megatron passes iteration= (iterations done); older ones do not: count calls.
             done = kwargs.get("iteration")
             done = self.calls if done is None else int(done)
+            if self.progress is not None:
+                self.progress(done)
             self.fire_due(done)
             start = self.clock()
             result = train_step(*args, **kwargs)
@@ -221,6 +234,21 @@ class IterationHook:
     def install(self, module) -> None:
         if not getattr(module.train_step, "reccl_hooked", False):
             module.train_step = self.wrap(module.train_step)
+
+
+def left_to_driver(nic: str, action: str) -> str:
+    return f"{action} on {nic}, made by the fabric driver"
+
+
+def progress_writer(path: str) -> Callable[[int], None]:
+    """Publishes the iterations done for a driver outside the job: written aside and
+    renamed, so the driver never reads a half-written number."""
+    def write(done: int) -> None:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(done))
+        os.replace(path + ".tmp", path)
+
+    return write
 
 
 def cuda_sync() -> None:
@@ -408,7 +436,7 @@ def bounded(seconds: float, what: str):
 def main(argv=None) -> None:
     ours, megatron_args = split_argv(sys.argv[1:] if argv is None else argv)
     try:
-        faults = parse_iteration_schedule(ours.reccl_fault_schedule)
+        faults = parse_iteration_schedule(ours.reccl_fault_schedule, by_driver=bool(ours.reccl_fault_driver))
     except ScheduleError as error:
         raise SystemExit(f"pretrain_gpt_reccl.py: --reccl-fault-schedule: {error}")
     init_distributed(ours.reccl_backend, ours.reccl_timeout_minutes)
@@ -428,8 +456,11 @@ def main(argv=None) -> None:
     torch_reccl.on_event(show, kinds=SHOWN_KINDS, job_wide=True)
     events: List[dict] = []
     torch_reccl.on_event(lambda event: events.append(event.to_dict()), kinds=COUNTED_KINDS, job_wide=True)
+    driver = ours.reccl_fault_driver
     hook = IterationHook(faults, this_host(), nic_names, sync=cuda_sync,
-                         announce=lambda line: print(f"{line} on rank {rank}", flush=True))
+                         apply=left_to_driver if driver else inject,
+                         announce=lambda line: print(f"{line} on rank {rank}", flush=True),
+                         progress=progress_writer(driver) if driver and rank == 0 else None)
     after_import(TRAINING_MODULE, hook.install)
     if ours.reccl_events_jsonl:
         from torch_reccl.integrations import jsonl
