@@ -92,6 +92,10 @@ def test_sizes_and_shapes():
     (["--ops", "all_reduce,broadcast"], "unknown op 'broadcast'; valid ops: all_reduce, all_gather"),
     (["--fabric", "2by2"], "is not HOSTSxRAILS"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--fault", "h0nic0:down@5s"], "a bench fault has no time"),
+    (["--fault", "h0nic0:up"], "valid actions: down, blackhole, slow=P%, lossy=P%"),
+    (["--fault", "h0nic0:slow"], "slow needs a percent"),
+    (["--fault", "eth0:down"], "unknown target 'eth0'"),
 ])
 def test_bad_arguments_are_refused_by_the_parser(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -109,6 +113,10 @@ def test_bad_arguments_are_refused_by_the_parser(capsys, args, message):
     (["--rate-mbit", "100"], "--rate-mbit needs --fabric"),
     (["--fabric", "2x2", "--ranks", "3"], "disagrees with --fabric"),
     (["--backend", "gloo", "--nic-down"], "only the reccl backend"),
+    (["--backend", "gloo", "--fault", "h0nic0:down"], "only the reccl backend"),
+    (["--fault", "h0nic1:slow=10%"], "needs --fabric HOSTSxRAILS"),
+    (["--fault", "h0nic2:down"], "rail 2 does not exist; this run has 2 rails"),
+    (["--fault", "h3nic0:down"], "host 3 does not exist; this run has 2 hosts"),
 ])
 def test_inconsistent_arguments_are_explained(capsys, args, message):
     assert cli.main(["bench", *args]) == 2
@@ -139,6 +147,28 @@ def test_fabric_nic_down_run_fails_over():
     assert record["failovers"]["reccl"] == 0
     assert record["failovers"]["reccl,NIC0-down"] >= 1
     for row in record["rows"]:
+        for m in row["variants"].values():
+            assert m["wrong"] == 0 and m["busbw"] > 0
+
+
+@pytest.mark.timeout(200)
+def test_fabric_fault_runs_two_nics_down_and_a_slow_nic():
+    """--fault: two NICs of host 0 down (really, in the fabric) in one run, a NIC
+    slowed by tbf in another; both exact, the first fails over."""
+    from torch_reccl.fabric import require_root
+
+    require_root()
+    done = run_bench("--fabric", "2x3", "--rate-mbit", "1000", "--ops", "all_reduce",
+                     "--min-bytes", "1M", "--max-bytes", "1M", "--iters", "2",
+                     "--fault", "h0nic0:down,h0nic1:down", "--fault", "h0nic1:slow=20%", "--json", "-")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["variants"] == ["reccl", "reccl,h0nic0:down+h0nic1:down", "reccl,h0nic1:slow=20%"]
+    assert not record["errors"], record["errors"]
+    assert record["failovers"]["reccl"] == 0
+    assert record["failovers"]["reccl,h0nic0:down+h0nic1:down"] >= 2, record["failovers"]
+    for row in record["rows"]:
+        assert set(row["variants"]) == set(record["variants"])
         for m in row["variants"].values():
             assert m["wrong"] == 0 and m["busbw"] > 0
 

@@ -4,7 +4,8 @@
                 [--min-bytes 1M] [--max-bytes 256M] [--factor 2] [--dtype float32]
                 [--warmup 2] [--iters 5] [--device cpu|cuda]
                 [--backend reccl] [--compare gloo|nccl] [--nic-down]
-                [--fabric HOSTSxRAILS [--rate-mbit M]] [--json [PATH]]
+                [--fault TARGET:ACTION[,...]]... [--fabric HOSTSxRAILS [--rate-mbit M]]
+                [--json [PATH]]
 
 Spawns N ranks (one process each) and times every op at every size from
 --min-bytes to --max-bytes (x --factor), for the backend and, with --compare,
@@ -22,7 +23,12 @@ Where the ranks run: on this machine over loopback "NICs" 127.0.0.1..127.0.0.K
 rail-optimized fabric (docs/fabric.md) with the store on the management network.
 The baselines (gloo, NCCL's socket transport) use one NIC: 127.0.0.1 or eth0.
 --nic-down adds a run of the backend with rank 0's first NIC down (a real veth
-down in the fabric; torch_reccl.inject_fault on loopback).
+down in the fabric; torch_reccl.inject_fault on loopback). --fault adds a run
+with the faults given, in the drill's target syntax without a time (they are made
+once every rank has started, before the first measured op): e.g. --fault
+h0nic0:down,h0nic1:down (two NICs of host 0) or --fault h0nic1:slow=10% (a NIC
+at 10% of the fabric rate); actions down, blackhole, slow=P%, lossy=P% (slow and
+lossy only in the fabric). --fault may repeat: one run per value.
 
 --device cuda runs one rank per GPU with backend "nccl" through torch_reccl's
 NCCL net plugin (NCCL_NET=ReCCL); the baseline "nccl" is NCCL's own socket
@@ -39,6 +45,8 @@ import time
 from typing import Dict, List, Optional
 
 from torch_reccl.bench_rank import DTYPES, OPS
+from torch_reccl.drill.faults import FabricFaults, InjectedFaults
+from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, parse_schedule
 from torch_reccl.launch import (FabricPlacement, Job, LaunchError, LoopbackPlacement,
                                 terminated_by_signal, unique_fabric_name)
 from torch_reccl.progress import ProgressBar
@@ -53,11 +61,38 @@ VARIANT_COLUMNS = ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
 CUDA_NET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
 
 
-class Variant:
-    """One set of ranks to measure: a backend, its environment, maybe a fault."""
+# faults a measured run can hold for its whole length (no time, no undoing)
+BENCH_FAULT_ACTIONS = ("down", "blackhole", "slow", "lossy")
 
-    def __init__(self, label: str, backend: str, env: Dict[str, str], nic_down: bool = False):
-        self.label, self.backend, self.env, self.nic_down = label, backend, env, nic_down
+
+class Variant:
+    """One set of ranks to measure: a backend, its environment, maybe faults made
+    once every rank has started."""
+
+    def __init__(self, label: str, backend: str, env: Dict[str, str], faults: Optional[List[Fault]] = None):
+        self.label, self.backend, self.env, self.faults = label, backend, env, faults or []
+
+
+def parse_bench_faults(text: str) -> List[Fault]:
+    """``--fault``'s value: the drill's TARGET:ACTION items, comma-separated, no time."""
+    items = [item.strip() for item in text.split(",")]
+    if any("@" in item for item in items):
+        raise argparse.ArgumentTypeError(f"{text!r}: a bench fault has no time (it holds for the whole "
+                                         f"run); write e.g. h0nic0:down,h0nic1:slow=10%")
+    try:
+        faults = parse_schedule(",".join(f"{item}@0s" for item in items))
+    except ScheduleError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("@0s", ""))
+    for fault in faults:
+        if fault.action not in BENCH_FAULT_ACTIONS:
+            raise argparse.ArgumentTypeError(f"{fault.target}:{fault.action}: a bench run holds a fault "
+                                             f"for its whole length; valid actions: "
+                                             f"{', '.join(a + '=P%' if a in ('slow', 'lossy') else a for a in BENCH_FAULT_ACTIONS)}")
+    return faults
+
+
+def fault_label(faults: List[Fault]) -> str:
+    return "+".join(f.text.rsplit("@", 1)[0] for f in faults)
 
 
 # ---------------------------------------------------------------- arguments
@@ -141,8 +176,17 @@ def check_args(args) -> None:
                          f"valid baselines: {', '.join(v for v in valid if v != args.backend)}")
     if args.compare == args.backend:
         raise ValueError(f"--compare {args.compare} is the backend itself; pick another baseline")
-    if args.nic_down and args.backend != "reccl":
-        raise ValueError("--nic-down measures failover, which only the reccl backend has")
+    if (args.nic_down or args.fault) and args.backend != "reccl":
+        raise ValueError("--nic-down and --fault measure failover, which only the reccl backend has")
+    for faults in args.fault or []:
+        fabric_only = [f.text.rsplit("@", 1)[0] for f in faults if f.action in InjectedFaults.FABRIC_ONLY]
+        if fabric_only and args.fabric is None:
+            raise ValueError(f"--fault {', '.join(fabric_only)}: a slow or lossy NIC is a kernel fault "
+                             f"(tbf, nftables) and needs --fabric HOSTSxRAILS (root)")
+        try:
+            check_topology(faults, ranks, args.fabric[1] if args.fabric else (args.rails or 2))
+        except ScheduleError as error:
+            raise ValueError(f"--fault: {str(error).replace('@0s', '')}")
 
 
 def variants(args) -> List[Variant]:
@@ -157,7 +201,10 @@ def variants(args) -> List[Variant]:
     if args.compare:
         out.append(Variant(args.compare, args.compare, env(args.compare)))
     if args.nic_down:
-        out.append(Variant(f"{args.backend},NIC0-down", args.backend, env(args.backend), nic_down=True))
+        out.append(Variant(f"{args.backend},NIC0-down", args.backend, env(args.backend),
+                           parse_bench_faults("h0nic0:down")))
+    for faults in args.fault or []:
+        out.append(Variant(f"{args.backend},{fault_label(faults)}", args.backend, env(args.backend), faults))
     return out
 
 
@@ -187,7 +234,7 @@ def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> L
             "--device", args.device, "--ops", *args.ops, "--sizes", *map(str, sizes),
             "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters),
             "--timeout", str(args.timeout)]
-    if variant.nic_down:
+    if variant.faults:
         argv.append("--pause-before")
 
     def per_rank_env(rank: int) -> Dict[str, str]:
@@ -196,7 +243,7 @@ def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> L
     results: List[dict] = []
     paused = set()
     with Job(placement, argv, env=variant.env, per_rank_env=per_rank_env,
-             commands=variant.nic_down) as job:
+             commands=bool(variant.faults)) as job:
         deadline = time.monotonic() + args.timeout
         while True:
             got = job.next_message(0.2)
@@ -212,7 +259,7 @@ def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> L
                 elif message["kind"] == "paused":
                     paused.add(rank)
                     if len(paused) == job.ranks:
-                        _take_nic_down(job, placement, fabric)
+                        _make_faults(job, placement, fabric, variant.faults)
                 continue
             failed = job.failed_ranks()
             if failed:
@@ -229,16 +276,19 @@ def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> L
     return results
 
 
-def _take_nic_down(job: Job, placement, fabric) -> None:
-    """Rank 0's first NIC goes down; then every rank goes on."""
-    nic = placement.nic_names(0)[0]
-    if fabric is not None:
-        fabric.nic_down(0, 0)
-        for rank in range(job.ranks):
-            job.send(rank, {"cmd": "go"})
-    else:
-        for rank in range(job.ranks):
-            job.send(rank, {"cmd": "go", "inject": [[nic, "down"]] if rank == 0 else []})
+def _make_faults(job: Job, placement, fabric, faults: List[Fault]) -> None:
+    """The variant's faults, made while every rank waits; then every rank goes on.
+    In the fabric they are real (the drill's FabricFaults); on loopback each rank
+    of the target host injects them (torch_reccl.inject_fault) as it goes on."""
+    inject: Dict[int, List[List[str]]] = {rank: [] for rank in range(job.ranks)}
+    for fault in faults:
+        if fabric is not None:
+            FabricFaults(fabric, flap_period_s=1.0, flap_count=1).apply(fault)
+        else:
+            for rank in fault.hosts(job.ranks):
+                inject[rank].append([placement.nic_names(rank)[fault.rail], InjectedFaults.KIND[fault.action]])
+    for rank in range(job.ranks):
+        job.send(rank, {"cmd": "go", "inject": inject[rank]})
 
 
 def _human(size: int) -> str:
@@ -435,6 +485,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="also measure a baseline: gloo (cpu) or nccl (cuda)")
     parser.add_argument("--nic-down", action="store_true",
                         help="also measure the backend with rank 0's first NIC down (failover)")
+    parser.add_argument("--fault", type=parse_bench_faults, action="append", default=None,
+                        metavar="TARGET:ACTION[,...]",
+                        help="also measure the backend with these faults, made before the first "
+                             "measured op (the drill's targets: hHnicR, nicR, railR; actions down, "
+                             "blackhole, slow=P%%, lossy=P%%), e.g. h0nic0:down,h0nic1:down; may repeat")
     parser.add_argument("--rails", type=int, default=None,
                         help="NICs per rank on loopback (127.0.0.1..); default 2")
     parser.add_argument("--fabric", type=parse_fabric, default=None, metavar="HOSTSxRAILS",
