@@ -25,6 +25,7 @@ A third job with no RECCL_HOST_ID (one host) checks the layout stays flat.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 import pytest
