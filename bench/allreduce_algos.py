@@ -1,16 +1,21 @@
-"""Large all_reduce by each reccl algorithm against Gloo, in one invocation.
+"""Large all_reduce, reduce_scatter and all_gather by each reccl algorithm
+against Gloo, in one invocation.
 
 For each N in --ranks, runs the same ``reccl bench`` ranks (torch_reccl/bench_rank.py:
 N processes on this machine over loopback NICs 127.0.0.1..127.0.0.K, every
 output checked element by element after timing) three times: reccl with
-RECCL_ALGO=ring, reccl with RECCL_ALGO=halving (recursive halving and
-doubling, csrc/engine/halving_doubling.h), and Gloo. RECCL_SMALL_BYTES is left
-as it is, so sizes above it take the forced algorithm. busbw as nccl-tests:
-algbw x 2(N-1)/N from the slowest rank's mean time. Prints one table per N with
-halving/ring and each algorithm's ratio to Gloo in the same run. With
---repeat R the three take turns R times and each cell is the median run.
+RECCL_ALGO=ring, reccl with RECCL_ALGO=halving (recursive halving and/or
+doubling, csrc/engine/halving_doubling.h), and Gloo, over the collectives of
+--ops (default all_reduce). RECCL_SMALL_BYTES is left as it is, so sizes above
+it take the forced algorithm; a size is the all_reduce's tensor, the
+reduce_scatter's input and the all_gather's output. busbw as nccl-tests:
+algbw x 2(N-1)/N (all_reduce) or x (N-1)/N from the slowest rank's mean time.
+Prints one table per N with halving/ring and each algorithm's ratio to Gloo in
+the same run. With --repeat R the three take turns R times and each cell is
+the median run.
 
     python bench/allreduce_algos.py --ranks 8 16 --sizes-mib 4 16 64 --repeat 3 --json algos.json
+    python bench/allreduce_algos.py --ops all_reduce reduce_scatter all_gather --ranks 4 8
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_reccl.bench_cli import Variant, build_rows, run_variant  # noqa: E402
+from torch_reccl.bench_rank import OPS  # noqa: E402
 from torch_reccl.launch import LaunchError, LoopbackPlacement  # noqa: E402
 
 VARIANTS = (("ring", "reccl", {"RECCL_ALGO": "ring"}),
@@ -31,12 +37,12 @@ VARIANTS = (("ring", "reccl", {"RECCL_ALGO": "ring"}),
 
 
 def medians(results: List[dict]) -> List[dict]:
-    """Per size, the run with the median busbw (the lower middle one of an even
-    count), its wrong elements replaced by those of every run."""
-    by_size: Dict[int, List[dict]] = {}
+    """Per op and size, the run with the median busbw (the lower middle one of
+    an even count), its wrong elements replaced by those of every run."""
+    by_size: Dict[tuple, List[dict]] = {}
     for r in results:
         if r["kind"] == "result":
-            by_size.setdefault(r["bytes"], []).append(r)
+            by_size.setdefault((r["op"], r["bytes"]), []).append(r)
     out = []
     for same in by_size.values():
         ordered = sorted(same, key=lambda r: r["busbw"])
@@ -47,7 +53,7 @@ def medians(results: List[dict]) -> List[dict]:
 
 def measure(ranks: int, args) -> Dict[str, object]:
     sizes = [int(mib * (1 << 20)) for mib in args.sizes_mib]
-    bench_args = argparse.Namespace(device="cpu", ops=["all_reduce"], dtype="float32",
+    bench_args = argparse.Namespace(device="cpu", ops=args.ops, dtype="float32",
                                     warmup=args.warmup, iters=args.iters, timeout=args.timeout)
     runs: Dict[str, List[dict]] = {}
     errors = {}
@@ -74,8 +80,8 @@ def measure(ranks: int, args) -> Dict[str, object]:
 
 def table(record: Dict[str, object]) -> str:
     lines = [f"## N = {record['ranks']}",
-             "| size | ring busbw GB/s | halving busbw GB/s | gloo busbw GB/s | halving/ring | ring/gloo | halving/gloo | wrong |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| op | size | ring busbw GB/s | halving busbw GB/s | gloo busbw GB/s | halving/ring | ring/gloo | halving/gloo | wrong |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in record["rows"]:
         v = row["variants"]
 
@@ -87,7 +93,7 @@ def table(record: Dict[str, object]) -> str:
             return f"{r:.2f}" if r is not None else "-"
 
         wrong = sum(m["wrong"] for m in v.values())
-        lines.append(f"| {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
+        lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
                      f"{ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | {wrong} |")
     return "\n".join(lines)
 
@@ -96,6 +102,8 @@ def main(argv: List[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[16.0])
+    p.add_argument("--ops", nargs="+", choices=OPS, default=["all_reduce"],
+                   help="collectives to measure (default all_reduce)")
     p.add_argument("--rails", type=int, default=2, help="loopback NICs per rank (default 2)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)

@@ -458,6 +458,46 @@ def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=9
     return results
 
 
+def init_rank_groups(rank, port, world, group_sizes=(), timeout_s=60, store_timeout_s=90):
+    """In a rank spawned by run_rank_job: torch on one thread, the default
+    "reccl" group over the job's store with 4 KiB chunks and a window of 2 (so
+    moderate counts take several chunks per step), and a group of the first k
+    ranks for each k of `group_sizes`. Returns (torch, dist, {k: group})."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch_reccl.backend import Options
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, False,
+                          timeout=datetime.timedelta(seconds=store_timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("reccl", store=store, rank=rank, world_size=world, timeout=timeout,
+                            pg_options=Options(chunk_bytes=4096, window=2))
+    groups = {k: dist.new_group(list(range(k)), timeout=timeout) for k in group_sizes}
+    return torch, dist, groups
+
+
+def report_rank(out_dir, rank, body: Callable[[dict], None]) -> None:
+    """The end of a rank spawned by run_rank_job: runs body(result) on a dict
+    holding "rank", writes it to rank<r>.json with "ok", or with the traceback
+    as "error", and exits at once (os._exit: interpreter teardown is slow and
+    releases nothing more)."""
+    import json
+    import traceback
+
+    result = {"rank": rank}
+    try:
+        body(result)
+        result["ok"] = True
+    except Exception:  # noqa: BLE001 - reported to the test
+        result["error"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    os._exit(0)
+
+
 # --------------------------------------------------------------------------- GPU checks
 
 

@@ -1,8 +1,10 @@
 """One rank of a small training run over the "reccl" backend (run inside an
 emulated host's netns by tests/test_training_fabric.py).
 
-Trains a small MLP with fixed seeds: every step all-reduces the flat gradient
-(large enough for the ring algorithm over every channel) and applies SGD. At the
+Trains a small MLP with fixed seeds: every step sums the flat gradient over
+the ranks (large enough for the channel algorithms over every channel), by one
+all_reduce or with --sync shards by reduce_scatter then all_gather, and applies
+SGD. At the
 steps given by --pause, rank 0 prints "PAUSE <step>" and waits for the driver to
 apply a fault and answer: "go", or "go avoid" / "go clear" to first wait (bounded)
 until the control plane proposes a plan that avoids some channel / no channel, so
@@ -20,6 +22,17 @@ import sys
 import time
 
 
+def sum_by_shards(flat, world, torch, dist):
+    """The sum of `flat` over every rank by reduce_scatter then all_gather (zero-padded to equal shards)."""
+    shard = -(-flat.numel() // world)
+    padded = torch.zeros(shard * world)
+    padded[:flat.numel()] = flat
+    mine = torch.empty(shard)
+    dist.reduce_scatter_tensor(mine, padded)
+    dist.all_gather_into_tensor(padded, mine)
+    return padded[:flat.numel()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
@@ -30,6 +43,9 @@ def main() -> int:
     parser.add_argument("--pause", type=int, action="append", default=[])
     parser.add_argument("--width", type=int, default=192)
     parser.add_argument("--channels", type=int, default=None)
+    parser.add_argument("--sync", choices=("all_reduce", "shards"), default="all_reduce",
+                        help="how the gradient is summed: one all_reduce, or (as ZeRO and FSDP "
+                             "do) reduce_scatter_tensor into shards, then all_gather_into_tensor")
     args = parser.parse_args()
 
     import torch
@@ -81,7 +97,10 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        dist.all_reduce(flat)
+        if args.sync == "all_reduce":
+            dist.all_reduce(flat)
+        else:
+            flat = sum_by_shards(flat, args.world, torch, dist)
         flat /= args.world
         offset = 0
         for p in model.parameters():

@@ -1,13 +1,15 @@
-"""Every collective with each algorithm forced in turn, at 2, 3, 4, 8 and 16
-ranks, bit for bit against local references.
+"""Every collective with each algorithm forced in turn, at 2, 3, 4, 5, 7, 8 and
+16 ranks, bit for bit against local references.
 
 The engine picks recursive doubling or the channels by size (docs/collectives.md,
 "Which algorithm runs"); RECCL_SMALL_BYTES forces the choice for every size:
 0 sends everything through the channels (rings, chains and direct transfers over
 both NICs), 1 MiB sends everything here through recursive doubling inside the
-agreement; RECCL_ALGO=halving with 0 runs all_reduce by recursive halving and
-doubling over the channels instead of the ring. One spawned job of 16 ranks per algorithm runs the collectives on the
-groups of the first k ranks, for every k. Inputs and references are those of
+agreement; RECCL_ALGO=halving with 0 runs all_reduce, reduce_scatter and
+all_gather by recursive halving and/or doubling over the channels instead of
+the rings. One spawned job of 16 ranks per algorithm runs the collectives on
+the groups of the first k ranks, for every k; reduce_scatter and all_gather of
+every dtype and op of DTYPES. Inputs and references are those of
 test_collectives.py: small integers, so every reduction is exact in any order
 and the results must equal the local reference bit for bit.
 
@@ -18,28 +20,29 @@ by the channels, so it runs last, after that check.
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import traceback
 
 import pytest
 
-from conftest import BACKUP, reccl_env, run_rank_job
+from conftest import BACKUP, init_rank_groups, reccl_env, report_rank, run_rank_job
 
 WORLD = 16
-GROUP_SIZES = (2, 3, 4, 8, 16)
+GROUP_SIZES = (2, 3, 4, 5, 7, 8, 16)
 SMALL, LARGE = 3, 5000        # fewer elements than ranks; several 4 KiB chunks per ring step
 # Settings per algorithm; 1 MiB > 16 ranks x 5000 x 8 bytes. "halving" changes
-# only all_reduce (recursive halving and doubling, test_halving_doubling.py).
+# all_reduce, reduce_scatter and all_gather (test_halving_doubling.py).
 FORCED = {"channels": {"SMALL_BYTES": 0}, "recursive-doubling": {"SMALL_BYTES": 1 << 20},
           "halving": {"SMALL_BYTES": 0, "ALGO": "halving"}}
-JOB_TIMEOUT_S = 150
+JOB_TIMEOUT_S = 280
 # Reductions: (dtype, op) pairs; test_collectives.py covers every pair at 2 and 4 ranks.
 ALL_REDUCE = [("float32", op) for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX")] + \
              [("int32", op) for op in ("SUM", "AVG", "BXOR")] + [("bfloat16", "SUM")]
 REDUCE = [("float32", "SUM"), ("int32", "BXOR")]
 REDUCE_SCATTER = [("float32", "SUM"), ("int32", "AVG")]
+# reduce_scatter and all_gather (which halving runs too): every op of these at
+# FULL_COUNTS; float32 and int32 SUM at the other counts.
+DTYPES = ("float32", "int32", "float16", "bfloat16", "int64", "uint8", "bool")
+LIGHT_DTYPES = ("float32", "int32")
 
 
 def collectives(rank, k, group, dist, torch):
@@ -85,6 +88,45 @@ def collectives(rank, k, group, dist, torch):
             check_equal(out, expected, f"reduce_scatter {dtype} {op} {where}")
 
 
+def reduce_scatter_every_type(rank, k, group, dist, torch, counts, full_counts):
+    """reduce_scatter_tensor, and the list form at the last full count, of
+    every dtype and op of DTYPES at `full_counts` (float32 and int32 SUM at the
+    other `counts`) on the group of ranks 0..k-1."""
+    from test_collectives import check_equal, make_input, ops_for, reference
+
+    for n in counts:
+        for dtype in DTYPES if n in full_counts else LIGHT_DTYPES:
+            for op in ops_for(dtype) if n in full_counts else ("SUM",):
+                inputs = [make_input(r, k * n, dtype, op, salt=k) for r in range(k)]
+                expected = reference(inputs, op, dtype)[rank * n:(rank + 1) * n]
+                out = torch.empty(n, dtype=inputs[0].dtype)
+                dist.reduce_scatter_tensor(out, inputs[rank], op=getattr(dist.ReduceOp, op), group=group)
+                where = f"{dtype} {op} k={k} n={n}"
+                check_equal(out, expected, f"reduce_scatter_tensor {where}")
+                if n == full_counts[-1]:
+                    out = torch.empty(n, dtype=inputs[0].dtype)
+                    dist.reduce_scatter(out, list(inputs[rank].chunk(k)), op=getattr(dist.ReduceOp, op),
+                                        group=group)
+                    check_equal(out, expected, f"reduce_scatter {where}")
+
+
+def all_gather_every_type(rank, k, group, dist, torch, counts, full_counts):
+    """all_gather_into_tensor and the list form, of every dtype of DTYPES at
+    `full_counts` (float32 and int32 at the other `counts`)."""
+    from test_collectives import check_equal, make_input
+
+    for n in counts:
+        for dtype in DTYPES if n in full_counts else LIGHT_DTYPES:
+            every = [make_input(r, n, dtype, salt=k + 1) for r in range(k)]
+            out = torch.empty(k * n, dtype=every[0].dtype)
+            dist.all_gather_into_tensor(out, every[rank], group=group)
+            check_equal(out, torch.cat(every), f"all_gather_into_tensor {dtype} k={k} n={n}")
+            outs = [torch.empty_like(every[0]) for _ in range(k)]
+            dist.all_gather(outs, every[rank], group=group)
+            for r in range(k):
+                check_equal(outs[r], every[r], f"all_gather from {r} {dtype} k={k} n={n}")
+
+
 def all_to_all(rank, k, group, dist, torch):
     """Uneven all_to_all_single (some pairs send nothing) on the group of ranks 0..k-1."""
     from test_collectives import check_equal, make_input, split_sizes
@@ -106,24 +148,18 @@ def backup_nic_bytes(torch_reccl):
 def rank_main(rank, port, out_dir, algorithm):
     os.environ.update(reccl_env(**FORCED[algorithm], HEARTBEAT_MS=3000,
                                 CONNECT_TIMEOUT_MS=20000, NO_PATH_TIMEOUT_MS=30000))
-    result = {"rank": rank}
-    try:
-        import torch
-        import torch.distributed as dist
-        import torch_reccl
-        from torch_reccl.backend import Options
 
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, WORLD, False, timeout=datetime.timedelta(seconds=90))
-        timeout = datetime.timedelta(seconds=60)
-        dist.init_process_group("reccl", store=store, rank=rank, world_size=WORLD, timeout=timeout,
-                                pg_options=Options(chunk_bytes=4096, window=2))
-        groups = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
+    def body(result):
+        import torch_reccl
+
+        torch, dist, groups = init_rank_groups(rank, port, WORLD, GROUP_SIZES)
         dist.barrier()  # builds the shared transport, whose NICs the stats then list
         for k, group in groups.items():
             if rank < k:
                 before = backup_nic_bytes(torch_reccl)
                 collectives(rank, k, group, dist, torch)
+                reduce_scatter_every_type(rank, k, group, dist, torch, (SMALL, LARGE), (LARGE,))
+                all_gather_every_type(rank, k, group, dist, torch, (SMALL, LARGE), (LARGE,))
                 result[f"backup_nic_bytes_k{k}"] = backup_nic_bytes(torch_reccl) - before
             dist.barrier()
         for k, group in groups.items():
@@ -132,12 +168,8 @@ def rank_main(rank, port, out_dir, algorithm):
             dist.barrier()
         result["failovers"] = sum(nic["failovers"] for nic in torch_reccl.stats()["nics"].values())
         dist.destroy_process_group()
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the test
-        result["error"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+
+    report_rank(out_dir, rank, body)
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)

@@ -1,38 +1,41 @@
-"""all_reduce by recursive halving and doubling (RECCL_ALGO=halving) at 2, 3, 4,
-5, 7, 8 and 16 ranks, bit for bit against local references.
+"""all_reduce, reduce_scatter and all_gather by recursive halving and doubling
+(RECCL_ALGO=halving) at 2, 3, 4, 5, 7, 8 and 16 ranks, bit for bit against
+local references.
 
-One spawned job of 16 ranks runs all_reduce on the groups of the first k ranks,
+One spawned job of 16 ranks runs the three on the groups of the first k ranks,
 for every k: every reduce op of float32, int32, float16, bfloat16, int64, uint8
-and bool at a count below k (blocks of nothing) and at an odd count of several
-4 KiB chunks per step, and SUM at other odd counts (inputs of
-test_collectives.py: small integers, exact in any order). Random floats (inexact sums, so the order of reduction shows in the
-bits) must come out the same on every rank and the same when run again. The
-test also checks that halving is what ran: on channel 1 (which only the data
-phase uses) each rank sends to its log2 P partners and, where it folds, its
-neighbour; the ring would send to its successor only. It runs twice: all ranks
-on one host (positions are ranks), and ranks dealt round-robin over three
-emulated hosts (RECCL_HOST_ID), where partners are positions in the layout's
-host-by-host order.
+and bool (every dtype for all_gather) at a count below k (blocks of nothing)
+and at an odd count of several 4 KiB chunks per step, and float32 and int32
+SUM at other odd counts (inputs of test_collectives.py: small integers, exact
+in any order, so the ring's results too). Random float32 sums (inexact, so the
+order of reduction shows in the bits) of all_reduce and reduce_scatter must
+equal, bit for bit, a local sum in the order halving_doubling.h documents,
+the same on every rank and when run again. The test also checks that halving
+is what ran for each collective: on channel 1 (which only the data phase uses)
+each rank sends to its log2 P partners and, where it folds, its neighbour; the
+ring would send to its successor only. It runs twice: all ranks on one host
+(positions are ranks), and ranks dealt round-robin over three emulated hosts
+(RECCL_HOST_ID), where partners are positions in the layout's host-by-host
+order.
 """
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
-import traceback
 
 import pytest
 
-from conftest import reccl_env, run_rank_job
+from conftest import init_rank_groups, reccl_env, report_rank, run_rank_job
+from test_collectives_forced import (DTYPES, LIGHT_DTYPES, all_gather_every_type,
+                                     reduce_scatter_every_type)
 
 WORLD = 16
 GROUP_SIZES = (2, 3, 4, 5, 7, 8, 16)
 COUNTS = (1, 3, 13, 5001)    # below every k but 2, odd, and several chunks per step
 FULL_COUNTS = (3, 5001)      # every dtype and op; the others float32 and int32 SUM
-JOB_TIMEOUT_S = 170
+JOB_TIMEOUT_S = 280
 HOSTS = 3                    # "round-robin": rank r on emulated host r % 3
-DTYPES = ("float32", "int32", "float16", "bfloat16", "int64", "uint8", "bool")
 
 
 def ring_order(k, placement):
@@ -65,13 +68,68 @@ def _distances(pow2):
         d *= 2
 
 
+def halving_sum(values):
+    """The sum of `values` (float32 tensors in position order) in the order
+    halving_doubling.h documents: the fold pairs first, then the core's
+    partners at distance P/2, P/4, ..., 1 (float addition commutes, so which
+    partner's partial comes first does not change the bits)."""
+    k = len(values)
+    pow2 = 1
+    while pow2 * 2 <= k:
+        pow2 *= 2
+    extra = k - pow2
+    core = [values[2 * v + 1] + values[2 * v] if v < extra else values[v + extra] for v in range(pow2)]
+    for d in reversed(list(_distances(pow2))):
+        core = [core[v] + core[v ^ d] for v in range(pow2)]
+    return core[0]
+
+
+def random_floats(rank, n, torch, salt=0):
+    return torch.randn(n, generator=torch.Generator().manual_seed(100 * rank + n + salt))
+
+
 def float_bits(rank, k, group, dist, torch):
+    """Random float32 sums (inexact, so the order of reduction shows in the
+    bits): all_reduce's and reduce_scatter's, each as its SHA-256 and as a
+    mismatch count against halving_sum() over the layout's positions."""
     out = []
+    order = None
     for n in (3, 5001):
-        t = torch.randn(n, generator=torch.Generator().manual_seed(100 * rank + n))
+        t = random_floats(rank, n, torch)
+        inputs = [random_floats(r, n, torch) for r in range(k)]
         dist.all_reduce(t, group=group)
-        out.append(hashlib.sha256(t.numpy().tobytes()).hexdigest())
+        order = order or _positions(group)
+        want = halving_sum([inputs[r] for r in order])
+        out += [hashlib.sha256(t.numpy().tobytes()).hexdigest(), int((t != want).sum())]
+        blocks = [random_floats(r, k * n, torch, salt=1) for r in range(k)]
+        mine = torch.empty(n)
+        dist.reduce_scatter_tensor(mine, blocks[rank], group=group)
+        want = halving_sum([blocks[r][rank * n:(rank + 1) * n] for r in order])
+        out += [hashlib.sha256(mine.numpy().tobytes()).hexdigest(), int((mine != want).sum())]
     return out
+
+
+def _positions(group):
+    from torch_reccl.backend import backend_info
+
+    return backend_info(group)["ring_order"]
+
+
+def all_reduce_every_type(rank, k, group, dist):
+    from test_collectives import check_equal, make_input, ops_for, reference
+
+    for n in COUNTS:
+        for dtype in DTYPES if n in FULL_COUNTS else LIGHT_DTYPES:
+            for op in ops_for(dtype) if n in FULL_COUNTS else ("SUM",):
+                t = make_input(rank, n, dtype, op, salt=k)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+                inputs = [make_input(r, n, dtype, op, salt=k) for r in range(k)]
+                check_equal(t, reference(inputs, op, dtype), f"all_reduce {dtype} {op} k={k} n={n}")
+
+
+# One fresh group per collective and group size, so each group's channel-1
+# peers are those of one collective's algorithm.
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def rank_main(rank, port, out_dir, placement):
@@ -79,56 +137,46 @@ def rank_main(rank, port, out_dir, placement):
                                 CONNECT_TIMEOUT_MS=20000, NO_PATH_TIMEOUT_MS=30000))
     if placement == "round-robin":  # positions differ from ranks (two-level layout)
         os.environ["RECCL_HOST_ID"] = f"host-{rank % HOSTS}"
-    result = {"rank": rank}
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch_reccl.backend import Options, backend_info
-        from test_collectives import check_equal, make_input, ops_for, reference
 
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, WORLD, False, timeout=datetime.timedelta(seconds=90))
-        timeout = datetime.timedelta(seconds=60)
-        dist.init_process_group("reccl", store=store, rank=rank, world_size=WORLD, timeout=timeout,
-                                pg_options=Options(chunk_bytes=4096, window=2))
-        groups = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
-        for k, group in groups.items():
+    def body(result):
+        from torch_reccl.backend import backend_info
+
+        torch, dist, floats = init_rank_groups(rank, port, WORLD, GROUP_SIZES)
+        groups = {kind: {k: dist.new_group(list(range(k)), timeout=datetime.timedelta(seconds=60))
+                         for k in GROUP_SIZES} for kind in KINDS}
+        for k in GROUP_SIZES:
             if rank < k:
-                for n in COUNTS:
-                    for dtype in DTYPES if n in FULL_COUNTS else ("float32", "int32"):
-                        for op in ops_for(dtype) if n in FULL_COUNTS else ("SUM",):
-                            t = make_input(rank, n, dtype, op, salt=k)
-                            dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
-                            inputs = [make_input(r, n, dtype, op, salt=k) for r in range(k)]
-                            check_equal(t, reference(inputs, op, dtype), f"all_reduce {dtype} {op} k={k} n={n}")
-                first = float_bits(rank, k, group, dist, torch)
-                result[f"floats_k{k}"] = first
-                result[f"floats_again_k{k}"] = float_bits(rank, k, group, dist, torch)
-                result[f"peers_k{k}"] = sorted(backend_info(group)["send_peers"][1])
+                all_reduce_every_type(rank, k, groups["all_reduce"][k], dist)
+                reduce_scatter_every_type(rank, k, groups["reduce_scatter"][k], dist, torch, COUNTS, FULL_COUNTS)
+                all_gather_every_type(rank, k, groups["all_gather"][k], dist, torch, COUNTS, FULL_COUNTS)
+                result[f"floats_k{k}"] = float_bits(rank, k, floats[k], dist, torch)
+                result[f"floats_again_k{k}"] = float_bits(rank, k, floats[k], dist, torch)
+                for kind in KINDS:
+                    result[f"peers_{kind}_k{k}"] = sorted(backend_info(groups[kind][k])["send_peers"][1])
             dist.barrier()
         dist.destroy_process_group()
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the test
-        result["error"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+
+    report_rank(out_dir, rank, body)
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 @pytest.mark.parametrize("placement", ["one-host", "round-robin"])
-def test_halving_allreduce_at_every_group_size(tmp_path, placement):
+def test_halving_at_every_group_size(tmp_path, placement):
     results = run_rank_job(tmp_path, rank_main, WORLD, (placement,), JOB_TIMEOUT_S)
     for k in GROUP_SIZES:
-        bits = {tuple(results[r][f"floats_k{k}"]) for r in range(k)}
-        assert len(bits) == 1, f"k={k}: ranks ended with different float bits"
-        again = {tuple(results[r][f"floats_again_k{k}"]) for r in range(k)}
+        bits = [results[r][f"floats_k{k}"] for r in range(k)]
+        # [all_reduce hash, mismatches, reduce_scatter hash, mismatches] per count
+        assert all(b[1::2] == [0, 0, 0, 0] for b in bits), \
+            f"k={k}: float sums differ from the documented order (elements off per rank): {bits}"
+        assert len({(b[0], b[4]) for b in bits}) == 1, f"k={k}: ranks ended all_reduce with different bits"
+        again = [results[r][f"floats_again_k{k}"] for r in range(k)]
         assert again == bits, f"k={k}: a second run gave other bits"
         order = ring_order(k, placement)
         for p in range(k):
             want = sorted(order[q] for q in expected_peers(p, k))
-            got = results[order[p]][f"peers_k{k}"]
-            assert got == want, f"k={k}: rank {order[p]} (position {p}) sent to {got}, not {want}"
+            for kind in KINDS:
+                got = results[order[p]][f"peers_{kind}_k{k}"]
+                assert got == want, f"k={k} {kind}: rank {order[p]} (position {p}) sent to {got}, not {want}"
 
 
 def mismatch_main(rank, port, out_dir):
@@ -136,27 +184,17 @@ def mismatch_main(rank, port, out_dir):
     # both with the same message naming the settings, before any data moves.
     os.environ.update(reccl_env(SMALL_BYTES=0,
                                 ALGO="halving" if rank == 0 else "ring"))
-    result = {"rank": rank}
-    try:
-        import torch
-        import torch.distributed as dist
-        import torch_reccl  # noqa: F401 - registers the backend
 
-        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
-        dist.init_process_group("reccl", store=store, rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=30))
+    def body(result):
+        torch, dist, _ = init_rank_groups(rank, port, 2, timeout_s=30, store_timeout_s=60)
         try:
             dist.all_reduce(torch.ones(100000))
             result["error_message"] = None
         except Exception as error:  # noqa: BLE001 - the mismatch is the point
             result["error_message"] = str(error)
         dist.destroy_process_group()
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the test
-        result["error"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+
+    report_rank(out_dir, rank, body)
 
 
 @pytest.mark.timeout(90)

@@ -1,13 +1,15 @@
-"""all_reduce by recursive halving and doubling (RECCL_ALGO=halving) through a
-real NIC fault in the emulated fabric, with DCR.
+"""all_reduce, reduce_scatter and all_gather by recursive halving and doubling
+(RECCL_ALGO=halving) through a real NIC fault in the emulated fabric, with DCR.
 
 Three emulated hosts (a group that is not a power of two: host 0 folds into
 host 1, which halves with host 2) with two rails each run the training loop of
-tests/fabric_train.py. Host 0's NIC 1 loses its link at step 20, mid-run (its
-connections fail over to NIC 0 below the engine, then DCR moves every rank's
-data off channel 1 at one agreed op); it comes back at step 40 and DCR gives
-channel 1 its data again. The final parameters and loss curve must be
-bit-identical to the fault-free halving run. Needs root (network namespaces).
+tests/fabric_train.py, summing the gradient by one all_reduce or (--sync
+shards) by reduce_scatter then all_gather. Host 0's NIC 1 loses its link at
+step 20, mid-run (its connections fail over to NIC 0 below the engine, then
+DCR moves every rank's data off channel 1 at one agreed op); it comes back at
+step 40 and DCR gives channel 1 its data again. The final parameters and loss
+curve must be bit-identical to the fault-free halving run of the same sync.
+Needs root (network namespaces).
 """
 from __future__ import annotations
 
@@ -15,27 +17,23 @@ import os
 
 import pytest
 
-from torch_reccl.fabric import Fabric
-from test_training_fabric import Run, check_identical, rebalance_ops
+from test_training_fabric import Run, check_identical, emulated_fabric, rebalance_ops
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
 HALVING = {"RECCL_ALGO": "halving"}
 
+fabric = emulated_fabric(hosts=3, name="hv")
 
-@pytest.fixture(scope="module")
-def fabric():
-    fab = Fabric(hosts=3, rails=2, rate_mbit=2000, name="hv")
-    fab.up()
-    try:
-        yield fab
-    finally:
-        fab.down()
+
+@pytest.fixture(scope="module", params=["all_reduce", "shards"])
+def sync(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def reference(fabric):
-    results = Run(fabric, env=HALVING).results()
+def reference(fabric, sync):
+    results = Run(fabric, env=HALVING, argv=("--sync", sync)).results()
     assert len({r["params"] for r in results}) == 1
     assert all(not r["rebalances"] for r in results), results
     # Halving ran, not the ring: host 2 sends channel-1 data to its halving
@@ -47,8 +45,8 @@ def reference(fabric):
 
 
 @pytest.mark.timeout(150)
-def test_nic_down_mid_run_then_heal(fabric, reference):
-    run = Run(fabric, pauses=(20, 40), env=HALVING)
+def test_nic_down_mid_run_then_heal(fabric, reference, sync):
+    run = Run(fabric, pauses=(20, 40), env=HALVING, argv=("--sync", sync))
     try:
         run.wait_pause(20)
         fabric.nic_down(0, 1)

@@ -29,14 +29,23 @@ ENV = {"RECCL_HEARTBEAT_MS": "300", "RECCL_CONNECT_TIMEOUT_MS": "1000",
        "RECCL_NICS": "eth0,eth1"}
 
 
-@pytest.fixture(scope="module")
-def fabric():
-    fab = Fabric(hosts=2, rails=2, rate_mbit=2000, name="tr")
-    fab.up()
-    try:
-        yield fab
-    finally:
-        fab.down()
+def emulated_fabric(hosts: int, name: str):
+    """A module-scoped `fabric` fixture: `hosts` emulated hosts with two rails
+    of 2 Gbit/s, up for the module's tests and torn down after."""
+
+    @pytest.fixture(scope="module")
+    def fabric():
+        fab = Fabric(hosts=hosts, rails=2, rate_mbit=2000, name=name)
+        fab.up()
+        try:
+            yield fab
+        finally:
+            fab.down()
+
+    return fabric
+
+
+fabric = emulated_fabric(hosts=2, name="tr")
 
 
 class Run:
@@ -44,7 +53,7 @@ class Run:
 
     _port = 29600
 
-    def __init__(self, fab: Fabric, pauses=(), env=None, deadline=90.0):
+    def __init__(self, fab: Fabric, pauses=(), env=None, deadline=90.0, argv=()):
         Run._port += 1
         self.fab = fab
         self.deadline = time.monotonic() + deadline
@@ -52,6 +61,7 @@ class Run:
                        "--port", str(Run._port), "--steps", str(STEPS)]
         for step in pauses:
             argv_common += ["--pause", str(step)]
+        argv_common += list(argv)  # more fabric_train.py options
         full_env = {**os.environ, **ENV, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
         self.procs = [

@@ -27,11 +27,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import traceback
 
 import pytest
 
-from conftest import PRIMARY, reccl_env, run_rank_job
+from conftest import PRIMARY, init_rank_groups, reccl_env, report_rank, run_rank_job
 
 WORLD = 8
 GROUP_SIZES = (4, 6, 8)
@@ -91,19 +90,15 @@ def rank_main(rank, port, out_dir, placement):
     if hosts:
         env["RECCL_HOST_ID"] = "host-" + hosts[rank]
     os.environ.update(env)
-    result = {"rank": rank}
-    try:
-        import torch
-        import torch.distributed as dist
-        from torch_reccl.backend import Options, backend_info
+
+    def body(result):
+        import torch_reccl
+        from torch_reccl.backend import backend_info
         from test_collectives_forced import all_to_all, collectives
 
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, WORLD, False, timeout=datetime.timedelta(seconds=60))
+        torch, dist, groups = init_rank_groups(rank, port, WORLD, GROUP_SIZES, timeout_s=30,
+                                               store_timeout_s=60)
         timeout = datetime.timedelta(seconds=30)
-        dist.init_process_group("reccl", store=store, rank=rank, world_size=WORLD, timeout=timeout,
-                                pg_options=Options(chunk_bytes=4096, window=2))
-        groups = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
         rings = {k: dist.new_group(list(range(k)), timeout=timeout) for k in GROUP_SIZES}
         short = {skipper: dist.new_group(list(range(6)), timeout=datetime.timedelta(seconds=4))
                  for skipper in (3, 1)}
@@ -120,8 +115,6 @@ def rank_main(rank, port, out_dir, placement):
                 result[f"k{k}"]["floats"] = float_hashes(rank, k, groups[k], dist, torch)
                 all_to_all(rank, k, groups[k], dist, torch)
             dist.barrier()
-        import torch_reccl
-
         if rank == 5:
             torch_reccl.inject_fault(PRIMARY, "down")
         t = torch.full((5000,), float(rank))
@@ -143,12 +136,8 @@ def rank_main(rank, port, out_dir, placement):
                         result[f"skip{skipper}"] = str(error)
             dist.barrier()
         dist.destroy_process_group()
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the test
-        result["error"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
-    os._exit(0)
+
+    report_rank(out_dir, rank, body)
 
 
 def run_job(tmp_path, placement):

@@ -154,11 +154,13 @@ constexpr SettingSpec kSettings[] = {
             "recursive doubling (log2 N steps, its data riding with the per-op agreement); larger "
             "ones by rings and direct transfers; the same on every rank (docs/collectives.md)"),
     choice("RECCL_ALGO", "auto", "auto|ring|halving", storeText<&Config::algo>,
-           "CPU engine: how an all_reduce larger than RECCL_SMALL_BYTES moves its data. `auto` "
-           "picks as the engine's rules say (today: always the ring); `ring` forces the ring "
-           "(2(N-1) dependent steps); `halving` forces Rabenseifner's recursive halving and "
-           "doubling (2 log2 N steps, the same bytes as the ring). Every channel and DCR plan "
-           "runs either; the same on every rank (docs/collectives.md)"),
+           "CPU engine: how an all_reduce, reduce_scatter or all_gather larger than "
+           "RECCL_SMALL_BYTES moves its data. `auto` picks as the engine's rules say (today: "
+           "always the ring); `ring` forces the ring (N-1 dependent steps per phase); `halving` "
+           "forces recursive halving for the reduce-scatter phase and recursive doubling for the "
+           "all-gather phase (log2 N steps per phase, the same bytes as the ring; all_reduce "
+           "runs both: Rabenseifner's). Every channel and DCR plan runs either; the same on "
+           "every rank (docs/collectives.md)"),
     found("RECCL_HOST_ID", SettingType::kText, "this kernel's boot id and network namespace",
           storeText<&Config::hostId>,
           "CPU engine: which host this rank is on. Ranks with equal values share a host; by "

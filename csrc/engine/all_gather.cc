@@ -1,6 +1,7 @@
 #include "engine/all_gather.h"
 
 #include "engine/collective.h"
+#include "engine/halving_doubling.h"
 #include "engine/recursive_doubling.h"
 #include "engine/ring.h"
 
@@ -10,7 +11,7 @@ void allgather(Communicator& comm, const void* in, void* out, size_t count, Data
                Millis timeout) {
   const int rank = comm.rank(), size = comm.size();
   const size_t bytes = count * elementSize(dtype);
-  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
+  const Algorithm algorithm = chooseAlgorithmOrHalving(comm, bytes * size);
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dtype, count);
   desc.algorithm = static_cast<uint8_t>(algorithm);
@@ -22,14 +23,18 @@ void allgather(Communicator& comm, const void* in, void* out, size_t count, Data
              if (rd) blocksToRankOrder(layout, blocks, out, bytes);
              if (size == 1 || rd) return;
              const std::vector<Range> ranges = comm.channelPlan().split(count);
+             if (algorithm == Algorithm::kHalvingDoubling) {
+               const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size);
+               comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
+                 halvingDoubling(job, bytesOf(out), perRankBlocks(job, count, ranges[job.channel], false),
+                                 nullptr, true, sends);
+               });
+               return;
+             }
              const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size - 1);
              comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-               const Range range = ranges[job.channel];
-               // Segment j: the block of the rank at ring position j.
-               SegmentFn seg = [&](int j) {
-                 return Range{job.layout.rankAt(j) * count + range.offset, range.count};
-               };
-               ringAllgather(job, bytesOf(out), seg, job.position(), nullptr, sends);
+               ringAllgather(job, bytesOf(out), rankBlockSegments(job, count, ranges[job.channel]),
+                             job.position(), nullptr, sends);
              });
            });
 }

@@ -1,6 +1,7 @@
 // all_gather: every rank ends with every rank's `count` elements. Small (all
 // N blocks within RECCL_SMALL_BYTES): recursive doubling gathers them inside
-// the agreement, log2 N steps. Larger: per channel, a ring all-gather.
+// the agreement, log2 N steps. Larger: per channel, a ring all-gather, or with
+// RECCL_ALGO=halving recursive doubling (halving_doubling.h).
 #pragma once
 
 #include <cstddef>

@@ -12,7 +12,7 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
   checkReduceOp(op, dtype);
   const int size = comm.size();
   const size_t bytes = count * elementSize(dtype);
-  const Algorithm algorithm = chooseAllreduceAlgorithm(comm, bytes);
+  const Algorithm algorithm = chooseAlgorithmOrHalving(comm, bytes);
   const bool rd = algorithm == Algorithm::kRecursiveDoubling;
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllreduce, dtype, count, -1, op);
   desc.algorithm = static_cast<uint8_t>(algorithm);
@@ -29,7 +29,8 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
                const size_t unit = chunkElems(comm, dtype, largestRange(ranges),
                                               kHalvingSegmentsPerConnection);
                comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-                 halvingDoublingAllreduce(job, bytesOf(out), ranges[job.channel], op, sends);
+                 halvingDoubling(job, bytesOf(out), allreduceBlocks(job, ranges[job.channel]), &op,
+                                 true, sends);
                });
                return;
              }

@@ -20,8 +20,8 @@ Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes) 
   return small ? Algorithm::kRecursiveDoubling : Algorithm::kChannels;
 }
 
-Algorithm chooseAllreduceAlgorithm(const Communicator& comm, size_t bytes) {
-  const Algorithm algorithm = chooseAlgorithm(comm, bytes);
+Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessageBytes) {
+  const Algorithm algorithm = chooseAlgorithm(comm, largestMessageBytes);
   if (algorithm == Algorithm::kChannels && comm.options().algo == "halving") {
     return Algorithm::kHalvingDoubling;
   }

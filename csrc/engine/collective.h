@@ -15,7 +15,8 @@ namespace reccl {
 
 // How a collective's data moves. Carried in its descriptor: every rank must
 // have chosen the same (RECCL_SMALL_BYTES and RECCL_ALGO the same everywhere).
-// kHalvingDoubling: all_reduce only (halving_doubling.h).
+// kHalvingDoubling: all_reduce, reduce_scatter and all_gather
+// (halving_doubling.h).
 enum class Algorithm : uint8_t {
   kNone = 0,
   kRecursiveDoubling = 1,
@@ -28,10 +29,11 @@ enum class Algorithm : uint8_t {
 // O(log N). The channels otherwise (bandwidth), and for a group of one, which
 // runs no agreement.
 Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes);
-// all_reduce's choice: as chooseAlgorithm(), but a large one runs by recursive
-// halving and doubling instead of the ring with RECCL_ALGO=halving (`auto`
-// keeps the ring until halving is measured on a large machine).
-Algorithm chooseAllreduceAlgorithm(const Communicator& comm, size_t bytes);
+// The choice of all_reduce, reduce_scatter and all_gather: as
+// chooseAlgorithm(), but a large one runs by recursive halving and/or doubling
+// instead of the ring with RECCL_ALGO=halving (`auto` keeps the ring until
+// halving is measured on a large machine).
+Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessageBytes);
 
 // Throws ConfigError unless `root` is a rank of a group of `size`.
 void checkRoot(int root, int size);

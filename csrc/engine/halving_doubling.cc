@@ -6,62 +6,100 @@
 
 namespace reccl {
 
-namespace {
-
-// Where a position sits in the power-of-two group that runs the steps, of
-// n - extra ranks: positions below 2 * extra fold in pairs (the odd one stays).
-struct Virtual {
-  int extra;
-  // -1 for a rank that folds out.
-  int of(int position) const {
-    if (position < 2 * extra) return position % 2 == 1 ? position / 2 : -1;
-    return position - extra;
-  }
-  int positionOf(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
-};
-
-// Blocks [lo, hi) of the channel's range, as one range of elements (the
-// blocks are contiguous, in virtual rank order).
-Range blockSpan(const std::vector<Range>& blocks, int lo, int hi) {
-  const size_t first = blocks[lo].offset;
-  return Range{first, blocks[hi - 1].offset + blocks[hi - 1].count - first};
+HalvingCore::HalvingCore(int n) {
+  while (pow2 * 2 <= n) pow2 *= 2;
+  extra = n - pow2;
 }
 
-// Queues the chunks of `region` of `buffer` to `peer`; returns their requests.
-std::vector<std::shared_ptr<Request>> sendRegion(ChannelJob& job, int peer, const uint8_t* buffer,
-                                                 const Range& region, SendList& sends) {
-  std::vector<std::shared_ptr<Request>> requests;
-  if (region.count == 0) return requests;
+int HalvingCore::virtualOf(int position) const {
+  if (position < 2 * extra) return position % 2 == 1 ? position / 2 : -1;
+  return position - extra;
+}
+
+int HalvingCore::positionOf(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
+
+std::vector<int> HalvingCore::positionsOf(int v) const {
+  if (v < extra) return {2 * v, 2 * v + 1};
+  return {v + extra};
+}
+
+namespace {
+
+using Requests = std::vector<std::shared_ptr<Request>>;
+
+// Appends `r` to `to`, merged into the last range where they touch (so an
+// all_reduce's blocks stay one range, cut into chunks across block edges).
+void append(Regions& to, const Range& r) {
+  if (r.count == 0) return;
+  if (!to.empty() && to.back().offset + to.back().count == r.offset) {
+    to.back().count += r.count;
+  } else {
+    to.push_back(r);
+  }
+}
+
+// Blocks [lo, hi) as one stream of regions.
+Regions blockSpan(const std::vector<Regions>& blocks, int lo, int hi) {
+  Regions span;
+  for (int v = lo; v < hi; ++v) {
+    for (const Range& r : blocks[v]) append(span, r);
+  }
+  return span;
+}
+
+bool anyData(const Regions& regions) {
+  return std::any_of(regions.begin(), regions.end(), [](const Range& r) { return r.count > 0; });
+}
+
+bool anyData(const HalvingBlocks& plan) {
+  return anyData(plan.folded) || anyData(plan.returned) ||
+         std::any_of(plan.blocks.begin(), plan.blocks.end(),
+                     [](const Regions& b) { return anyData(b); });
+}
+
+// The chunks of `regions`, each region cut on its own (both ends cut the same way).
+std::vector<Range> chunksOf(const ChannelJob& job, const Regions& regions) {
+  std::vector<Range> chunks;
+  for (const Range& r : regions) {
+    for (size_t k = 0; k < job.chunksOf(r.count); ++k) chunks.push_back(chunkOf(job, r, k));
+  }
+  return chunks;
+}
+
+// Queues the chunks of `regions` of `buffer` to `peer`; returns their requests.
+Requests sendRegions(ChannelJob& job, int peer, const uint8_t* buffer, const Regions& regions,
+                     SendList& sends) {
+  Requests requests;
+  if (!anyData(regions)) return requests;
   auto to = job.links.sender(peer, job.channel, Lane::kCollective);
-  for (size_t k = 0; k < job.chunksOf(region.count); ++k) {
-    const Range c = chunkOf(job, region, k);
+  for (const Range& c : chunksOf(job, regions)) {
     requests.push_back(to->isend(buffer + c.offset * job.elem, c.count * job.elem));
     sends.add(requests.back(), peer);
   }
   return requests;
 }
 
-// Receives `region` from `peer` chunk by chunk, a window of receives ahead:
+// Receives `regions` from `peer` chunk by chunk, a window of receives ahead:
 // with `op`, into staging slots and reduced into `buffer` (buffer = buffer op
 // incoming); without, straight into place.
-void receiveRegion(ChannelJob& job, int peer, uint8_t* buffer, const Range& region,
-                   const ReduceOp* op) {
-  if (region.count == 0) return;
+void receiveRegions(ChannelJob& job, int peer, uint8_t* buffer, const Regions& regions,
+                    const ReduceOp* op) {
+  const std::vector<Range> chunks = chunksOf(job, regions);
+  if (chunks.empty()) return;
   const size_t elem = job.elem;
-  const size_t chunks = job.chunksOf(region.count);
   auto from = job.links.receiver(peer, job.channel, Lane::kCollective, job.ctx);
-  const size_t window = std::min<size_t>(std::max(job.window, 1) * (op ? 1 : 2), chunks);
+  const size_t window = std::min<size_t>(std::max(job.window, 1) * (op ? 1 : 2), chunks.size());
   const size_t slotBytes = job.chunkElems * elem;
   if (op && job.scratch.size() < window * slotBytes) job.scratch.resize(window * slotBytes);
   std::deque<std::shared_ptr<Request>> posted;
   auto post = [&](size_t k) {
-    const Range c = chunkOf(job, region, k);
+    const Range& c = chunks[k];
     uint8_t* into = op ? job.scratch.data() + (k % window) * slotBytes : buffer + c.offset * elem;
     posted.push_back(from->irecv(into, c.count * elem));
   };
   for (size_t k = 0; k < window; ++k) post(k);
-  for (size_t k = 0; k < chunks; ++k) {
-    const Range c = chunkOf(job, region, k);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const Range& c = chunks[k];
     checkArrived(job, job.ctx.wait(*posted.front(), "data from", peer, job.channel),
                  c.count * elem, peer);
     posted.pop_front();
@@ -69,79 +107,146 @@ void receiveRegion(ChannelJob& job, int peer, uint8_t* buffer, const Range& regi
       reduceInto(buffer + c.offset * elem, job.scratch.data() + (k % window) * slotBytes, c.count,
                  job.dtype, *op);
     }
-    if (k + window < chunks) post(k + window);
+    if (k + window < chunks.size()) post(k + window);
   }
 }
 
-void waitAll(ChannelJob& job, std::vector<std::shared_ptr<Request>>& requests, int peer) {
+void waitAll(ChannelJob& job, Requests& requests, int peer) {
   for (auto& r : requests) job.ctx.wait(*r, "send to", peer, job.channel);
   requests.clear();
 }
 
+// `range` cut into `parts` near-equal blocks of one region each.
+std::vector<Regions> evenBlocks(const Range& range, int parts) {
+  std::vector<Regions> blocks;
+  for (Range b : splitEvenly(range.count, parts)) {
+    b.offset += range.offset;
+    blocks.push_back({b});
+  }
+  return blocks;
+}
+
+// `range` of the block of the rank at `position` (blocks of `count`, in rank order).
+Range rankBlock(const ChannelJob& job, size_t count, const Range& range, int position) {
+  return Range{job.layout.rankAt(position) * count + range.offset, range.count};
+}
+
+// Per-rank blocks grouped by virtual rank.
+std::vector<Regions> rankBlocksByVirtual(const ChannelJob& job, size_t count, const Range& range) {
+  const HalvingCore core(job.size());
+  std::vector<Regions> blocks(core.pow2);
+  for (int v = 0; v < core.pow2; ++v) {
+    for (int p : core.positionsOf(v)) append(blocks[v], rankBlock(job, count, range, p));
+  }
+  return blocks;
+}
+
+// The even position of this rank's fold pair; -1 when it is in none.
+int foldPairEven(const ChannelJob& job) {
+  const int position = job.position();
+  return position < 2 * HalvingCore(job.size()).extra ? position - position % 2 : -1;
+}
+
+// Every position's block but `except`'s, in position order.
+Regions blocksBut(const ChannelJob& job, size_t count, const Range& range, int except) {
+  Regions regions;
+  for (int p = 0; p < job.size(); ++p) {
+    if (p != except) append(regions, rankBlock(job, count, range, p));
+  }
+  return regions;
+}
+
 }  // namespace
 
-void halvingDoublingAllreduce(ChannelJob& job, uint8_t* work, const Range& range, ReduceOp op,
-                              SendList& sends) {
+void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
+                     const ReduceOp* reduce, bool gather, SendList& sends) {
   const int n = job.size();
-  if (n == 1 || range.count == 0) return;
-  int pow2 = 1;
-  while (pow2 * 2 <= n) pow2 *= 2;
-  const Virtual virt{n - pow2};
+  if (n == 1 || !anyData(plan)) return;
+  const HalvingCore core(n);
   const int position = job.position();
-  const int v = virt.of(position);
-  auto rankOfVirtual = [&](int u) { return job.layout.rankAt(virt.positionOf(u)); };
+  const int v = core.virtualOf(position);
+  auto rankOfVirtual = [&](int u) { return job.layout.rankAt(core.positionOf(u)); };
 
-  if (v < 0) {  // folds out: gives its data to the next position, takes the result back
+  if (v < 0) {  // folds out: gives its part to the next position, takes its share back
     const int partner = job.layout.rankAt(position + 1);
-    std::vector<std::shared_ptr<Request>> given = sendRegion(job, partner, work, range, sends);
-    waitAll(job, given, partner);  // the result lands in the same memory
-    receiveRegion(job, partner, work, range, nullptr);
+    Requests given = sendRegions(job, partner, work, plan.folded, sends);
+    waitAll(job, given, partner);  // the share may land in the same memory
+    receiveRegions(job, partner, work, plan.returned, nullptr);
     return;
   }
   std::vector<int> partners;
-  for (int d = pow2 / 2; d >= 1; d /= 2) partners.push_back(rankOfVirtual(v ^ d));
-  const bool foldsIn = position < 2 * virt.extra;
+  for (int d = core.pow2 / 2; d >= 1; d /= 2) partners.push_back(rankOfVirtual(v ^ d));
+  const bool foldsIn = position < 2 * core.extra;
   const int folded = foldsIn ? job.layout.rankAt(position - 1) : -1;
   if (foldsIn) partners.push_back(folded);
   job.links.dialAhead(partners, job.channel, Lane::kCollective);
 
-  if (foldsIn) receiveRegion(job, folded, work, range, &op);  // work = mine op the folded one's
-
-  std::vector<Range> blocks = splitEvenly(range.count, pow2);
-  for (auto& b : blocks) b.offset += range.offset;
+  if (foldsIn) receiveRegions(job, folded, work, plan.folded, reduce);  // mine op the folded one's
 
   // Reduce-scatter by recursive halving: the blocks held shrink from [0, P)
   // to [v, v + 1); at distance d, keep the half holding v, give the other.
   // givenAt: each step's sends; the all-gather step at the same distance
   // receives into the region they read, so it waits for them first.
-  std::vector<std::vector<std::shared_ptr<Request>>> givenAt;
-  int lo = 0, hi = pow2;
-  for (int d = pow2 / 2; d >= 1; d /= 2) {
-    const int partner = rankOfVirtual(v ^ d);
-    const int mid = lo + d;
-    const bool upper = (v & d) != 0;
-    const Range give = upper ? blockSpan(blocks, lo, mid) : blockSpan(blocks, mid, hi);
-    const Range keep = upper ? blockSpan(blocks, mid, hi) : blockSpan(blocks, lo, mid);
-    givenAt.push_back(sendRegion(job, partner, work, give, sends));
-    receiveRegion(job, partner, work, keep, &op);
-    (upper ? lo : hi) = mid;
+  std::vector<Requests> givenAt;
+  int lo = v;
+  if (reduce) {
+    lo = 0;
+    int hi = core.pow2;
+    for (int d = core.pow2 / 2; d >= 1; d /= 2) {
+      const int partner = rankOfVirtual(v ^ d);
+      const int mid = lo + d;
+      const bool upper = (v & d) != 0;
+      const Regions give = upper ? blockSpan(plan.blocks, lo, mid) : blockSpan(plan.blocks, mid, hi);
+      const Regions keep = upper ? blockSpan(plan.blocks, mid, hi) : blockSpan(plan.blocks, lo, mid);
+      givenAt.push_back(sendRegions(job, partner, work, give, sends));
+      receiveRegions(job, partner, work, keep, reduce);
+      (upper ? lo : hi) = mid;
+    }
+    if (*reduce == ReduceOp::kAvg) {
+      for (const Range& r : plan.blocks[v]) divideBy(work + r.offset * job.elem, r.count, job.dtype, n);
+    }
   }
-  if (op == ReduceOp::kAvg) divideBy(work + blocks[v].offset * job.elem, blocks[v].count, job.dtype, n);
 
   // All-gather by recursive doubling: the blocks held grow back to [0, P).
-  for (int d = 1; d < pow2; d *= 2) {
+  for (int d = 1; gather && d < core.pow2; d *= 2) {
     const int partner = rankOfVirtual(v ^ d);
     const bool upper = (v & d) != 0;
     const int base = upper ? lo - d : lo;
-    const Range mine = blockSpan(blocks, lo, lo + d);
-    const Range theirs = upper ? blockSpan(blocks, base, lo) : blockSpan(blocks, lo + d, lo + 2 * d);
-    sendRegion(job, partner, work, mine, sends);
-    waitAll(job, givenAt.back(), partner);  // the region we gave at this distance
-    givenAt.pop_back();
-    receiveRegion(job, partner, work, theirs, nullptr);
+    const Regions mine = blockSpan(plan.blocks, lo, lo + d);
+    const Regions theirs =
+        upper ? blockSpan(plan.blocks, base, lo) : blockSpan(plan.blocks, lo + d, lo + 2 * d);
+    sendRegions(job, partner, work, mine, sends);
+    if (!givenAt.empty()) {  // the region we gave at this distance
+      waitAll(job, givenAt.back(), partner);
+      givenAt.pop_back();
+    }
+    receiveRegions(job, partner, work, theirs, nullptr);
     lo = base;
   }
-  if (foldsIn) sendRegion(job, folded, work, range, sends);
+  if (foldsIn) sendRegions(job, folded, work, plan.returned, sends);
+}
+
+HalvingBlocks allreduceBlocks(const ChannelJob& job, const Range& range) {
+  HalvingBlocks plan;
+  plan.blocks = evenBlocks(range, HalvingCore(job.size()).pow2);
+  if (foldPairEven(job) >= 0) plan.folded = plan.returned = {range};
+  return plan;
+}
+
+HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& range,
+                            bool reducing) {
+  HalvingBlocks plan;
+  plan.blocks = rankBlocksByVirtual(job, count, range);
+  const int even = foldPairEven(job);
+  if (even >= 0) {
+    Regions own;
+    append(own, rankBlock(job, count, range, even));
+    // Reducing: every block is given, to be reduced; gathering: the rest come back.
+    Regions many = blocksBut(job, count, range, reducing ? -1 : even);
+    plan.folded = reducing ? many : own;
+    plan.returned = reducing ? own : many;
+  }
+  return plan;
 }
 
 }  // namespace reccl

@@ -1,7 +1,8 @@
 // reduce_scatter: rank r ends with the reduction of block r of every rank's
 // input. Small (all N blocks within RECCL_SMALL_BYTES): recursive doubling
 // reduces the whole input inside the agreement and each rank keeps its block.
-// Larger: per channel, a ring reduce-scatter over the blocks.
+// Larger: per channel, a ring reduce-scatter over the blocks, or with
+// RECCL_ALGO=halving recursive halving (halving_doubling.h).
 #pragma once
 
 #include <cstddef>

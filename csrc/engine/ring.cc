@@ -67,6 +67,12 @@ size_t largestRingSegment(const std::vector<Range>& ranges, int parts) {
   return largest;
 }
 
+SegmentFn rankBlockSegments(const ChannelJob& job, size_t count, const Range& range) {
+  return [&job, count, range](int j) {
+    return Range{job.layout.rankAt(j) * count + range.offset, range.count};
+  };
+}
+
 void ringReduceScatter(ChannelJob& job, uint8_t* work, const SegmentFn& seg, int finalSegment,
                        ReduceOp op, RegionSends& regions, SendList& sends) {
   const std::optional<RingNeighbours> ring = ringNeighbours(job, seg);

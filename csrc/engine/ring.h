@@ -21,6 +21,10 @@ using SegmentFn = std::function<Range(int segment)>;
 std::vector<Range> ringSegments(const Range& range, int parts);
 // The largest such segment over every channel's range (it sizes the chunks).
 size_t largestRingSegment(const std::vector<Range>& ranges, int parts);
+// The segments of a collective over one block of `count` elements per rank
+// (rank r's at r * count: reduce_scatter, all_gather): segment j is the
+// channel's `range` of the block of the rank at ring position j.
+SegmentFn rankBlockSegments(const ChannelJob& job, size_t count, const Range& range);
 
 // After N-1 steps segment `finalSegment` of `work` holds the reduction over all
 // ranks (AVG already divided); other segments hold partial sums. Each rank must
