@@ -84,7 +84,9 @@ def float_hashes(rank, k, group, dist, torch):
 
 
 def rank_main(rank, port, out_dir, placement):
-    env = reccl_env(SMALL_BYTES=SMALL_BYTES, HEARTBEAT_MS=3000, CONNECT_TIMEOUT_MS=20000,
+    # ALGO=ring: the large all_reduce's peers are the ring order this test checks
+    # (auto would take halving at these sizes)
+    env = reccl_env(SMALL_BYTES=SMALL_BYTES, ALGO="ring", HEARTBEAT_MS=3000, CONNECT_TIMEOUT_MS=20000,
                     NO_PATH_TIMEOUT_MS=30000)
     hosts = PLACEMENTS[placement]
     if hosts:

@@ -155,12 +155,20 @@ constexpr SettingSpec kSettings[] = {
             "ones by rings and direct transfers; the same on every rank (docs/collectives.md)"),
     choice("RECCL_ALGO", "auto", "auto|ring|halving", storeText<&Config::algo>,
            "CPU engine: how an all_reduce, reduce_scatter or all_gather larger than "
-           "RECCL_SMALL_BYTES moves its data. `auto` picks as the engine's rules say (today: "
-           "always the ring); `ring` forces the ring (N-1 dependent steps per phase); `halving` "
+           "RECCL_SMALL_BYTES moves its data. `auto` takes halving while the buffer is at most "
+           "RECCL_HALVING_BYTES_PER_RANK x the group's ranks, the ring above; `ring` forces the ring (N-1 dependent steps per phase); `halving` "
            "forces recursive halving for the reduce-scatter phase and recursive doubling for the "
            "all-gather phase (log2 N steps per phase, the same bytes as the ring; all_reduce "
            "runs both: Rabenseifner's). Every channel and DCR plan runs either; the same on "
            "every rank (docs/collectives.md)"),
+    integer("RECCL_HALVING_BYTES_PER_RANK", "262144", 0, int64_t{1} << 30,
+            storeNumber<&Config::halvingBytesPerRank>,
+            "CPU engine, RECCL_ALGO=auto: an all_reduce, reduce_scatter or all_gather whose buffer "
+            "(all_reduce's input, all_gather's output, reduce_scatter's input) is at most this "
+            "many bytes times the group's ranks runs by recursive halving and doubling, a larger "
+            "one by the ring: the ring's 2(N-1) dependent steps cost more than they save while "
+            "each rank's share is small (measured on 16 cores at 4-64 ranks: docs/benchmarks.md, "
+            "session 10). 0: always the ring. The same on every rank"),
     found("RECCL_HOST_ID", SettingType::kText, "this kernel's boot id and network namespace",
           storeText<&Config::hostId>,
           "CPU engine: which host this rank is on. Ranks with equal values share a host; by "

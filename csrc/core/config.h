@@ -35,6 +35,7 @@ struct Config {
   int dcrPeriodMs;                 // RECCL_DCR_PERIOD_MS: republish period while degraded
   int dcrOffset;                   // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
   int64_t smallBytes;              // RECCL_SMALL_BYTES: recursive doubling up to this size
+  int64_t halvingBytesPerRank;     // RECCL_HALVING_BYTES_PER_RANK: auto's halving/ring crossover
   std::string algo;                // RECCL_ALGO: auto | ring | halving (large all_reduce, reduce_scatter, all_gather)
   // Grey failures (core/grey_detector.h): a NIC up but far slower than its peers.
   bool grey;                       // RECCL_GREY

@@ -22,10 +22,13 @@ Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes) 
 
 Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessageBytes) {
   const Algorithm algorithm = chooseAlgorithm(comm, largestMessageBytes);
-  if (algorithm == Algorithm::kChannels && comm.options().algo == "halving") {
-    return Algorithm::kHalvingDoubling;
-  }
-  return algorithm;
+  if (algorithm != Algorithm::kChannels) return algorithm;
+  const CommOptions& options = comm.options();
+  const bool halving =
+      options.algo == "halving" ||
+      (options.algo == "auto" &&
+       largestMessageBytes <= options.halvingBytesPerRank * static_cast<size_t>(comm.size()));
+  return halving ? Algorithm::kHalvingDoubling : algorithm;
 }
 
 void checkRoot(int root, int size) {

@@ -31,8 +31,9 @@ enum class Algorithm : uint8_t {
 Algorithm chooseAlgorithm(const Communicator& comm, size_t largestMessageBytes);
 // The choice of all_reduce, reduce_scatter and all_gather: as
 // chooseAlgorithm(), but a large one runs by recursive halving and/or doubling
-// instead of the ring with RECCL_ALGO=halving (`auto` keeps the ring until
-// halving is measured on a large machine).
+// instead of the ring with RECCL_ALGO=halving, and with `auto` while the
+// buffer is at most RECCL_HALVING_BYTES_PER_RANK x ranks (the measured
+// crossover: halving's log2 N steps win while each rank's share is small).
 Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessageBytes);
 
 // Throws ConfigError unless `root` is a rank of a group of `size`.

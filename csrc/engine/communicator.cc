@@ -25,6 +25,7 @@ CommOptions::CommOptions(const Config& config)
       window(config.window),
       smallBytes(static_cast<size_t>(config.smallBytes)),
       algo(config.algo),
+      halvingBytesPerRank(static_cast<size_t>(config.halvingBytesPerRank)),
       rebalance(config.dcr),
       dcrOffset(static_cast<uint64_t>(config.dcrOffset)) {}
 
