@@ -423,19 +423,21 @@ ncclResult_t NetPlugin::iflush(void* recvComm, int n, void** data, const int* si
   // Host memory needs no flush, and an NVL-staged GPU receive completes only
   // after its copy into the GPU buffer finished. A receive the NIC placed in
   // GPU memory gets what NCCL's own IB transport does: a 1-byte RDMA READ from
-  // the buffer over a loopback QP on the NIC that wrote it, done here (bounded)
+  // the buffer over a loopback QP on each NIC that wrote part of it, done here (bounded)
   // before NCCL lets the kernel read (docs/ib.md: unverified on hardware).
   return guard("iflush", [&] {
     *request = nullptr;
     if (data == nullptr || sizes == nullptr || mhandles == nullptr) return ncclSuccess;
     auto* comm = static_cast<RecvComm*>(recvComm);
+    // Every NIC that placed data since the last flush: after a failover in the
+    // middle of a receive, the old NIC's writes need ordering too.
+    const uint64_t writers = comm->connection->takePlacedNics();
     for (int i = 0; i < n; ++i) {
       if (sizes[i] <= 0) continue;
       const size_t size = static_cast<size_t>(sizes[i]);
       const MemoryRegistration* registration = registrationFor(mhandles[i], data[i], size);
       if (registration == nullptr || registration->hostAccessible()) continue;
-      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]),
-                                     comm->connection->activeLocalNic());
+      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]), writers);
     }
     return ncclSuccess;
   });

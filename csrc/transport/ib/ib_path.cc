@@ -387,6 +387,18 @@ void IbPath::handlePlaced(const DataHeader& header) {
   if (owner_->beginData(pathId_, header, true) != nullptr) owner_->endData(pathId_, header, true);
 }
 
+bool IbPath::placeableHere(const DataChunk& chunk) const {
+  const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
+  if (source == nullptr || static_cast<size_t>(localNic_) >= source->nicCount() || !source->lkey(localNic_)) {
+    return false;
+  }
+  try {
+    return IbPlacement::decode(chunk.placement->bytes).rkeyOf(remoteNic_).has_value();
+  } catch (const ProtocolError&) {
+    return true;  // not a missing key: pumpPlaced fails the path naming the problem
+  }
+}
+
 bool IbPath::pumpPlaced(bool* failed) {
   *failed = false;
   if (placedInFlight_.load() >= static_cast<int>(IbEndpoint::kPlacedChunks)) return false;
@@ -421,6 +433,8 @@ bool IbPath::pumpPlaced(bool* failed) {
   const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
   std::string problem;
   IbPlacement placement;
+  std::optional<uint32_t> lkey;
+  std::optional<uint32_t> rkey;
   try {
     placement = IbPlacement::decode(chunk.placement->bytes);
   } catch (const ProtocolError& error) {
@@ -435,6 +449,12 @@ bool IbPath::pumpPlaced(bool* failed) {
               " NICs; this path reaches its NIC " + std::to_string(remoteNic_);
   } else if (static_cast<size_t>(localNic_) >= source->nicCount()) {
     problem = "the send registration covers " + std::to_string(source->nicCount()) + " NICs";
+  } else if (!(lkey = source->lkey(localNic_))) {
+    problem = "this path's NIC has no registration of the send buffer (" +
+              source->refusal(localNic_) + ")";
+  } else if (!(rkey = placement.rkeyOf(remoteNic_))) {
+    problem = "the receiver's NIC " + std::to_string(remoteNic_) +
+              " of this path has no registration of the receive buffer";
   } else if (header.offset > placement.capacity || header.bytes > placement.capacity - header.offset) {
     problem = "chunk [" + std::to_string(header.offset) + ", +" + std::to_string(header.bytes) +
               ") exceeds the receiver's registered " + std::to_string(placement.capacity) + " bytes";
@@ -455,9 +475,9 @@ bool IbPath::pumpPlaced(bool* failed) {
   write.wrId = workId(WorkKind::kPlacedWrite, notice);
   write.op = SendRequest::Op::kWrite;
   write.signaled = false;  // the notice's completion stands for both
-  write.sge = {payload, header.bytes, source->lkey(localNic_)};
+  write.sge = {payload, header.bytes, *lkey};
   write.remoteAddress = placement.address + header.offset;
-  write.rkey = placement.rkeys[static_cast<size_t>(remoteNic_)];
+  write.rkey = *rkey;
   SendRequest notify;
   notify.wrId = workId(WorkKind::kPlacedNotice, notice);
   notify.op = SendRequest::Op::kSend;
@@ -560,7 +580,15 @@ bool IbPath::pumpData() {
     {
       std::lock_guard<std::mutex> lock(queueMutex_);
       if (queue_.empty()) break;
-      placed = static_cast<bool>(queue_.front().placement);
+      DataChunk& head = queue_.front();
+      // A NIC of this path that refused the registration (a fatal error, a
+      // dma-buf it cannot import) has no key for it: host memory is staged
+      // instead; device memory cannot be and fails the path below.
+      if (head.placement && head.placement->hostAccessible && !placeableHere(head) &&
+          head.source != nullptr && head.source->hostAccessible()) {
+        head.placement.reset();
+      }
+      placed = static_cast<bool>(head.placement);
     }
     if (placed) {
       bool failed = false;

@@ -95,6 +95,9 @@ class IbPath : public Path {
   // Takes the queue's head if it is a placed chunk and posts it; false if
   // there is none or it must wait (buffers, in-flight bound).
   bool pumpPlaced(bool* failed);
+  // Whether both NICs of this path hold a key for `chunk`'s buffers (each
+  // device of either end may have refused the registration).
+  bool placeableHere(const DataChunk& chunk) const;
   void grant(uint32_t slot);
   // Under sendMutex_: drains the send CQ, freeing buffers; the first error is
   // kept in sendFailure_ for the caller to report unlocked.
