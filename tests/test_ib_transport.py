@@ -67,6 +67,23 @@ def test_unregistered_messages_travel_as_rdma_writes_into_staging_slots(fabric):
     assert after["access_errors"] == 0
 
 
+def test_every_receive_consuming_request_finds_a_posted_receive(fabric):
+    """Each end sends a SEND or a WRITE WITH IMMEDIATE only on a credit: a
+    receive the peer has posted, counted from the peer's credit word, which the
+    peer RDMA-writes as it reposts. So in steady state no request meets an empty
+    receive queue (an RNR NAK, a stall of the QP); before, bursts of tiny
+    messages and placed chunks outran the receiver's reposting."""
+    f = fabric()
+    send, recv = f.pair()
+    before = f.emu.counters()
+    stream(send, recv, [1] * 3000, 96, window=64)  # control-heavy: CTS, notices, ACKs
+    registered_stream(f.a, f.b, send, recv, plan_sizes(97, 300, 3 * CHUNK), 97, window=16)
+    stream(send, recv, plan_sizes(98, 300, 3 * CHUNK, big=2), 98, window=16)
+    after = f.emu.counters()
+    assert after["sends"] - before["sends"] > 6000
+    assert after["rnr_naks"] == before["rnr_naks"]
+
+
 # ------------------------------------------------------------------ faults
 
 
@@ -616,7 +633,7 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
+    values = dict(magic=0x51434552, version=5, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)
