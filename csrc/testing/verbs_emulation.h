@@ -15,7 +15,8 @@
 // with kRetryExceeded and the QP goes to ERR; moving a QP to ERR flushes every
 // outstanding request (kFlushed). A SEND or WRITE WITH IMMEDIATE meets an
 // empty receive queue with unbounded RNR retry (rnr_retry = 7), as we
-// configure real QPs. Memory regions of dma-buf fds are reached through the
+// configure real QPs, and is counted (rnrNaks). A fatal device error kills the
+// contexts open on it for good (setDeviceFatal). Memory regions of dma-buf fds are reached through the
 // emulation's own mapping of the fd (a memfd stands in for a GPU's dma-buf). Port changes raise PORT_ERR / PORT_ACTIVE (and
 // GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to other
 // table indices, as re-added addresses do on real hosts.
