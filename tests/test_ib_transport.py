@@ -296,6 +296,30 @@ def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabr
     assert sum(f.emu.reads_on(device) for device in (B0, B1)) == sum(reads.values()) + 3
 
 
+def test_listed_devices_are_ordered_by_pci_path_without_inactive_ports():
+    """Without RECCL_IB_HCA the transport takes the devices the library lists, as
+    NCCL does: ordered by PCI path (rail i must be the same slot on every host,
+    whatever order the kernel registered the devices in) and without those whose
+    port is not active. Devices named in RECCL_IB_HCA stay, in that order, up or
+    down (a backup that is down now may come up)."""
+    names = ["ib-pci-0", "ib-pci-1", "ib-pci-2", "ib-pci-3"]
+    emu = emulations().IbEmulation(names)
+    paths = {"ib-pci-0": "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+             "ib-pci-1": "/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0",
+             "ib-pci-2": "/sys/devices/pci0000:17/0000:17:02.0/0000:19:00.0",
+             "ib-pci-3": "/sys/devices/pci0000:40/0000:40:01.0/0000:41:00.0"}
+    for name, path in paths.items():
+        emu.set_pci_path(name, path)
+    emu.port_down("ib-pci-2")
+    env = ib_env(names)
+    del env["RECCL_IB_HCA"]
+    listed = _C.IbTransport(emu, env)
+    assert [(n["name"], n["pci_path"]) for n in listed.nics()] == [
+        (name, paths[name]) for name in ("ib-pci-1", "ib-pci-3", "ib-pci-0")]
+    named = _C.IbTransport(emu, ib_env(["ib-pci-2", "ib-pci-0"]))
+    assert [(n["name"], n["up"]) for n in named.nics()] == [("ib-pci-2", False), ("ib-pci-0", True)]
+
+
 def test_a_registration_keeps_its_devices_open_until_it_goes():
     """A registration outliving the transport that made it keeps the transport
     (and its device contexts) alive: its memory regions are deregistered before

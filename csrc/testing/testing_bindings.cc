@@ -259,6 +259,9 @@ PYBIND11_MODULE(_testing, m) {
            "The device is back after a fatal error: a fresh open works (old contexts stay dead)")
       .def("refuse_dmabuf", &VerbsEmulation::setRefuseDmaBuf, py::arg("device"), py::arg("on") = true,
            "ibv_reg_dmabuf_mr on the device fails (EOPNOTSUPP), as on a NIC without a P2P path")
+      .def("set_peer_memory", &VerbsEmulation::setPeerMemoryLoaded, py::arg("loaded"),
+           "What the peer-memory probe (nvidia-peermem loaded?) answers; registering GPU memory "
+           "by pointer still fails")
       .def("reads_on", &VerbsEmulation::readsOn, py::arg("device"),
            "RDMA READs served to the device's QPs (GPU flushes through that NIC)")
       .def("overrun_cqs", &VerbsEmulation::overrunCompletionQueues, py::arg("device"),
@@ -313,6 +316,8 @@ PYBIND11_MODULE(_testing, m) {
       .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
              e.deviceFree(device, reinterpret_cast<void*>(address));
            }, py::arg("device"), py::arg("address"))
+      .def("set_dmabuf", &CudaEmulation::setDmaBuf, py::arg("supported"),
+           "Whether the emulated GPUs can export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)")
       .def("set_queries_before_done", &CudaEmulation::setQueriesBeforeDone, py::arg("queries"),
            "events report done only at this query after their record (default 1): copies seem in flight")
       .def("counters", [](const CudaEmulation& e) {

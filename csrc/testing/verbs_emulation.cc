@@ -1275,6 +1275,14 @@ std::shared_ptr<VerbsDevice> VerbsEmulation::open(const std::string& name) {
   return std::make_shared<EmulatedDevice>(state_, index);
 }
 
+bool VerbsEmulation::peerMemoryLoaded(std::string* why) const {
+  if (peerMemory_.load()) return true;
+  *why = "the emulation has no peer-memory module (IbEmulation.set_peer_memory)";
+  return false;
+}
+
+void VerbsEmulation::setPeerMemoryLoaded(bool loaded) { peerMemory_.store(loaded); }
+
 void VerbsEmulation::setDeviceFatal(const std::string& device) {
   state_->withDevice(device, [&](DeviceRecord& record, int index) {
     if (record.fatal) return;

@@ -22,6 +22,7 @@
 // table indices, as re-added addresses do on real hosts.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -73,6 +74,9 @@ class VerbsEmulation : public VerbsApi {
   std::string describe() const override { return "emulation"; }
   std::vector<std::string> deviceNames() override;
   std::shared_ptr<VerbsDevice> open(const std::string& name) override;
+  // The probe only: the emulation never registers GPU memory by pointer.
+  bool peerMemoryLoaded(std::string* why) const override;
+  void setPeerMemoryLoaded(bool loaded);
 
   // Faults. A port going down raises PORT_ERR; coming back it gets a new GID
   // table layout and raises GID_CHANGE and PORT_ACTIVE.
@@ -148,6 +152,7 @@ class VerbsEmulation : public VerbsApi {
 
   std::shared_ptr<State> state_;
   std::thread thread_;
+  std::atomic<bool> peerMemory_{false};
 };
 
 }  // namespace reccl

@@ -72,6 +72,12 @@ class Transport {
     (void)address;
     (void)writers;
   }
+  // Whether registerDeviceMemory can work here (a peer-memory module lets the
+  // NICs map GPU memory by pointer), and if not, why not.
+  virtual bool supportsPeerMemory(std::string* why) const {
+    *why = std::string(kind()) + " transport does not register device memory";
+    return false;
+  }
   // Whether registerDmaBuf can work here, and if not, why not.
   virtual bool supportsDmaBuf(std::string* why) const {
     *why = std::string(kind()) + " transport does not register dma-buf memory";

@@ -325,6 +325,14 @@ void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint
               (failures.empty() ? std::string(" (none is usable)") : ": " + failures));
 }
 
+bool IbTransport::supportsPeerMemory(std::string* why) const {
+  if (!config_.ibZeroCopy) {
+    *why = "RECCL_IB_ZERO_COPY=off (GPU memory travels only by direct placement)";
+    return false;
+  }
+  return verbs_->peerMemoryLoaded(why);
+}
+
 bool IbTransport::supportsDmaBuf(std::string* why) const {
   if (!config_.ibZeroCopy) {
     *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";

@@ -58,6 +58,7 @@ class IbTransport : public Transport {
   std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
   std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;
   bool supportsDmaBuf(std::string* why) const override;
+  bool supportsPeerMemory(std::string* why) const override;
   // An RDMA READ of one byte through a loopback QP (IbFlusher) on each NIC in
   // `writers` that is usable, and on one other usable NIC for those that are not.
   void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,

@@ -250,6 +250,9 @@ class VerbsApi {
   virtual std::vector<std::string> deviceNames() = 0;  // ibv_get_device_list
   // ibv_open_device + ibv_alloc_pd; throws Error naming the valid devices.
   virtual std::shared_ptr<VerbsDevice> open(const std::string& name) = 0;
+  // Whether a peer-memory module (nvidia-peermem, or the older nv_peer_mem)
+  // is loaded, so ibv_reg_mr can register GPU memory by pointer; if not, why not.
+  virtual bool peerMemoryLoaded(std::string* why) const = 0;
 };
 
 // 4.096 us * 2^timeout * (retryCount + 1): how long an unanswered request is

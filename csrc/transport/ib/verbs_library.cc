@@ -540,6 +540,16 @@ class SystemVerbs : public VerbsApi {
  public:
   explicit SystemVerbs(std::shared_ptr<Functions> fn) : fn_(std::move(fn)) {}
   std::string describe() const override { return "libibverbs.so.1"; }
+  bool peerMemoryLoaded(std::string* why) const override {
+    // Where NCCL looks too: the module's version file.
+    for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
+                             "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+                             "/sys/module/nvidia_peermem/version"}) {
+      if (::access(path, F_OK) == 0) return true;
+    }
+    *why = "no peer-memory module (nvidia-peermem: /sys/module/nvidia_peermem) is loaded";
+    return false;
+  }
   std::vector<std::string> deviceNames() override {
     std::vector<std::string> names;
     int count = 0;
