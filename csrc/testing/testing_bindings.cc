@@ -262,6 +262,8 @@ PYBIND11_MODULE(_testing, m) {
       .def("set_peer_memory", &VerbsEmulation::setPeerMemoryLoaded, py::arg("loaded"),
            "What the peer-memory probe (nvidia-peermem loaded?) answers; registering GPU memory "
            "by pointer still fails")
+      .def("set_pci_path", &VerbsEmulation::setPciPath, py::arg("device"), py::arg("path"),
+           "The PCI path the device reports (what /sys/class/infiniband/<dev>/device resolves to)")
       .def("reads_on", &VerbsEmulation::readsOn, py::arg("device"),
            "RDMA READs served to the device's QPs (GPU flushes through that NIC)")
       .def("overrun_cqs", &VerbsEmulation::overrunCompletionQueues, py::arg("device"),

@@ -164,6 +164,7 @@ struct DeviceRecord {
   int generation = 0;
   bool refuseDmaBuf = false;  // setRefuseDmaBuf: ibv_reg_dmabuf_mr fails (EOPNOTSUPP)
   uint64_t reads = 0;         // RDMA READs its QPs issued and were served (readsOn)
+  std::string pciPath;        // setPciPath; none by default
   int64_t landingDelayNs = 0;  // setLandingDelay
   bool relaxedOrdering = true;  // setRelaxedOrdering: the library can ask for it
   bool ethernet = true;          // setInfiniband: false, with a LID and an IB GID
@@ -1049,6 +1050,10 @@ class EmulatedDevice : public VerbsDevice {
     context_->closed = true;
   }
   std::string name() const override { return state_->devices[device_].name; }
+  std::string pciPath() const override {
+    Lock lock(state_->mutex);
+    return state_->devices[device_].pciPath;
+  }
 
   PortAttributes queryPort(int port) override {
     checkPort(port);
@@ -1418,6 +1423,10 @@ void VerbsEmulation::addGid(const std::string& device, const Gid& gid, GidType t
     record.gids = buildGidTable(index, record.flaps, record.extraGids);
     state_->raise(index, AsyncEventType::kGidChange);
   });
+}
+
+void VerbsEmulation::setPciPath(const std::string& device, const std::string& path) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.pciPath = path; });
 }
 
 uint64_t VerbsEmulation::readsOn(const std::string& device) {

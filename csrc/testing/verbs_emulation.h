@@ -142,6 +142,8 @@ class VerbsEmulation : public VerbsApi {
   // The traffic class and service level of each of the device's QPs now in RTR or RTS.
   std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();
+  // The PCI path the device reports (none by default).
+  void setPciPath(const std::string& device, const std::string& path);
   // RDMA READs served to QPs of the device (the GPU flush's, per NIC).
   uint64_t readsOn(const std::string& device);
 

@@ -27,13 +27,12 @@ constexpr Millis kReopenFirstWait(50);
 constexpr Millis kReopenMaxWait(2000);
 
 
-// sysfs facts that let chooseBackups() apply the DESIGN distance cost to real
-// devices; emulated devices have none and pair with the next one in order.
-void readDeviceTopology(NicInfo& nic) {
-  const std::string base = "/sys/class/infiniband/" + nic.name + "/device";
-  char resolved[PATH_MAX];
-  if (::realpath(base.c_str(), resolved) != nullptr) nic.pciPath = resolved;
-  std::ifstream numa(base + "/numa_node");
+// PCI facts that let chooseBackups() apply the DESIGN distance cost; devices
+// without a PCI path pair with the next one in order.
+void readDeviceTopology(const VerbsDevice& device, NicInfo& nic) {
+  nic.pciPath = device.pciPath();
+  if (nic.pciPath.empty()) return;
+  std::ifstream numa(nic.pciPath + "/numa_node");
   int node = -1;
   if (numa >> node) nic.numaNode = node;
 }
@@ -85,10 +84,28 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
                       " NICs per process; " + std::to_string(names.size()) + " RDMA devices selected");
   }
-  NicHealth& health = NicHealth::instance();
+  // Named devices stay in the order given, up or down (a backup that is down
+  // now may come up). Listed ones, as NCCL takes them: only those whose port
+  // is active, ordered by PCI path, so that rail i is the same slot on every
+  // host whatever order the kernel registered the devices in.
+  std::vector<std::pair<std::shared_ptr<VerbsDevice>, PortAttributes>> opened;
   for (const auto& name : names) {
     std::shared_ptr<VerbsDevice> device = verbs_->open(name);  // throws naming the valid ones
     PortAttributes port = device->queryPort(IbEndpoint::kPort);
+    if (!config_.ibDevices.empty() || port.active) opened.emplace_back(std::move(device), port);
+  }
+  if (config_.ibDevices.empty()) {
+    if (opened.empty()) {
+      throw ConfigError("no RDMA device listed by " + verbs_->describe() +
+                        " has an active port; RECCL_IB_HCA names devices to use whatever their state");
+    }
+    std::stable_sort(opened.begin(), opened.end(), [](const auto& a, const auto& b) {
+      return a.first->pciPath() < b.first->pciPath();
+    });
+  }
+  NicHealth& health = NicHealth::instance();
+  for (auto& [device, port] : opened) {
+    const std::string name = device->name();
     NicInfo nic;
     nic.name = name;
     nic.interface = name;
@@ -96,7 +113,7 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     nic.linkUp = port.active;
     // NicInfo's default stands when the port does not say (NCCL needs a rate).
     if (port.speedMbps > 0) nic.speedMbps = port.speedMbps;
-    readDeviceTopology(nic);
+    readDeviceTopology(*device, nic);
     int id = health.registerNic(name, port.active);
     health.setLinkUp(id, port.active, port.active ? Reason::kLinkUp : Reason::kLinkDown);
     healthIds_.push_back(id);

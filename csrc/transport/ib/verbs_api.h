@@ -196,6 +196,9 @@ class VerbsDevice {
  public:
   virtual ~VerbsDevice() = default;
   virtual std::string name() const = 0;
+  // The device's PCI path (/sys/class/infiniband/<name>/device resolved), ""
+  // where there is none.
+  virtual std::string pciPath() const = 0;
   virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
   // ibv_query_gid_table (rdma-core v30+): every valid entry of the port's
   // table in one call, each with the type the kernel gives it. false, with the

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -328,6 +329,11 @@ class SystemDevice : public VerbsDevice {
   SystemDevice(const SystemDevice&) = delete;
   SystemDevice& operator=(const SystemDevice&) = delete;
   std::string name() const override { return name_; }
+  std::string pciPath() const override {
+    char resolved[PATH_MAX];
+    const std::string link = "/sys/class/infiniband/" + name_ + "/device";
+    return ::realpath(link.c_str(), resolved) != nullptr ? std::string(resolved) : std::string();
+  }
 
   PortAttributes queryPort(int port) override {
     ibv_port_attr attr{};
