@@ -230,8 +230,9 @@ def test_a_nic_that_cannot_import_a_dmabuf_fails_its_paths_over(fabric, events):
     src_reg = f.a.register_dmabuf(src.fd, 0, src.size, src.device)
     dst_reg = f.b.register_dmabuf(dst.fd, 0, dst.size, dst.device)
     fill_and_send(send, recv, src, src_reg, dst, dst_reg, 91)
-    assert any("no registration of the send buffer" in e.detail and "EOPNOTSUPP" in e.detail
-               for e in events.of("path_down", send.id)), [e.detail for e in events.of("path_down", send.id)]
+    assert wait_until(lambda: any("no registration of the send buffer" in e.detail and "EOPNOTSUPP" in e.detail
+                                  for e in events.of("path_down", send.id)), 5), [
+        e.detail for e in events.of("path_down", send.id)]
     f.emu.refuse_dmabuf(A1)
     f.emu.refuse_dmabuf(B1)
     with pytest.raises(RecclError, match=r"no RDMA device could register the memory: ib-a-0: .*EOPNOTSUPP.*; ib-a-1: "):

@@ -303,11 +303,12 @@ ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** m
       return ncclSuccess;
     }
     if (type != RECCL_NCCL_PTR_CUDA || (!nvl_ && !dmaBuf_ && !peerMemory_)) {
+      const bool ib = std::string(t->kind()) == "ib";
       warn("regMr: memory type " + std::to_string(type) + " is not supported; valid: host" +
            (nvl_ || dmaBuf_ || peerMemory_
-                ? ", cuda"
-                : " (GPU buffers need RECCL_NVL, or over IB GPUDirect: " + dmaBufWhy_ + "; " +
-                      peerMemoryWhy_ + ")"));
+                ? std::string(", cuda")
+                : " (GPU buffers need RECCL_NVL)" +
+                      (ib ? "; no GPUDirect: " + dmaBufWhy_ + "; " + peerMemoryWhy_ : std::string())));
       return ncclInternalError;
     }
     // A GPU buffer NCCL could not give us as a dma-buf: GPUDirect by pointer

@@ -80,10 +80,6 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     throw ConfigError("no RDMA devices found through " + verbs_->describe() +
                       "; the IB transport needs at least one (RECCL_IB_HCA selects them)");
   }
-  if (names.size() > kMaxHandleNics) {
-    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
-                      " NICs per process; " + std::to_string(names.size()) + " RDMA devices selected");
-  }
   // Named devices stay in the order given, up or down (a backup that is down
   // now may come up). Listed ones, as NCCL takes them: only those whose port
   // is active, ordered by PCI path, so that rail i is the same slot on every
@@ -102,6 +98,10 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     std::stable_sort(opened.begin(), opened.end(), [](const auto& a, const auto& b) {
       return a.first->pciPath() < b.first->pciPath();
     });
+  }
+  if (opened.size() > kMaxHandleNics) {
+    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) + " NICs per process; " +
+                      std::to_string(opened.size()) + " RDMA devices selected (RECCL_IB_HCA names fewer)");
   }
   NicHealth& health = NicHealth::instance();
   for (auto& [device, port] : opened) {
