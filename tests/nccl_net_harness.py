@@ -646,6 +646,27 @@ def ib_case_dmabuf_refused(emu, native) -> dict:
     return {"properties": props, "code": code, "messages": plugin.messages}
 
 
+def ib_case_no_gpudirect(emu, native) -> dict:
+    """NICs that register dma-bufs, GPUs that cannot export them, no peer-memory
+    module: no GPU memory is claimed (NCCL then stages through host memory)."""
+    CUDA_EMULATION.set_dmabuf(False)
+    plugin = Plugin(11)
+    arena = DmaBufArena(1 << 16, "reccl-no-gdr")
+    code, _ = plugin.reg_mr_dmabuf(None, arena.device, arena.size, arena.fd)
+    code_cuda, _ = plugin.reg_mr_raw(None, arena.device, 4096, PTR_CUDA)
+    return {"properties": _plugin_properties(plugin), "code": code, "cuda_code": code_cuda,
+            "messages": plugin.messages}
+
+
+def ib_case_peer_memory_only(emu, native) -> dict:
+    """GPUs without dma-buf export but a peer-memory module loaded: GPU memory is
+    claimed (registered by pointer), dma-buf is not."""
+    CUDA_EMULATION.set_dmabuf(False)
+    emu.set_peer_memory(True)
+    plugin = Plugin(11)
+    return {"properties": _plugin_properties(plugin), "messages": plugin.messages}
+
+
 def ib_case_no_devices(emu, native) -> dict:
     """RECCL_TRANSPORT=ib over the system library of a host without RDMA devices."""
     plugin = Plugin(11, require_init=False)
@@ -656,7 +677,9 @@ def ib_case_no_devices(emu, native) -> dict:
 IB_CASES = {"properties": ib_case_properties, "streams": ib_case_streams,
             "failover": ib_case_failover, "no_devices": ib_case_no_devices,
             "registered": ib_case_registered, "dmabuf": ib_case_dmabuf,
-            "dmabuf_refused": ib_case_dmabuf_refused}
+            "dmabuf_refused": ib_case_dmabuf_refused, "no_gpudirect": ib_case_no_gpudirect,
+            "peer_memory_only": ib_case_peer_memory_only}
+CUDA_EMULATION = None  # run_ib_case: the GPUs the plugin sees (they export dma-bufs unless a case says not)
 
 
 def run_ib_case(name: str) -> dict:
@@ -665,11 +688,14 @@ def run_ib_case(name: str) -> dict:
     import torch_reccl._native as native_module
 
     native = native_module.native()
+    global CUDA_EMULATION
     emu = None
     if name != "no_devices":
         testing = native_module.testing()
         emu = testing.IbEmulation(list(IB_DEVICES))
         testing.nccl_plugin_use_verbs(emu)
+        CUDA_EMULATION = testing.CudaEmulation(2)
+        testing.nccl_plugin_use_cuda(CUDA_EMULATION)
     return IB_CASES[name](emu, native)
 
 

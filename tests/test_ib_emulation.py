@@ -111,16 +111,24 @@ def test_writes_land_in_order_and_immediates_complete_receives():
 
 
 def test_send_fills_the_posted_receive_and_waits_for_one():
+    """No receive posted: RNR NAK, retried without bound (rnr_retry = 7), the
+    request counted once in rnr_naks (transport tests require none in steady
+    state); a receive already posted takes a SEND with no NAK."""
     p = Pair()
     p.bx[:5] = b"hello"
     p.qx.post_send("send", p.mx, 0, 5, wr_id=1)
     time.sleep(0.05)
-    assert p.sx.poll() == []  # no receive posted: RNR, retried without bound
+    assert p.sx.poll() == []
+    assert p.emu.counters()["rnr_naks"] == 1
     p.qy.post_recv(p.my, 200, 64, wr_id=5)
     assert poll_until(p.sx, 1)[0]["status"] == "success"
     recv = poll_until(p.ry, 1)[0]
     assert (recv["wr_id"], recv["opcode"], recv["byte_len"]) == (5, "recv", 5)
     assert bytes(p.by[200:205]) == b"hello"
+    p.qy.post_recv(p.my, 0, 64, wr_id=6)
+    p.qx.post_send("send", p.mx, 0, 5, wr_id=2)
+    assert poll_until(p.sx, 1)[0]["status"] == "success"
+    assert p.emu.counters()["rnr_naks"] == 1
 
 
 def test_bad_rkey_or_bounds_is_a_remote_access_error_that_errors_both_qps():
@@ -471,3 +479,31 @@ def test_arming_needs_a_completion_channel():
     p = Pair()
     with pytest.raises(RecclError, match="without a completion channel"):
         p.ry.arm()
+
+
+def test_a_fatal_device_error_kills_its_contexts_for_good():
+    """DEVICE_FATAL: the event reaches the open contexts, the device's QPs go to
+    ERR (outstanding work flushed), every verbs call on those contexts fails
+    (EIO) even after the device is back, opening it fails until it is back, and
+    a context opened after that works; the old contexts hear no more events."""
+    p = Pair()
+    p.qy.post_recv(p.my, 0, 64, wr_id=5)
+    p.emu.device_fatal("y")
+    assert p.y.wait_event(1.0) == "device fatal"
+    assert [c["status"] for c in poll_until(p.ry, 1)] == ["work request flushed"]
+    with pytest.raises(RecclError, match=r"ibv_reg_mr on y: the device had a fatal error.*\(EIO\)"):
+        p.y.register(bytearray(64))
+    with pytest.raises(RecclError, match=r"ibv_open_device: y is gone after a fatal error \(ENODEV\)"):
+        p.emu.open("y")
+    p.qx.post_send("write", p.mx, 0, 8, p.my.address(0), p.my.rkey, wr_id=6)
+    assert poll_until(p.sx, 1)[0]["status"] == "transport retry counter exceeded"
+    p.emu.recover_device("y")
+    with pytest.raises(RecclError, match="ibv_create_cq on y: the device had a fatal error"):
+        p.y.create_cq()
+    fresh = p.emu.open("y")
+    assert fresh.port_active()
+    fresh.register(bytearray(64))
+    p.emu.port_down("y")
+    assert fresh.wait_event(1.0) == "port error"
+    assert p.y.wait_event(0.1) is None
+

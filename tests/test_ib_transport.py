@@ -20,6 +20,7 @@ writes in flight, GIDs, corrupted deliveries, the bootstrap and QP exchange.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import socket
 import struct
@@ -64,6 +65,23 @@ def test_unregistered_messages_travel_as_rdma_writes_into_staging_slots(fabric):
     assert after["bytes"] - before["bytes"] >= sum(sizes)
     assert after["retry_exceeded"] == before["retry_exceeded"]
     assert after["access_errors"] == 0
+
+
+def test_every_receive_consuming_request_finds_a_posted_receive(fabric):
+    """Each end sends a SEND or a WRITE WITH IMMEDIATE only on a credit: a
+    receive the peer has posted, counted from the peer's credit word, which the
+    peer RDMA-writes as it reposts. So in steady state no request meets an empty
+    receive queue (an RNR NAK, a stall of the QP); before, bursts of tiny
+    messages and placed chunks outran the receiver's reposting."""
+    f = fabric()
+    send, recv = f.pair()
+    before = f.emu.counters()
+    stream(send, recv, [1] * 3000, 96, window=64)  # control-heavy: CTS, notices, ACKs
+    registered_stream(f.a, f.b, send, recv, plan_sizes(97, 300, 3 * CHUNK), 97, window=16)
+    stream(send, recv, plan_sizes(98, 300, 3 * CHUNK, big=2), 98, window=16)
+    after = f.emu.counters()
+    assert after["sends"] - before["sends"] > 6000
+    assert after["rnr_naks"] == before["rnr_naks"]
 
 
 # ------------------------------------------------------------------ faults
@@ -159,6 +177,167 @@ def test_a_completion_queue_overrun_fails_its_paths_which_come_back(fabric, even
         e.detail for e in events.of("path_down", end.id)]
     assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
     stream(send, recv, plan_sizes(67, 10, CHUNK), 67)
+
+
+def fill_and_send(send, recv, src, src_reg, dst, dst_reg, seed, timeout=10):
+    """One message of len(src) bytes from registered `src` into registered `dst`
+    (bytes-like, or DmaBufArena, whose `device` address the CPU cannot touch),
+    checked bit for bit."""
+    def buffer(x):
+        return (ctypes.c_char * x.size).from_address(x.device) if isinstance(x, DmaBufArena) else x
+
+    def view(x):  # the bytes as the CPU may touch them
+        return memoryview(x.host if isinstance(x, DmaBufArena) else x)
+
+    size = len(view(src))
+    view(src)[:] = message(seed, 0, size)
+    view(dst)[:] = b"\xa5" * size
+    request_r = recv.irecv(buffer(dst), registration=dst_reg)
+    assert send.isend(buffer(src), registration=src_reg).wait(timeout) == size
+    assert request_r.wait(timeout) == size
+    assert view(dst).tobytes() == message(seed, 0, size)
+
+
+def test_a_device_that_refuses_a_registration_leaves_it_on_the_others(fabric):
+    """Registration is per NIC: a device with a fatal error (the failure case
+    itself) refuses it, and the memory is still registered on the other NICs,
+    which carry it by direct placement (no staged chunk); before, the whole
+    registration failed."""
+    f = fabric()
+    send, recv = f.pair()
+    f.emu.device_fatal(A1)  # the sender's backup NIC
+    assert wait_until(lambda: not f.a.nics()[1]["up"], 5)
+    regions = f.emu.memory_regions(A0)[0]
+    src, dst = bytearray(3 * CHUNK), bytearray(3 * CHUNK)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    assert f.emu.memory_regions(A0)[0] == regions + 1
+    before = f.emu.counters()
+    fill_and_send(send, recv, src, src_reg, dst, dst_reg, 90)
+    after = f.emu.counters()
+    assert after["writes_with_imm"] == before["writes_with_imm"]  # placed, not staged
+    assert after["access_errors"] == before["access_errors"]
+
+
+def test_a_nic_that_cannot_import_a_dmabuf_fails_its_paths_over(fabric, events):
+    """The sender's primary NIC cannot import the dma-buf (no peer-to-peer path to
+    that GPU): the memory is registered on its backup NIC only, the primary path
+    fails naming why (device memory cannot be staged), and the message goes by
+    direct placement over the backup, bit for bit."""
+    f = fabric()
+    send, recv = f.pair()
+    f.emu.refuse_dmabuf(A0)
+    src, dst = DmaBufArena(2 * CHUNK, "ib-src"), DmaBufArena(2 * CHUNK, "ib-dst")
+    src_reg = f.a.register_dmabuf(src.fd, 0, src.size, src.device)
+    dst_reg = f.b.register_dmabuf(dst.fd, 0, dst.size, dst.device)
+    fill_and_send(send, recv, src, src_reg, dst, dst_reg, 91)
+    assert wait_until(lambda: any("no registration of the send buffer" in e.detail and "EOPNOTSUPP" in e.detail
+                                  for e in events.of("path_down", send.id)), 5), [
+        e.detail for e in events.of("path_down", send.id)]
+    f.emu.refuse_dmabuf(A1)
+    f.emu.refuse_dmabuf(B1)
+    with pytest.raises(RecclError, match=r"no RDMA device could register the memory: ib-a-0: .*EOPNOTSUPP.*; ib-a-1: "):
+        f.a.register_dmabuf(src.fd, 0, src.size, src.device)
+
+
+@pytest.mark.parametrize("device", [A0, B0])
+def test_a_device_back_from_a_fatal_error_is_reopened_registered_again_and_failed_back(fabric, device):
+    """DEVICE_FATAL kills the device's context for good. The connection fails over;
+    once the device is back the transport opens it again (retrying with backoff),
+    registers the live registrations on it again (the old keys are void: a write
+    with one is an access error) and reports the NIC up, so the connection fails
+    back and its registered buffers are placed directly over the primary again.
+    Before, the NIC stayed down for good."""
+    f = fabric()
+    send, recv = f.pair()
+    src, dst = bytearray(2 * CHUNK), bytearray(2 * CHUNK)
+    src_reg, dst_reg = f.a.register(src), f.b.register(dst)
+    fill_and_send(send, recv, src, src_reg, dst, dst_reg, 92)
+    f.emu.device_fatal(device)
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
+    fill_and_send(send, recv, src, src_reg, dst, dst_reg, 93)
+    time.sleep(0.3)  # the transport tries to reopen a device that is still gone
+    f.emu.recover_device(device)
+    assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
+    before = f.emu.counters()
+    fill_and_send(send, recv, src, src_reg, dst, dst_reg, 94)
+    after = f.emu.counters()
+    assert after["writes_with_imm"] == before["writes_with_imm"]  # placed with the new keys
+    assert after["access_errors"] == before["access_errors"]
+    assert send.active_path == 0 and recv.active_path == 0
+
+
+def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabric):
+    """A failover in the middle of a receive into device memory: the receiver's
+    primary NIC placed the first chunks (they were on the wire when the sender's
+    port went down, and landed before the receiver fenced that path), its
+    backup NIC the rest. The GPU flush (NCCL's iflush) must order both NICs'
+    writes, so it reads through each; before, only through the active one."""
+    f = fabric()
+    send, recv = f.pair()
+    size = 32 * CHUNK
+    src, dst = DmaBufArena(size, "ib-src"), DmaBufArena(size, "ib-dst")
+    src_reg = f.a.register_dmabuf(src.fd, 0, src.size, src.device)
+    dst_reg = f.b.register_dmabuf(dst.fd, 0, dst.size, dst.device)
+    memoryview(src.host)[:] = message(95, 0, size)
+    dst.host[:] = 0xA5
+    f.emu.hold(A0)
+    request_r = recv.irecv((ctypes.c_char * size).from_address(dst.device), registration=dst_reg)
+    request_s = send.isend((ctypes.c_char * size).from_address(src.device), registration=src_reg)
+    assert wait_until(lambda: f.emu.counters()["held"] >= 4, 5)  # placed chunks on the wire
+    f.emu.port_down(A0)
+    f.emu.hold(A0, False)  # they land through B0 before the receiver fences that path
+    assert request_s.wait(10) == size and request_r.wait(10) == size
+    assert memoryview(dst.host).tobytes() == message(95, 0, size)
+    assert f.emu.counters()["wire_delivered"] >= 2 and recv.active_path == 1
+    reads = {device: f.emu.reads_on(device) for device in (B0, B1)}
+    f.b.flush_device_writes(dst_reg, dst.device, recv)
+    assert {device: f.emu.reads_on(device) - reads[device] for device in (B0, B1)} == {B0: 1, B1: 1}
+    # Nothing placed since: the next flush reads through one NIC only.
+    f.b.flush_device_writes(dst_reg, dst.device, recv)
+    assert sum(f.emu.reads_on(device) for device in (B0, B1)) == sum(reads.values()) + 3
+
+
+def test_listed_devices_are_ordered_by_pci_path_without_inactive_ports():
+    """Without RECCL_IB_HCA the transport takes the devices the library lists, as
+    NCCL does: ordered by PCI path (rail i must be the same slot on every host,
+    whatever order the kernel registered the devices in) and without those whose
+    port is not active. Devices named in RECCL_IB_HCA stay, in that order, up or
+    down (a backup that is down now may come up)."""
+    names = ["ib-pci-0", "ib-pci-1", "ib-pci-2", "ib-pci-3"]
+    emu = emulations().IbEmulation(names)
+    paths = {"ib-pci-0": "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+             "ib-pci-1": "/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0",
+             "ib-pci-2": "/sys/devices/pci0000:17/0000:17:02.0/0000:19:00.0",
+             "ib-pci-3": "/sys/devices/pci0000:40/0000:40:01.0/0000:41:00.0"}
+    for name, path in paths.items():
+        emu.set_pci_path(name, path)
+    emu.port_down("ib-pci-2")
+    env = ib_env(names)
+    del env["RECCL_IB_HCA"]
+    listed = _C.IbTransport(emu, env)
+    assert [(n["name"], n["pci_path"]) for n in listed.nics()] == [
+        (name, paths[name]) for name in ("ib-pci-1", "ib-pci-3", "ib-pci-0")]
+    named = _C.IbTransport(emu, ib_env(["ib-pci-2", "ib-pci-0"]))
+    assert [(n["name"], n["up"]) for n in named.nics()] == [("ib-pci-2", False), ("ib-pci-0", True)]
+
+
+def test_a_registration_keeps_its_devices_open_until_it_goes():
+    """A registration outliving the transport that made it keeps the transport
+    (and its device contexts) alive: its memory regions are deregistered before
+    any context closes. Before, the transport closed its contexts under live
+    regions, which were then deregistered on freed verbs objects."""
+    emu = emulations().IbEmulation([A0, A1])
+    transport = _C.IbTransport(emu, ib_env([A0, A1]))
+    buffer = bytearray(CHUNK)
+    registration = transport.register(buffer)
+    del transport
+    gc.collect()
+    assert emu.counters()["closed_with_regions"] == 0
+    del registration
+    gc.collect()
+    counters = emu.counters()
+    assert counters["closed_with_regions"] == 0 and counters["dereg_after_close"] == 0
+    assert emu.memory_regions(A0) == (0, 0)
 
 
 def test_modify_qp_timeouts_are_retried_then_fail_the_dial_clearly(fabric):
@@ -479,7 +658,7 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=4, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
+    values = dict(magic=0x51434552, version=5, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)
@@ -633,16 +812,18 @@ def test_addr_range_picks_the_gid_and_survives_a_flap(fabric):
     def gid_of(f, device):
         return {f.emu.gid_table(device)[i][0] for i in f.emu.qp_gid_indexes(device)}
 
-    f = fabric()
-    extra(f)
-    send, recv = f.pair()
-    stream(send, recv, plan_sizes(7, 5, CHUNK), 7)
+    def connected(seed, **settings):
+        """A fabric with the extra GIDs and a connection that carried a stream."""
+        f = fabric(**settings)
+        extra(f)
+        send, recv = f.pair()
+        stream(send, recv, plan_sizes(seed, 5, CHUNK), seed)
+        return f, send, recv
+
+    f, _, _ = connected(7)
     assert gid_of(f, A0) == {ipv4_gid(192, 168, 0, 1)}
 
-    g = fabric(RECCL_IB_ADDR_RANGE="10.0.0.0/16")
-    extra(g)
-    send, recv = g.pair()
-    stream(send, recv, plan_sizes(8, 5, CHUNK), 8)
+    g, send, recv = connected(8, RECCL_IB_ADDR_RANGE="10.0.0.0/16")
     assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)} and gid_of(g, B0) == {ipv4_gid(10, 0, 2, 1)}
     g.emu.port_down(A0)
     assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
@@ -651,10 +832,7 @@ def test_addr_range_picks_the_gid_and_survives_a_flap(fabric):
     stream(send, recv, plan_sizes(9, 5, CHUNK), 9)
     assert gid_of(g, A0) == {ipv4_gid(10, 0, 0, 1)}
 
-    h = fabric(RECCL_IB_ADDR_RANGE="fd00::/16")
-    extra(h)
-    send, recv = h.pair()
-    stream(send, recv, plan_sizes(10, 5, CHUNK), 10)
+    h, _, _ = connected(10, RECCL_IB_ADDR_RANGE="fd00::/16")
     assert gid_of(h, A0) == {bytes.fromhex("fd0000000000000000000000000000") + b"\x01"}
 
     k = fabric(RECCL_IB_ADDR_RANGE="172.16.0.0/12", RECCL_NO_PATH_TIMEOUT_MS="1000")

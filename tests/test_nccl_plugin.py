@@ -245,7 +245,8 @@ def test_ib_dmabuf_buffers_are_placed_directly_through_a_port_down(tmp_path):
     assert report["reg_codes"] == [SUCCESS, SUCCESS]
     # A GPU pointer without its dma-buf: no peer memory in the emulation.
     assert report["peer_code"] == INTERNAL_ERROR
-    assert any("cannot register GPU memory by pointer" in m for m in report["messages"])
+    assert any("GPU buffer without dma-buf: the emulation has no peer-memory module" in m
+               for m in report["messages"]), report["messages"]
     assert report["errors"] == [] and report["bad"] == [], report
     # The port went down mid-stream and came back before the end.
     assert 60 <= report["at_port_down"] < 150 <= report["at_port_up"] < report["count"], report
@@ -258,6 +259,24 @@ def test_ib_dmabuf_buffers_are_placed_directly_through_a_port_down(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_ib_claims_gpu_memory_only_where_it_can_be_registered(tmp_path):
+    """NCCL_PTR_CUDA only where a NIC can really register GPU memory: by dma-buf
+    (the NICs' library and the GPUs both support it) or by pointer (a peer-memory
+    module is loaded); otherwise NCCL stages GPU buffers through host memory.
+    Before, dma-buf support of the NICs alone claimed both."""
+    report = run_ib_case(tmp_path, "no_gpudirect")
+    assert all(p["ptrSupport"] == PTR_HOST for p in report["properties"]), report["properties"]
+    assert report["code"] == INTERNAL_ERROR and report["cuda_code"] == INTERNAL_ERROR
+    assert any("no dma-buf GPUDirect: the GPUs cannot export dma-bufs: the emulated CUDA devices" in m
+               for m in report["messages"]), report["messages"]
+    assert any("regMr: memory type 2 is not supported; valid: host (GPU buffers need RECCL_NVL); no "
+               "GPUDirect: the GPUs cannot export dma-bufs" in m and "peer-memory module" in m
+               for m in report["messages"]), report["messages"]
+    report = run_ib_case(tmp_path, "peer_memory_only")
+    assert all(p["ptrSupport"] == PTR_HOST | PTR_CUDA for p in report["properties"]), report["properties"]
+    assert any("GPUDirect RDMA by GPU pointer (peer memory)" in m for m in report["messages"])
+
+
 def test_ib_without_zero_copy_claims_no_dmabuf(tmp_path):
     report = run_ib_case(tmp_path, "dmabuf_refused", RECCL_IB_ZERO_COPY="off")
     assert all(p["ptrSupport"] == PTR_HOST for p in report["properties"])

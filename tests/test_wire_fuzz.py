@@ -44,7 +44,7 @@ MAGIC = 0x4C434552
 HEADER = struct.Struct("<IB3xI")               # FrameHeader
 HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQ")    # HelloBody (version 3 on: with the dialer's transport)
 HELLO_ACK = struct.Struct("<BQ")                # HelloAckBody: accepted, the acceptor's transport
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # csrc/core/frame.h kProtocolVersion
 CTS = ACK = struct.Struct("<QQ")
 ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")

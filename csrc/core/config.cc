@@ -187,9 +187,11 @@ constexpr SettingSpec kSettings[] = {
            "emulation). The `\"reccl\"` process group always uses TCP (it ignores this setting). "
            "The plugin logs its choice (`RECCL_DEBUG=INFO`) and names the transport in its init "
            "message. See docs/ib.md"),
-    found("RECCL_IB_HCA", SettingType::kList, "every RDMA device", storeItems<&Config::ibDevices>,
+    found("RECCL_IB_HCA", SettingType::kList, "every RDMA device with an active port, by PCI path",
+          storeItems<&Config::ibDevices>,
           "IB transport: comma list of RDMA device names (`mlx5_0,mlx5_1`); the order is the "
-          "rail order"),
+          "rail order, and named devices are used up or down. Unset: the devices the library "
+          "lists whose port is active, ordered by PCI path (the same rails on identical hosts)"),
     found("RECCL_IB_BOOTSTRAP", SettingType::kAddress,
           "the first NIC `RECCL_NICS` selects, or the first up non-loopback IPv4 interface",
           storeText<&Config::ibBootstrap>,

@@ -12,8 +12,10 @@ namespace reccl {
 
 constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
 // 3: HELLO and HELLO_ACK name their transports; 4: an IB grant is followed by
-// an empty SEND (its notice), which a version-3 sender takes for a bad frame.
-constexpr uint16_t kProtocolVersion = 4;
+// an empty SEND (its notice), which a version-3 sender takes for a bad frame;
+// 5: IB ends send receive-consuming requests only on credit (the peer's
+// credit word), which a version-4 end never writes.
+constexpr uint16_t kProtocolVersion = 5;
 constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;

@@ -1,6 +1,7 @@
 #include "core/recv_connection.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "core/health.h"
@@ -268,7 +269,13 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
   if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
   ++copying_[{header.epoch, pathId}];
   if (index < 64) dataSlots_ |= uint64_t{1} << index;
+  if (placed) placedNics_ |= uint64_t{1} << slots_.at(index).nics.localNic;
   return recv.request->data() + header.offset;
+}
+
+uint64_t RecvConnection::takePlacedNics() {
+  Lock lock(mutex_);
+  return std::exchange(placedNics_, 0);
 }
 
 void RecvConnection::endData(uint64_t pathId, const DataHeader& header, bool landed) {

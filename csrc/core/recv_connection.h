@@ -33,6 +33,12 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
 
   ~RecvConnection() override;
 
+  // The local NICs (bit i: NIC i) whose paths placed chunks directly into
+  // this connection's receive buffers since the last call, and clears them:
+  // the NICs whose writes a GPU flush must order. After a failover in the
+  // middle of a receive that is more than the active path's NIC.
+  uint64_t takePlacedNics();
+
   void service() override;
   uint8_t* beginData(uint64_t pathId, const DataHeader& header, bool placed) override;
   void endData(uint64_t pathId, const DataHeader& header, bool landed) override;
@@ -99,6 +105,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   // Slots that delivered data this epoch: more than the active one while the
   // sender spreads (send_connection.h). Bit i: slot i.
   uint64_t dataSlots_ = 0;
+  uint64_t placedNics_ = 0;  // takePlacedNics
   int64_t lostActiveNs_ = 0;
   int lostActiveFrom_ = -1;
   Reason lostActiveReason_ = Reason::kNone;

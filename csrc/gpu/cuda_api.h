@@ -39,6 +39,10 @@ class CudaApi {
   virtual bool isVirtualMemory(const void* pointer) = 0;
   virtual std::string pciBusId(int device) = 0;  // "0000:3B:00.0"
   virtual bool canAccessPeer(int device, int peer) = 0;
+  // Whether every device can export its memory as a dma-buf
+  // (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: driver 470+, kernel 5.12+); if
+  // not, why not. A NIC reaches GPU memory by dma-buf only where this holds.
+  virtual bool supportsDmaBuf(std::string* why) = 0;
   // Lets `device` read and write `peer`'s memory; idempotent.
   virtual void enablePeerAccess(int device, int peer) = 0;
 

@@ -24,6 +24,7 @@ constexpr unsigned kHostAllocPortable = 1;
 constexpr int kPointerAttributeMemoryType = 2;
 constexpr int kPointerAttributeDeviceOrdinal = 9;
 constexpr unsigned kMemoryTypeDevice = 2;
+constexpr int kDeviceAttributeDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
 
 using Context = void*;
 using DevicePointer = unsigned long long;  // CUdeviceptr
@@ -38,6 +39,7 @@ struct CudaDriver::Symbols {
   int (*deviceGet)(int*, int);
   int (*deviceGetPciBusId)(char*, int, int);
   int (*deviceCanAccessPeer)(int*, int, int);
+  int (*deviceGetAttribute)(int*, int, int);
   int (*ctxCreate)(Context*, unsigned, int);
   int (*ctxDestroy)(Context);
   int (*ctxPopCurrent)(Context*);
@@ -107,6 +109,7 @@ std::unique_ptr<CudaDriver> CudaDriver::load(std::string* error) {
   bind(symbols->deviceGet, "cuDeviceGet");
   bind(symbols->deviceGetPciBusId, "cuDeviceGetPCIBusId");
   bind(symbols->deviceCanAccessPeer, "cuDeviceCanAccessPeer");
+  bind(symbols->deviceGetAttribute, "cuDeviceGetAttribute");
   bind(symbols->ctxCreate, "cuCtxCreate_v2");
   bind(symbols->ctxDestroy, "cuCtxDestroy_v2");
   bind(symbols->ctxPopCurrent, "cuCtxPopCurrent_v2");
@@ -212,6 +215,21 @@ bool CudaDriver::canAccessPeer(int device, int peer) {
   check(symbols_->deviceGet(&b, peer), "cuDeviceGet");
   check(symbols_->deviceCanAccessPeer(&can, a, b), "cuDeviceCanAccessPeer");
   return can != 0;
+}
+
+bool CudaDriver::supportsDmaBuf(std::string* why) {
+  for (int device = 0; device < deviceCount(); ++device) {
+    int handle = 0, supported = 0;
+    check(symbols_->deviceGet(&handle, device), "cuDeviceGet");
+    if (symbols_->deviceGetAttribute(&supported, kDeviceAttributeDmaBufSupported, handle) != kSuccess ||
+        supported == 0) {
+      *why = "CUDA device " + std::to_string(device) +
+             " cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: needs driver 470+ and "
+             "Linux 5.12+)";
+      return false;
+    }
+  }
+  return true;
 }
 
 void CudaDriver::enablePeerAccess(int device, int peer) {

@@ -40,6 +40,7 @@ class CudaDriver : public CudaApi {
   bool isVirtualMemory(const void* pointer) override;
   std::string pciBusId(int device) override;
   bool canAccessPeer(int device, int peer) override;
+  bool supportsDmaBuf(std::string* why) override;
   void enablePeerAccess(int device, int peer) override;
 
   int currentDevice() override;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "gpu/cuda_driver.h"
 #include "transport/make_transport.h"
 
 namespace reccl {
@@ -139,17 +140,33 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
     for (size_t nic = 0; nic < transport_->nics().size(); ++nic) {
       healthIds.push_back(transport_->healthId(static_cast<int>(nic)));
     }
-    dmaBuf_ = transport_->supportsDmaBuf(&dmaBufWhy_);
+    // GPU memory is claimed only where a NIC can really register it: by
+    // dma-buf where the NICs and the GPUs both support it, or by pointer where
+    // a peer-memory module is loaded (as NCCL decides).
+    std::shared_ptr<CudaApi> cuda = cuda_;
+    if (transport_->supportsDmaBuf(&dmaBufWhy_)) {
+      std::string why;
+      if (!cuda) cuda = CudaDriver::load(&why);
+      try {
+        dmaBuf_ = cuda && cuda->supportsDmaBuf(&why);
+      } catch (const Error& error) {
+        why = error.what();
+      }
+      if (!dmaBuf_) dmaBufWhy_ = "the GPUs cannot export dma-bufs: " + why;
+    }
+    peerMemory_ = transport_->supportsPeerMemory(&peerMemoryWhy_);
     info(dmaBuf_ ? std::string("GPUDirect RDMA by dma-buf registration: GPU buffers are written "
                                "by the NIC directly (unverified on hardware, docs/ib.md)")
                  : "no dma-buf GPUDirect: " + dmaBufWhy_);
+    info(peerMemory_ ? std::string("GPUDirect RDMA by GPU pointer (peer memory)")
+                     : "no GPUDirect by GPU pointer: " + peerMemoryWhy_);
     std::string why;
-    nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), cuda_, &why);
+    nvl_ = Nvl::create(config, transport_->nics(), std::move(healthIds), cuda, &why);
     if (nvl_) {
       info("RECCL_NVL=on: GPU buffers staged in reccl's own CUDA contexts (docs/nvl.md); " +
            nvl_->describe());
     } else {
-      info(std::string(dmaBuf_ ? "NVL off: " : "NVL off, host buffers only: ") + why);
+      info(std::string(dmaBuf_ || peerMemory_ ? "NVL off: " : "NVL off, host buffers only: ") + why);
     }
     return ncclSuccess;
   } catch (const std::exception& error) {
@@ -202,7 +219,7 @@ ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
     props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
     props->guid = static_cast<uint64_t>(dev);
     props->speedMbps = nic.speedMbps;
-    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ || dmaBuf_ ? RECCL_NCCL_PTR_CUDA : 0) |
+    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ || dmaBuf_ || peerMemory_ ? RECCL_NCCL_PTR_CUDA : 0) |
                         (dmaBuf_ ? RECCL_NCCL_PTR_DMABUF : 0);
     props->maxComms = 65536;
     props->maxRecvs = kMaxRecvs;
@@ -285,17 +302,19 @@ ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** m
       *mhandle = region.release();
       return ncclSuccess;
     }
-    if (type != RECCL_NCCL_PTR_CUDA || (!nvl_ && !dmaBuf_)) {
+    if (type != RECCL_NCCL_PTR_CUDA || (!nvl_ && !dmaBuf_ && !peerMemory_)) {
+      const bool ib = std::string(t->kind()) == "ib";
       warn("regMr: memory type " + std::to_string(type) + " is not supported; valid: host" +
-           (nvl_ || dmaBuf_ ? ", cuda"
-                            : " (GPU buffers need RECCL_NVL); over IB, dma-buf GPUDirect claims "
-                              "them too"));
+           (nvl_ || dmaBuf_ || peerMemory_
+                ? std::string(", cuda")
+                : " (GPU buffers need RECCL_NVL)" +
+                      (ib ? "; no GPUDirect: " + dmaBufWhy_ + "; " + peerMemoryWhy_ : std::string())));
       return ncclInternalError;
     }
     // A GPU buffer NCCL could not give us as a dma-buf: GPUDirect by pointer
     // (peer memory) first, as GDR wins over NVL; NVL where that is refused.
-    std::string peerError;
-    if (dmaBuf_) {
+    std::string peerError = peerMemoryWhy_;
+    if (peerMemory_) {
       try {
         region->registration = t->registerDeviceMemory(data, size);
       } catch (const Error& error) {
@@ -423,19 +442,21 @@ ncclResult_t NetPlugin::iflush(void* recvComm, int n, void** data, const int* si
   // Host memory needs no flush, and an NVL-staged GPU receive completes only
   // after its copy into the GPU buffer finished. A receive the NIC placed in
   // GPU memory gets what NCCL's own IB transport does: a 1-byte RDMA READ from
-  // the buffer over a loopback QP on the NIC that wrote it, done here (bounded)
+  // the buffer over a loopback QP on each NIC that wrote part of it, done here (bounded)
   // before NCCL lets the kernel read (docs/ib.md: unverified on hardware).
   return guard("iflush", [&] {
     *request = nullptr;
     if (data == nullptr || sizes == nullptr || mhandles == nullptr) return ncclSuccess;
     auto* comm = static_cast<RecvComm*>(recvComm);
+    // Every NIC that placed data since the last flush: after a failover in the
+    // middle of a receive, the old NIC's writes need ordering too.
+    const uint64_t writers = comm->connection->takePlacedNics();
     for (int i = 0; i < n; ++i) {
       if (sizes[i] <= 0) continue;
       const size_t size = static_cast<size_t>(sizes[i]);
       const MemoryRegistration* registration = registrationFor(mhandles[i], data[i], size);
       if (registration == nullptr || registration->hostAccessible()) continue;
-      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]),
-                                     comm->connection->activeLocalNic());
+      transport()->flushDeviceWrites(*registration, reinterpret_cast<uint64_t>(data[i]), writers);
     }
     return ncclSuccess;
   });

@@ -95,8 +95,12 @@ class NetPlugin {
   std::shared_ptr<CudaApi> cuda_;    // null: the CUDA driver (own contexts), if any
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Nvl> nvl_;  // null: host buffers only
-  bool dmaBuf_ = false;       // GPUDirect by dma-buf registration (IB, zero copy)
-  std::string dmaBufWhy_;     // why not, when not
+  // GPUDirect: by dma-buf (IB with zero copy, and GPUs that export dma-bufs)
+  // or by pointer (a peer-memory module); why not, when not.
+  bool dmaBuf_ = false;
+  std::string dmaBufWhy_;
+  bool peerMemory_ = false;
+  std::string peerMemoryWhy_;
   std::vector<std::string> names_;
 };
 

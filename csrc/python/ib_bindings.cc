@@ -87,8 +87,11 @@ void bindIbTransport(py::module_& m) {
              return out;
            })
       .def("listen", &IbTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      // keep_alive: a registration keeps its transport (and so its devices'
+      // contexts) alive: deregistering after the transport closed them would
+      // touch freed verbs objects.
       .def("register", [](IbTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
-           py::arg("buffer"),
+           py::arg("buffer"), py::keep_alive<0, 1>(),
            "Registers `buffer` on every RDMA device for direct placement; None with "
            "RECCL_IB_ZERO_COPY=off")
       .def("register_dmabuf", [](IbTransport& t, int fd, uint64_t offset, uint64_t bytes, uint64_t address) {
@@ -96,9 +99,16 @@ void bindIbTransport(py::module_& m) {
              py::gil_scoped_release release;
              held->registration = t.registerDmaBuf(fd, offset, bytes, address);
              return held;
-           }, py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"),
+           }, py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"), py::keep_alive<0, 1>(),
            "Registers a dma-buf range on every RDMA device, addressed as `address` (a device "
            "pointer the CPU never dereferences)")
+      .def("flush_device_writes", [](IbTransport& t, const RegisteredBuffer& registration, uint64_t address,
+                                     RecvConnection& connection) {
+             py::gil_scoped_release release;
+             t.flushDeviceWrites(*registration.registration, address, connection.takePlacedNics());
+           }, py::arg("registration"), py::arg("address"), py::arg("connection"),
+           "What the NCCL plugin's iflush does after a receive into device memory: a 1-byte RDMA "
+           "READ of `address` through each NIC that placed data on `connection` since the last flush")
       .def("supports_dmabuf", [](const IbTransport& t) {
              std::string why;
              bool ok = t.supportsDmaBuf(&why);

@@ -74,6 +74,14 @@ bool CudaEmulation::canAccessPeer(int device, int peer) {
   return device != peer;
 }
 
+bool CudaEmulation::supportsDmaBuf(std::string* why) {
+  if (dmaBuf_.load()) return true;
+  *why = "the emulated CUDA devices cannot export dma-bufs (CudaEmulation.set_dmabuf)";
+  return false;
+}
+
+void CudaEmulation::setDmaBuf(bool supported) { dmaBuf_.store(supported); }
+
 void CudaEmulation::enablePeerAccess(int device, int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   checkDevice(device, "cudaDeviceEnablePeerAccess");

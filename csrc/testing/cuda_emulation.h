@@ -8,6 +8,7 @@
 // runtime would refuse (or run slowly through the host) throws Error here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -28,6 +29,9 @@ class CudaEmulation : public CudaApi {
   bool isVirtualMemory(const void* pointer) override;
   std::string pciBusId(int device) override;
   bool canAccessPeer(int device, int peer) override;
+  bool supportsDmaBuf(std::string* why) override;
+  // For tests: whether the emulated devices can export dma-bufs (default yes).
+  void setDmaBuf(bool supported);
   void enablePeerAccess(int device, int peer) override;
   int currentDevice() override { return 0; }  // the emulated NCCL thread's device
   void* deviceAlloc(int device, size_t bytes) override;
@@ -66,6 +70,7 @@ class CudaEmulation : public CudaApi {
 
  private:
   static constexpr int kPinned = -1;  // the "device" of pinned host memory
+  std::atomic<bool> dmaBuf_{true};
   struct Allocation {
     int device;
     size_t bytes;

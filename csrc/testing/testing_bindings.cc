@@ -252,6 +252,20 @@ PYBIND11_MODULE(_testing, m) {
            "subnet, GRH across subnets")
       .def("qp_global", &VerbsEmulation::connectedGlobal, py::arg("device"),
            "whether each of the device's QPs in RTR/RTS sends with a GRH")
+      .def("device_fatal", &VerbsEmulation::setDeviceFatal, py::arg("device"),
+           "A fatal device error: DEVICE_FATAL, its QPs to ERR, its open contexts dead for good, "
+           "opening it fails until recover_device")
+      .def("recover_device", &VerbsEmulation::recoverDevice, py::arg("device"),
+           "The device is back after a fatal error: a fresh open works (old contexts stay dead)")
+      .def("refuse_dmabuf", &VerbsEmulation::setRefuseDmaBuf, py::arg("device"), py::arg("on") = true,
+           "ibv_reg_dmabuf_mr on the device fails (EOPNOTSUPP), as on a NIC without a P2P path")
+      .def("set_peer_memory", &VerbsEmulation::setPeerMemoryLoaded, py::arg("loaded"),
+           "What the peer-memory probe (nvidia-peermem loaded?) answers; registering GPU memory "
+           "by pointer still fails")
+      .def("set_pci_path", &VerbsEmulation::setPciPath, py::arg("device"), py::arg("path"),
+           "The PCI path the device reports (what /sys/class/infiniband/<dev>/device resolves to)")
+      .def("reads_on", &VerbsEmulation::readsOn, py::arg("device"),
+           "RDMA READs served to the device's QPs (GPU flushes through that NIC)")
       .def("overrun_cqs", &VerbsEmulation::overrunCompletionQueues, py::arg("device"),
            "Every CQ of the device overruns now: CQ_ERR, their QPs to ERR, polls fail")
       .def("set_gid_sources", [](VerbsEmulation& e, const std::string& d, bool table, bool queryEx, bool sysfs) {
@@ -288,6 +302,9 @@ PYBIND11_MODULE(_testing, m) {
         d["qp_errors"] = c.qpErrors;
         d["cq_overruns"] = c.cqOverruns;
         d["landed_late"] = c.landedLate;
+        d["rnr_naks"] = c.rnrNaks;
+        d["closed_with_regions"] = c.closedWithRegions;
+        d["dereg_after_close"] = c.deregAfterClose;
         return d;
       });
 
@@ -301,6 +318,8 @@ PYBIND11_MODULE(_testing, m) {
       .def("free", [](CudaEmulation& e, int device, uintptr_t address) {
              e.deviceFree(device, reinterpret_cast<void*>(address));
            }, py::arg("device"), py::arg("address"))
+      .def("set_dmabuf", &CudaEmulation::setDmaBuf, py::arg("supported"),
+           "Whether the emulated GPUs can export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)")
       .def("set_queries_before_done", &CudaEmulation::setQueriesBeforeDone, py::arg("queries"),
            "events report done only at this query after their record (default 1): copies seem in flight")
       .def("counters", [](const CudaEmulation& e) {

@@ -87,6 +87,14 @@ struct PendingSend {
   uint64_t sequence = 0;  // its number among the QP's posted requests
   int64_t firstTryNs = 0;
   bool countedDrop = false;
+  bool countedRnr = false;
+};
+
+// One open device context (ibv_open_device + ibv_alloc_pd) and the memory
+// regions registered through it, which must be deregistered before it closes.
+struct ContextRecord {
+  bool closed = false;
+  int liveRegions = 0;
 };
 
 struct QueuePairRecord {
@@ -113,6 +121,7 @@ struct QueuePairRecord {
 
 struct AsyncQueue {
   std::deque<AsyncEvent> events;
+  int generation = 0;  // the device's life it was opened in: a dead context hears nothing more
 };
 
 // A request that left its QP while the device was held: on the wire, with the
@@ -148,13 +157,20 @@ struct DeviceRecord {
   int flaps = 0;
   std::string corruptKind;
   int pollFailures = 0;    // ibv_poll_cq calls on its CQs still to fail (failNext)
-  int modifyTimeouts = 0;
+  int modifyTimeouts = 0;   // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
+  // setDeviceFatal: the device is gone (opens fail) until recoverDevice; each
+  // fatal error ends a life: contexts opened before stay dead for good.
+  bool fatal = false;
+  int generation = 0;
+  bool refuseDmaBuf = false;  // setRefuseDmaBuf: ibv_reg_dmabuf_mr fails (EOPNOTSUPP)
+  uint64_t reads = 0;         // RDMA READs its QPs issued and were served (readsOn)
+  std::string pciPath;        // setPciPath; none by default
   int64_t landingDelayNs = 0;  // setLandingDelay
   bool relaxedOrdering = true;  // setRelaxedOrdering: the library can ask for it
   bool ethernet = true;          // setInfiniband: false, with a LID and an IB GID
   uint16_t lid = 0;
   uint64_t subnetPrefix = 0;
-  std::deque<Landing> landings;  // accepted for it, not yet in its memory, in order  // ibv_modify_qp calls of its QPs still to answer ETIMEDOUT
+  std::deque<Landing> landings;  // accepted for it, not yet in its memory, in order
   std::vector<GidEntry> gids;
   std::vector<GidEntry> extraGids;     // addGid: kept over flaps, after the link-local pair
   GidSources gidSources;
@@ -337,7 +353,9 @@ struct VerbsEmulation::State {
     qp.recvs.clear();
   }
 
-  bool linkUsable(int device) const { return devices[device].portUp && !devices[device].drop; }
+  bool linkUsable(int device) const {
+    return devices[device].portUp && !devices[device].drop && !devices[device].fatal;
+  }
 
   // The peer QP a request of `qp` reaches now, or nullptr if it is lost.
   QueuePairRecord* route(QueuePairRecord& qp) {
@@ -440,6 +458,7 @@ struct VerbsEmulation::State {
       }
       if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
       ++counters.reads;
+      ++devices[qp.device].reads;
       completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
@@ -458,7 +477,14 @@ struct VerbsEmulation::State {
       return true;
     }
     Delivery result = deliver(*remote, request, source, qp.device);
-    if (result == Delivery::kReceiverNotReady) return false;  // RNR: retried without bound
+    if (result == Delivery::kReceiverNotReady) {
+      // RNR NAK: retried without bound (rnr_retry = 7), each a stall of the QP.
+      if (!head.countedRnr) {
+        head.countedRnr = true;
+        ++counters.rnrNaks;
+      }
+      return false;
+    }
     qp.sends.pop_front();
     if (result == Delivery::kDone) {
       completeSend(qp, request, WcStatus::kSuccess, sequence);
@@ -658,8 +684,33 @@ struct VerbsEmulation::State {
   }
 
   void raise(int device, AsyncEventType type) {
-    for (AsyncQueue* queue : devices[device].listeners) queue->events.push_back({type, 1});
+    for (AsyncQueue* queue : devices[device].listeners) {
+      if (queue->generation == devices[device].generation) queue->events.push_back({type, 1});
+    }
     events.notify_all();
+  }
+
+  // Runs `f(record, index)` on the named device under the lock.
+  template <typename F>
+  auto withDevice(const std::string& device, F f) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const int index = deviceIndex(device);
+    return f(devices[index], index);
+  }
+
+  // `view(qp)` of each QP of the device now in RTR or RTS.
+  template <typename F>
+  auto ofConnectedQps(const std::string& device, F view) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const int index = deviceIndex(device);
+    std::vector<decltype(view(std::declval<const QueuePairRecord&>()))> out;
+    for (const auto& [number, qp] : qps) {
+      if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
+                                  qp->state == QpState::kReadyToSend)) {
+        out.push_back(view(*qp));
+      }
+    }
+    return out;
   }
 };
 
@@ -715,25 +766,30 @@ class DmaBufMapping {
 
 class EmulatedMemoryRegion : public VerbsMemoryRegion {
  public:
-  EmulatedMemoryRegion(std::shared_ptr<State> state, MemoryRegionRecord record,
-                       std::unique_ptr<DmaBufMapping> mapping = nullptr)
-      : state_(std::move(state)), record_(record), mapping_(std::move(mapping)) {
+  EmulatedMemoryRegion(std::shared_ptr<State> state, std::shared_ptr<ContextRecord> context,
+                       MemoryRegionRecord record, std::unique_ptr<DmaBufMapping> mapping = nullptr)
+      : state_(std::move(state)), context_(std::move(context)), record_(record), mapping_(std::move(mapping)) {
     Lock lock(state_->mutex);
     record_.lkey = state_->nextKey++;
     record_.rkey = state_->nextKey++;
     state_->byLkey[record_.lkey] = &record_;
     state_->byRkey[record_.rkey] = &record_;
+    ++context_->liveRegions;
   }
   ~EmulatedMemoryRegion() override {
     Lock lock(state_->mutex);
     state_->byLkey.erase(record_.lkey);
     state_->byRkey.erase(record_.rkey);
+    // ibv_dereg_mr on a closed context reads freed memory on a real host.
+    if (context_->closed) ++state_->counters.deregAfterClose;
+    --context_->liveRegions;
   }
   uint32_t lkey() const override { return record_.lkey; }
   uint32_t rkey() const override { return record_.rkey; }
 
  private:
   std::shared_ptr<State> state_;
+  std::shared_ptr<ContextRecord> context_;  // only to detect a use after close, never keeps it open
   MemoryRegionRecord record_;
   std::unique_ptr<DmaBufMapping> mapping_;  // unmapped after the keys are gone
 };
@@ -978,21 +1034,31 @@ class EmulatedQueuePair : public VerbsQueuePair {
 
 class EmulatedDevice : public VerbsDevice {
  public:
+  // Called with the lock held (open() checks the device is there).
   EmulatedDevice(std::shared_ptr<State> state, int device)
-      : state_(std::move(state)), device_(device) {
-    Lock lock(state_->mutex);
+      : state_(std::move(state)), device_(device), context_(std::make_shared<ContextRecord>()) {
+    events_.generation = state_->devices[device_].generation;
     state_->devices[device_].listeners.push_back(&events_);
   }
   ~EmulatedDevice() override {
     Lock lock(state_->mutex);
     auto& listeners = state_->devices[device_].listeners;
     listeners.erase(std::find(listeners.begin(), listeners.end(), &events_));
+    // ibv_dealloc_pd refuses (EBUSY) while memory regions remain; closing
+    // anyway leaves them dangling.
+    if (context_->liveRegions > 0) ++state_->counters.closedWithRegions;
+    context_->closed = true;
   }
   std::string name() const override { return state_->devices[device_].name; }
+  std::string pciPath() const override {
+    Lock lock(state_->mutex);
+    return state_->devices[device_].pciPath;
+  }
 
   PortAttributes queryPort(int port) override {
     checkPort(port);
     Lock lock(state_->mutex);
+    checkAlive("ibv_query_port");
     PortAttributes attributes;
     attributes.active = state_->devices[device_].portUp;
     attributes.ethernet = state_->devices[device_].ethernet;
@@ -1005,6 +1071,7 @@ class EmulatedDevice : public VerbsDevice {
   bool queryGidTable(int port, std::vector<GidEntry>* out, std::string* why) override {
     checkPort(port);
     Lock lock(state_->mutex);
+    checkAlive("ibv_query_gid_table");
     const DeviceRecord& device = state_->devices[device_];
     if (!device.gidSources.table) {
       *why = "emulated libibverbs without ibv_query_gid_table";
@@ -1018,6 +1085,7 @@ class EmulatedDevice : public VerbsDevice {
   GidEntry queryGid(int port, int index) override {
     checkPort(port);
     Lock lock(state_->mutex);
+    checkAlive("ibv_query_gid");
     const DeviceRecord& device = state_->devices[device_];
     const auto& gids = device.gids;
     if (index < 0 || index >= static_cast<int>(gids.size())) {
@@ -1032,6 +1100,7 @@ class EmulatedDevice : public VerbsDevice {
                                                     bool relaxedOrdering) override {
     if (address == nullptr || bytes == 0) throw Error("cannot register an empty memory region");
     checkRelaxedOrdering(relaxedOrdering);
+    checkAliveLocked("ibv_reg_mr");
     MemoryRegionRecord record;
     record.relaxedOrdering = relaxedOrdering;
     record.device = device_;
@@ -1039,7 +1108,7 @@ class EmulatedDevice : public VerbsDevice {
     record.iova = reinterpret_cast<uint64_t>(address);
     record.bytes = bytes;
     record.remoteWrite = remoteWrite;
-    return std::make_unique<EmulatedMemoryRegion>(state_, record);
+    return std::make_unique<EmulatedMemoryRegion>(state_, context_, record);
   }
   bool supportsDmaBuf(std::string*) const override { return true; }
   bool supportsRelaxedOrdering() const override {
@@ -1054,6 +1123,14 @@ class EmulatedDevice : public VerbsDevice {
                                                     uint64_t iova, bool relaxedOrdering) override {
     if (bytes == 0 || iova == 0) throw Error("cannot register an empty dma-buf range");
     checkRelaxedOrdering(relaxedOrdering);
+    checkAliveLocked("ibv_reg_dmabuf_mr");
+    {
+      Lock lock(state_->mutex);
+      if (state_->devices[device_].refuseDmaBuf) {
+        throw Error("emulated ibv_reg_dmabuf_mr on " + state_->devices[device_].name +
+                    ": cannot import the dma-buf (no peer-to-peer path to its memory) (EOPNOTSUPP)");
+      }
+    }
     // Like a real NIC, the emulation reaches the memory through the fd (its
     // own mapping), never through the caller's address `iova`.
     auto mapping = std::make_unique<DmaBufMapping>(fd, offset, bytes, iova);
@@ -1065,14 +1142,16 @@ class EmulatedDevice : public VerbsDevice {
     record.remoteWrite = true;
     record.remoteRead = true;
     record.relaxedOrdering = relaxedOrdering;
-    return std::make_unique<EmulatedMemoryRegion>(state_, record, std::move(mapping));
+    return std::make_unique<EmulatedMemoryRegion>(state_, context_, record, std::move(mapping));
   }
   std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() override {
+    checkAliveLocked("ibv_create_comp_channel");
     return std::make_unique<EmulatedCompletionChannel>(state_);
   }
   std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(
       int depth, VerbsCompletionChannel* channel) override {
     if (depth < 1) throw Error("completion queue depth must be at least 1");
+    checkAliveLocked("ibv_create_cq");
     CompletionChannelRecord* events = nullptr;
     if (channel != nullptr) {
       auto* emulated = dynamic_cast<EmulatedCompletionChannel*>(channel);
@@ -1087,6 +1166,7 @@ class EmulatedDevice : public VerbsDevice {
     auto* send = dynamic_cast<EmulatedCompletionQueue*>(sendCq);
     auto* recv = dynamic_cast<EmulatedCompletionQueue*>(recvCq);
     if (send == nullptr || recv == nullptr) throw Error("completion queues of another provider");
+    checkAliveLocked("ibv_create_qp");
     return std::make_unique<EmulatedQueuePair>(state_, device_, send->record(), recv->record(),
                                                maxSend, maxRecv);
   }
@@ -1119,9 +1199,23 @@ class EmulatedDevice : public VerbsDevice {
   static void checkPort(int port) {
     if (port != 1) throw Error("emulated devices have one port (1), not " + std::to_string(port));
   }
+  // After a fatal error the context is dead for good (EIO), even once the
+  // device is back: only a fresh ibv_open_device works again. Lock held.
+  void checkAlive(const char* call) const {
+    const DeviceRecord& device = state_->devices[device_];
+    if (device.fatal || device.generation != events_.generation) {
+      throw Error(std::string("emulated ") + call + " on " + device.name +
+                  ": the device had a fatal error; this context is dead, reopen the device (EIO)");
+    }
+  }
+  void checkAliveLocked(const char* call) const {
+    Lock lock(state_->mutex);
+    checkAlive(call);
+  }
 
   std::shared_ptr<State> state_;
   const int device_;
+  std::shared_ptr<ContextRecord> context_;
   AsyncQueue events_;
   bool interrupted_ = false;  // guarded by state_->mutex
 };
@@ -1178,44 +1272,76 @@ std::vector<std::string> VerbsEmulation::deviceNames() {
 }
 
 std::shared_ptr<VerbsDevice> VerbsEmulation::open(const std::string& name) {
-  int index;
-  {
-    Lock lock(state_->mutex);
-    index = state_->deviceIndex(name);
+  Lock lock(state_->mutex);
+  const int index = state_->deviceIndex(name);
+  if (state_->devices[index].fatal) {
+    throw Error("emulated ibv_open_device: " + name + " is gone after a fatal error (ENODEV)");
   }
   return std::make_shared<EmulatedDevice>(state_, index);
 }
 
+bool VerbsEmulation::peerMemoryLoaded(std::string* why) const {
+  if (peerMemory_.load()) return true;
+  *why = "the emulation has no peer-memory module (IbEmulation.set_peer_memory)";
+  return false;
+}
+
+void VerbsEmulation::setPeerMemoryLoaded(bool loaded) { peerMemory_.store(loaded); }
+
+void VerbsEmulation::setDeviceFatal(const std::string& device) {
+  state_->withDevice(device, [&](DeviceRecord& record, int index) {
+    if (record.fatal) return;
+    state_->raise(index, AsyncEventType::kDeviceFatal);  // the last event its contexts hear
+    record.fatal = true;
+    ++record.generation;
+    for (QueuePairRecord* qp : state_->allQps) {
+      if (qp->device == index) state_->toError(*qp);
+    }
+    state_->work.notify_all();
+  });
+}
+
+void VerbsEmulation::recoverDevice(const std::string& device) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) {
+    record.fatal = false;
+    state_->work.notify_all();
+  });
+}
+
+void VerbsEmulation::setRefuseDmaBuf(const std::string& device, bool refuse) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.refuseDmaBuf = refuse; });
+}
+
 void VerbsEmulation::setPortUp(const std::string& device, bool up) {
-  Lock lock(state_->mutex);
-  int index = state_->deviceIndex(device);
-  DeviceRecord& record = state_->devices[index];
-  if (record.portUp == up) return;
-  record.portUp = up;
-  if (up && !record.ethernet) {
-    state_->raise(index, AsyncEventType::kPortActive);  // an IB port's GID stays where it was
-  } else if (up) {
-    record.gids = buildGidTable(index, ++record.flaps, record.extraGids);
-    state_->raise(index, AsyncEventType::kGidChange);
-    state_->raise(index, AsyncEventType::kPortActive);
-  } else {
-    state_->raise(index, AsyncEventType::kPortError);
-  }
-  state_->work.notify_all();
+  state_->withDevice(device, [&](DeviceRecord& record, int index) {
+    if (record.portUp == up) return;
+    record.portUp = up;
+    if (up && !record.ethernet) {
+      state_->raise(index, AsyncEventType::kPortActive);  // an IB port's GID stays where it was
+    } else if (up) {
+      record.gids = buildGidTable(index, ++record.flaps, record.extraGids);
+      state_->raise(index, AsyncEventType::kGidChange);
+      state_->raise(index, AsyncEventType::kPortActive);
+    } else {
+      state_->raise(index, AsyncEventType::kPortError);
+    }
+    state_->work.notify_all();
+  });
 }
 
 void VerbsEmulation::setDrop(const std::string& device, bool drop) {
-  Lock lock(state_->mutex);
-  state_->devices[state_->deviceIndex(device)].drop = drop;
-  state_->work.notify_all();
+  state_->withDevice(device, [&](DeviceRecord& record, int) {
+    record.drop = drop;
+    state_->work.notify_all();
+  });
 }
 
 void VerbsEmulation::setHold(const std::string& device, bool hold) {
-  Lock lock(state_->mutex);
-  int index = state_->deviceIndex(device);
-  state_->devices[index].hold = hold;
-  if (!hold) state_->releaseWire(index);
-  state_->work.notify_all();
+  state_->withDevice(device, [&](DeviceRecord& record, int index) {
+    record.hold = hold;
+    if (!hold) state_->releaseWire(index);
+    state_->work.notify_all();
+  });
 }
 
 void VerbsEmulation::failNext(const std::string& device, const std::string& call, int times) {
@@ -1223,117 +1349,92 @@ void VerbsEmulation::failNext(const std::string& device, const std::string& call
     throw ConfigError("verbs call '" + call + "' cannot be failed: expected poll_cq or modify_qp");
   }
   if (times < 0) throw ConfigError("failNext times must be >= 0, not " + std::to_string(times));
-  Lock lock(state_->mutex);
-  DeviceRecord& record = state_->devices[state_->deviceIndex(device)];
-  (call == "poll_cq" ? record.pollFailures : record.modifyTimeouts) = times;
+  state_->withDevice(device, [&](DeviceRecord& record, int) {
+    (call == "poll_cq" ? record.pollFailures : record.modifyTimeouts) = times;
+  });
 }
 
 void VerbsEmulation::corruptNext(const std::string& device, const std::string& kind) {
   if (kind != "immediate" && kind != "payload") {
     throw ConfigError("corruption kind '" + kind + "' is not valid: expected immediate or payload");
   }
-  Lock lock(state_->mutex);
-  state_->devices[state_->deviceIndex(device)].corruptKind = kind;
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.corruptKind = kind; });
 }
 
 std::vector<QpRoute> VerbsEmulation::connectedRoutes(const std::string& device) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  std::vector<QpRoute> out;
-  for (const auto& [number, qp] : state_->qps) {
-    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
-                                qp->state == QpState::kReadyToSend)) {
-      out.push_back(qp->route);
-    }
-  }
-  return out;
+  return state_->ofConnectedQps(device, [](const QueuePairRecord& qp) { return qp.route; });
+}
+
+std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
+  return state_->ofConnectedQps(device, [](const QueuePairRecord& qp) { return qp.peer.global; });
+}
+
+std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
+  return state_->ofConnectedQps(device, [](const QueuePairRecord& qp) { return qp.gidIndex; });
 }
 
 void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {
   if (delay.count() < 0) throw ConfigError("a landing delay must be >= 0 ms");
-  Lock lock(state_->mutex);
-  state_->devices[state_->deviceIndex(device)].landingDelayNs =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+  state_->withDevice(device, [&](DeviceRecord& record, int) {
+    record.landingDelayNs = std::chrono::duration_cast<std::chrono::nanoseconds>(delay).count();
+  });
 }
 
 void VerbsEmulation::setInfiniband(const std::string& device, uint64_t subnetPrefix) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  DeviceRecord& record = state_->devices[index];
-  record.ethernet = false;
-  record.lid = static_cast<uint16_t>(index + 1);
-  record.subnetPrefix = subnetPrefix;
-  record.gids = buildIbGidTable(index, subnetPrefix);
-}
-
-std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  std::vector<bool> out;
-  for (const auto& [number, qp] : state_->qps) {
-    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
-                                qp->state == QpState::kReadyToSend)) {
-      out.push_back(qp->peer.global);
-    }
-  }
-  return out;
+  state_->withDevice(device, [&](DeviceRecord& record, int index) {
+    record.ethernet = false;
+    record.lid = static_cast<uint16_t>(index + 1);
+    record.subnetPrefix = subnetPrefix;
+    record.gids = buildIbGidTable(index, subnetPrefix);
+  });
 }
 
 void VerbsEmulation::overrunCompletionQueues(const std::string& device) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  for (CompletionQueueRecord* cq : state_->cqs) {
-    if (cq->device == index && !cq->overrun) state_->overrun(cq);
-  }
+  state_->withDevice(device, [&](DeviceRecord&, int index) {
+    for (CompletionQueueRecord* cq : state_->cqs) {
+      if (cq->device == index && !cq->overrun) state_->overrun(cq);
+    }
+  });
 }
 
 void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {
-  Lock lock(state_->mutex);
-  state_->devices[state_->deviceIndex(device)].relaxedOrdering = supported;
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.relaxedOrdering = supported; });
 }
 
 std::pair<int, int> VerbsEmulation::memoryRegions(const std::string& device) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  std::pair<int, int> out{0, 0};
-  for (const auto& [key, region] : state_->byLkey) {
-    if (region->device != index) continue;
-    ++out.first;
-    if (region->relaxedOrdering) ++out.second;
-  }
-  return out;
+  return state_->withDevice(device, [&](DeviceRecord&, int index) {
+    std::pair<int, int> out{0, 0};
+    for (const auto& [key, region] : state_->byLkey) {
+      if (region->device != index) continue;
+      ++out.first;
+      if (region->relaxedOrdering) ++out.second;
+    }
+    return out;
+  });
 }
 
 void VerbsEmulation::setGidSources(const std::string& device, GidSources sources) {
-  Lock lock(state_->mutex);
-  state_->devices[state_->deviceIndex(device)].gidSources = sources;
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.gidSources = sources; });
 }
 
 void VerbsEmulation::addGid(const std::string& device, const Gid& gid, GidType type) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  DeviceRecord& record = state_->devices[index];
-  record.extraGids.push_back({gid, type});
-  record.gids = buildGidTable(index, record.flaps, record.extraGids);
-  state_->raise(index, AsyncEventType::kGidChange);
+  state_->withDevice(device, [&](DeviceRecord& record, int index) {
+    record.extraGids.push_back({gid, type});
+    record.gids = buildGidTable(index, record.flaps, record.extraGids);
+    state_->raise(index, AsyncEventType::kGidChange);
+  });
 }
 
-std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
-  Lock lock(state_->mutex);
-  const int index = state_->deviceIndex(device);
-  std::vector<int> out;
-  for (const auto& [number, qp] : state_->qps) {
-    if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
-                                qp->state == QpState::kReadyToSend)) {
-      out.push_back(qp->gidIndex);
-    }
-  }
-  return out;
+void VerbsEmulation::setPciPath(const std::string& device, const std::string& path) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.pciPath = path; });
+}
+
+uint64_t VerbsEmulation::readsOn(const std::string& device) {
+  return state_->withDevice(device, [](DeviceRecord& record, int) { return record.reads; });
 }
 
 std::vector<GidEntry> VerbsEmulation::gidTable(const std::string& device) {
-  Lock lock(state_->mutex);
-  return state_->devices[state_->deviceIndex(device)].gids;
+  return state_->withDevice(device, [](DeviceRecord& record, int) { return record.gids; });
 }
 
 EmulationCounters VerbsEmulation::counters() {

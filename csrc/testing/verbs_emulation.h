@@ -15,12 +15,14 @@
 // with kRetryExceeded and the QP goes to ERR; moving a QP to ERR flushes every
 // outstanding request (kFlushed). A SEND or WRITE WITH IMMEDIATE meets an
 // empty receive queue with unbounded RNR retry (rnr_retry = 7), as we
-// configure real QPs. Memory regions of dma-buf fds are reached through the
+// configure real QPs, and is counted (rnrNaks). A fatal device error kills the
+// contexts open on it for good (setDeviceFatal). Memory regions of dma-buf fds are reached through the
 // emulation's own mapping of the fd (a memfd stands in for a GPU's dma-buf). Port changes raise PORT_ERR / PORT_ACTIVE (and
 // GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to other
 // table indices, as re-added addresses do on real hosts.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -48,6 +50,9 @@ struct EmulationCounters {
   uint64_t held = 0;            // requests parked on the wire by setHold
   uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
   uint64_t wireDropped = 0;     // parked requests their responder no longer took
+  uint64_t rnrNaks = 0;         // receive-consuming requests that met an empty receive queue
+  uint64_t closedWithRegions = 0;  // contexts closed while memory regions of theirs were live
+  uint64_t deregAfterClose = 0;    // memory regions deregistered after their context closed
 };
 
 // Where an emulated device's GID types can be read from, as on hosts with
@@ -69,6 +74,9 @@ class VerbsEmulation : public VerbsApi {
   std::string describe() const override { return "emulation"; }
   std::vector<std::string> deviceNames() override;
   std::shared_ptr<VerbsDevice> open(const std::string& name) override;
+  // The probe only: the emulation never registers GPU memory by pointer.
+  bool peerMemoryLoaded(std::string* why) const override;
+  void setPeerMemoryLoaded(bool loaded);
 
   // Faults. A port going down raises PORT_ERR; coming back it gets a new GID
   // table layout and raises GID_CHANGE and PORT_ACTIVE.
@@ -94,6 +102,15 @@ class VerbsEmulation : public VerbsApi {
   // Every CQ of the device overruns now (CQ_ERR; their QPs go to ERR; polling
   // them fails), as if each had got more completions than its depth.
   void overrunCompletionQueues(const std::string& device);
+  // A fatal device error (IBV_EVENT_DEVICE_FATAL, as after a firmware reset):
+  // every QP of the device goes to ERR, every context opened on it is dead for
+  // good (verbs calls fail with EIO, no more async events) and opening the
+  // device fails until recoverDevice; then only a fresh open works.
+  void setDeviceFatal(const std::string& device);
+  void recoverDevice(const std::string& device);
+  // Whether ibv_reg_dmabuf_mr on the device fails (EOPNOTSUPP), as on a NIC
+  // that cannot reach the GPU's memory peer-to-peer.
+  void setRefuseDmaBuf(const std::string& device, bool refuse);
   // Whether the device's library can ask for relaxed ordering (it has
   // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
   void setRelaxedOrdering(const std::string& device, bool supported);
@@ -125,6 +142,10 @@ class VerbsEmulation : public VerbsApi {
   // The traffic class and service level of each of the device's QPs now in RTR or RTS.
   std::vector<QpRoute> connectedRoutes(const std::string& device);
   EmulationCounters counters();
+  // The PCI path the device reports (none by default).
+  void setPciPath(const std::string& device, const std::string& path);
+  // RDMA READs served to QPs of the device (the GPU flush's, per NIC).
+  uint64_t readsOn(const std::string& device);
 
   struct State;  // shared with the handles it gives out
 
@@ -133,6 +154,7 @@ class VerbsEmulation : public VerbsApi {
 
   std::shared_ptr<State> state_;
   std::thread thread_;
+  std::atomic<bool> peerMemory_{false};
 };
 
 }  // namespace reccl

@@ -63,13 +63,20 @@ class Transport {
     throw Error(std::string(kind()) + " transport does not register device memory");
   }
   // Makes what this transport's NICs wrote directly into the device memory at
-  // `address` (inside `registration`) visible to the device, through `nic`
-  // (the one that wrote it; -1: any). Nothing to do for host memory or for a
-  // transport that never writes device memory. Bounded; throws Error.
-  virtual void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, int nic) {
+  // `address` (inside `registration`) visible to the device, through each NIC
+  // in `writers` (bit i: NIC i; RecvConnection::takePlacedNics; 0: any one).
+  // Nothing to do for host memory or for a transport that never writes device
+  // memory. Bounded; throws Error.
+  virtual void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, uint64_t writers) {
     (void)registration;
     (void)address;
-    (void)nic;
+    (void)writers;
+  }
+  // Whether registerDeviceMemory can work here (a peer-memory module lets the
+  // NICs map GPU memory by pointer), and if not, why not.
+  virtual bool supportsPeerMemory(std::string* why) const {
+    *why = std::string(kind()) + " transport does not register device memory";
+    return false;
   }
   // Whether registerDmaBuf can work here, and if not, why not.
   virtual bool supportsDmaBuf(std::string* why) const {

@@ -18,15 +18,17 @@ IbEndpoint::IbEndpoint(std::shared_ptr<VerbsDevice> device, Role role, uint64_t 
       packetSequence_(packetSequence & 0xFFFFFF) {
   const size_t dataBytes = role_ == Role::kSender ? static_cast<size_t>(kDataSlots) * slotBytes_
                                                   : kDataSlots * sizeof(uint64_t);
-  local_.assign((kControlRecvs + kControlSends) * kControlBytes + dataBytes, 0);
-  remote_.assign(role_ == Role::kSender ? kDataSlots * sizeof(uint64_t)
-                                        : static_cast<size_t>(kDataSlots) * slotBytes_,
+  local_.assign((kControlRecvs + kControlSends) * kControlBytes + dataBytes + sizeof(uint64_t), 0);
+  remote_.assign((role_ == Role::kSender ? kDataSlots * sizeof(uint64_t)
+                                         : static_cast<size_t>(kDataSlots) * slotBytes_) +
+                     sizeof(uint64_t),
                  0);
   // Never relaxed ordering: the FIFO entry and staged chunks must be in
   // place when the SEND or immediate after them completes.
   localMr_ = device_->registerMemory(local_.data(), local_.size(), false, false);
   remoteMr_ = device_->registerMemory(remote_.data(), remote_.size(), true, false);
-  const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 4);
+  // + 1: the one credit write in flight.
+  const int maxSend = static_cast<int>(kControlSends + 2 * kDataSlots + kPlacedChunks + 5);
   const int maxRecv = static_cast<int>(kControlRecvs);
   channel_ = device_->createCompletionChannel();
   sendCq_ = device_->createCompletionQueue(maxSend, channel_.get());

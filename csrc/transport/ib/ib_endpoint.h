@@ -25,7 +25,10 @@ class IbEndpoint {
   enum class Role { kSender, kReceiver };
   static constexpr int kPort = 1;
   static constexpr uint32_t kDataSlots = 4;       // staging slots (and FIFO entries) per path
-  static constexpr uint32_t kControlRecvs = 32;   // receives kept posted
+  // Receives kept posted. A peer sends a receive-consuming request (SEND,
+  // WRITE WITH IMMEDIATE) only with a credit: we write how many receives we
+  // reposted so far (beyond these) into its credit word.
+  static constexpr uint32_t kControlRecvs = 32;
   static constexpr uint32_t kControlSends = 32;   // control frames in flight
   // Directly placed chunks in flight: each is a WRITE plus a notice SEND that
   // borrows a control send buffer, of which kControlReserve stay for frames.
@@ -78,6 +81,11 @@ class IbEndpoint {
   uint64_t* grantSource(uint32_t i) { return reinterpret_cast<uint64_t*>(dataArea()) + i; }
   uint64_t* ctsFifo(uint32_t i) { return reinterpret_cast<uint64_t*>(remote_.data()) + i; }
   uint8_t* ring(uint32_t i) { return remote_.data() + static_cast<size_t>(i) * slotBytes_; }
+  // Our credit word, which the peer RDMA-writes (the receives it reposted so
+  // far), right after the FIFO or ring: at slotCount * slotBytes as described.
+  uint64_t* creditWord() { return reinterpret_cast<uint64_t*>(remote_.data() + remote_.size()) - 1; }
+  // Where we stage the count we write into the peer's credit word.
+  uint64_t* creditSource() { return reinterpret_cast<uint64_t*>(local_.data() + local_.size()) - 1; }
   // Posts control receive buffer `i`; false (reason in `error`) if refused.
   bool postReceive(uint32_t i, std::string* error);
 
@@ -112,6 +120,7 @@ enum class WorkKind : uint32_t {
   kProbe = 5,
   kPlacedWrite = 6,   // a chunk written straight into the peer's buffer (unsignaled)
   kPlacedNotice = 7,  // the SEND after it that tells the peer it landed
+  kCredit = 8,        // the count of our reposted receives, written into the peer's credit word
 };
 inline uint64_t workId(WorkKind kind, uint32_t index) {
   return (static_cast<uint64_t>(kind) << 32) | index;

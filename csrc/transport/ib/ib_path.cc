@@ -24,6 +24,10 @@ uint64_t fifoEntry(uint64_t grant, uint32_t slot) { return ((grant + 1) << 16) |
 // CQs non-empty forever); the rest follows at the next turn.
 constexpr int kRoundsPerTurn = 8;
 
+// A path waiting for the peer's credits polls its credit word this often
+// (the peer's write raises no completion here) while the work waits.
+constexpr Millis kCreditRecheck(1);
+
 }  // namespace
 
 // The loop holds this, not the path: the path unregisters (stopAndJoin)
@@ -180,6 +184,7 @@ int IbPath::drainSendsLocked() {
           freeControl_.push_back(workIndex(wc.wrId));
           placedInFlight_.fetch_sub(1);
           break;
+        case WorkKind::kCredit: creditWriteInFlight_ = false; break;
         default: break;
       }
       bool expected = wc.status == WcStatus::kSuccess || (wc.status == WcStatus::kFlushed && stop_.load());
@@ -191,8 +196,39 @@ int IbPath::drainSendsLocked() {
     total += got;
     if (got < 32) break;
   }
-  if (total > 0) sendSlotFreed_.notify_all();
+  if (total > 0) {
+    writeCreditsLocked();  // what was reposted while the last write was in flight
+    sendSlotFreed_.notify_all();
+  }
   return total;
+}
+
+bool IbPath::takeCreditLocked() {
+  const uint64_t peerReceives =
+      IbEndpoint::kControlRecvs + __atomic_load_n(endpoint_->creditWord(), __ATOMIC_ACQUIRE);
+  if (consumingSent_ < peerReceives) {
+    ++consumingSent_;
+    return true;
+  }
+  // The peer has not reposted yet; its credit write raises nothing here.
+  if (loop_ != nullptr) loop_->setDeadline(loopId_, Clock::now() + kCreditRecheck, true);
+  return false;
+}
+
+void IbPath::writeCreditsLocked() {
+  const uint64_t reposted = reposted_.load();
+  if (creditWriteInFlight_ || reposted == repostedWritten_ || stop_.load() || !sendFailure_.empty()) return;
+  *endpoint_->creditSource() = reposted;
+  SendRequest write;
+  write.wrId = workId(WorkKind::kCredit, 0);
+  write.op = SendRequest::Op::kWrite;  // consumes no receive: needs no credit itself
+  write.sge = {reinterpret_cast<uint64_t>(endpoint_->creditSource()), sizeof(uint64_t), endpoint_->localKey()};
+  write.remoteAddress = peerRegion_ + static_cast<uint64_t>(peerSlotCount_) * peerSlotBytes_;
+  write.rkey = peerRkey_;
+  if (postLocked(write)) {
+    creditWriteInFlight_ = true;
+    repostedWritten_ = reposted;
+  }
 }
 
 void IbPath::reportSendFailure() {
@@ -212,6 +248,7 @@ bool IbPath::sendControl(const std::vector<uint8_t>& frame) {
 }
 
 bool IbPath::postControlLocked(const uint8_t* bytes, size_t length) {
+  if (!takeCreditLocked()) return false;
   const uint32_t index = freeControl_.back();
   freeControl_.pop_back();
   std::memcpy(endpoint_->controlSend(index), bytes, length);
@@ -225,7 +262,7 @@ bool IbPath::postControlLocked(const uint8_t* bytes, size_t length) {
     return true;
   }
   freeControl_.push_back(index);
-  return false;
+  return false;  // the path fails: the credit taken is moot
 }
 
 bool IbPath::flushBacklogLocked() {
@@ -252,11 +289,11 @@ bool IbPath::sendControlFrom(const uint8_t* bytes, size_t length, bool queue) {
     std::lock_guard<std::mutex> lock(sendMutex_);
     if (!stop_.load() && sendFailure_.empty()) {
       if (backlog_.empty() && freeControl_.empty()) drainSendsLocked();
-      if (backlog_.empty() && !freeControl_.empty()) {
-        posted = postControlLocked(bytes, length);
-      } else if (queue) {
+      if (backlog_.empty() && !freeControl_.empty()) posted = postControlLocked(bytes, length);
+      if (!posted && queue && sendFailure_.empty()) {
         // Every buffer is in flight, so a send completion (an event) comes,
-        // or the QP fails; the loop posts the backlog then.
+        // or the QP fails; or the peer owes us a credit, and the loop
+        // re-checks its credit word. The loop posts the backlog then.
         if (backlog_.empty()) backlogProgressNs_ = nowNs();
         backlog_.emplace_back(bytes, bytes + length);
         backlogSince = backlogProgressNs_;
@@ -309,6 +346,18 @@ bool IbPath::drainDirectWrites(Millis timeout) {
 void IbPath::grant(uint32_t slot) {
   {
     std::lock_guard<std::mutex> lock(sendMutex_);
+    pendingGrants_.push_back(slot);
+    flushGrantsLocked();
+  }
+  reportSendFailure();
+}
+
+bool IbPath::flushGrantsLocked() {
+  bool posted = false;
+  while (!pendingGrants_.empty() && !stop_.load() && sendFailure_.empty() && takeCreditLocked()) {
+    const uint32_t slot = pendingGrants_.front();
+    pendingGrants_.pop_front();
+    posted = true;
     const uint64_t grantNumber = grantsIssued_++;
     const uint32_t entry = static_cast<uint32_t>(grantNumber % peerSlotCount_);
     uint64_t* source = endpoint_->grantSource(entry);
@@ -328,7 +377,7 @@ void IbPath::grant(uint32_t slot) {
     // Both under one lock: nothing else of this QP goes between them.
     if (postLocked(write)) postLocked(notice);
   }
-  reportSendFailure();
+  return posted;
 }
 
 void IbPath::handleControl(const uint8_t* bytes, uint32_t length) {
@@ -387,6 +436,18 @@ void IbPath::handlePlaced(const DataHeader& header) {
   if (owner_->beginData(pathId_, header, true) != nullptr) owner_->endData(pathId_, header, true);
 }
 
+bool IbPath::placeableHere(const DataChunk& chunk) const {
+  const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
+  if (source == nullptr || static_cast<size_t>(localNic_) >= source->nicCount() || !source->lkey(localNic_)) {
+    return false;
+  }
+  try {
+    return IbPlacement::decode(chunk.placement->bytes).rkeyOf(remoteNic_).has_value();
+  } catch (const ProtocolError&) {
+    return true;  // not a missing key: pumpPlaced fails the path naming the problem
+  }
+}
+
 bool IbPath::pumpPlaced(bool* failed) {
   *failed = false;
   if (placedInFlight_.load() >= static_cast<int>(IbEndpoint::kPlacedChunks)) return false;
@@ -394,7 +455,7 @@ bool IbPath::pumpPlaced(bool* failed) {
   {
     std::lock_guard<std::mutex> lock(sendMutex_);
     if (freeControl_.size() <= IbEndpoint::kControlReserve) drainSendsLocked();
-    if (freeControl_.size() <= IbEndpoint::kControlReserve) return false;
+    if (freeControl_.size() <= IbEndpoint::kControlReserve || !takeCreditLocked()) return false;
     notice = freeControl_.back();
     freeControl_.pop_back();
   }
@@ -410,6 +471,7 @@ bool IbPath::pumpPlaced(bool* failed) {
   auto giveBack = [&](bool claimed) {
     std::lock_guard<std::mutex> lock(sendMutex_);
     freeControl_.push_back(notice);
+    --consumingSent_;  // the notice's credit, unused
     if (claimed) placedInFlight_.fetch_sub(1);
     sendSlotFreed_.notify_all();
   };
@@ -421,6 +483,8 @@ bool IbPath::pumpPlaced(bool* failed) {
   const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
   std::string problem;
   IbPlacement placement;
+  std::optional<uint32_t> lkey;
+  std::optional<uint32_t> rkey;
   try {
     placement = IbPlacement::decode(chunk.placement->bytes);
   } catch (const ProtocolError& error) {
@@ -435,6 +499,12 @@ bool IbPath::pumpPlaced(bool* failed) {
               " NICs; this path reaches its NIC " + std::to_string(remoteNic_);
   } else if (static_cast<size_t>(localNic_) >= source->nicCount()) {
     problem = "the send registration covers " + std::to_string(source->nicCount()) + " NICs";
+  } else if (!(lkey = source->lkey(localNic_))) {
+    problem = "this path's NIC has no registration of the send buffer (" +
+              source->refusal(localNic_) + ")";
+  } else if (!(rkey = placement.rkeyOf(remoteNic_))) {
+    problem = "the receiver's NIC " + std::to_string(remoteNic_) +
+              " of this path has no registration of the receive buffer";
   } else if (header.offset > placement.capacity || header.bytes > placement.capacity - header.offset) {
     problem = "chunk [" + std::to_string(header.offset) + ", +" + std::to_string(header.bytes) +
               ") exceeds the receiver's registered " + std::to_string(placement.capacity) + " bytes";
@@ -455,9 +525,9 @@ bool IbPath::pumpPlaced(bool* failed) {
   write.wrId = workId(WorkKind::kPlacedWrite, notice);
   write.op = SendRequest::Op::kWrite;
   write.signaled = false;  // the notice's completion stands for both
-  write.sge = {payload, header.bytes, source->lkey(localNic_)};
+  write.sge = {payload, header.bytes, *lkey};
   write.remoteAddress = placement.address + header.offset;
-  write.rkey = placement.rkeys[static_cast<size_t>(remoteNic_)];
+  write.rkey = *rkey;
   SendRequest notify;
   notify.wrId = workId(WorkKind::kPlacedNotice, notice);
   notify.op = SendRequest::Op::kSend;
@@ -532,6 +602,14 @@ bool IbPath::pollReceives() {
       fail(Reason::kError, "ibv_post_recv: " + error);
       return true;
     }
+    reposted_.fetch_add(1);
+  }
+  if (got > 0) {
+    {
+      std::lock_guard<std::mutex> lock(sendMutex_);
+      writeCreditsLocked();  // one write per batch: the peer may be waiting for them
+    }
+    reportSendFailure();
   }
   return got > 0;
 }
@@ -542,6 +620,7 @@ bool IbPath::pollSends() {
     std::lock_guard<std::mutex> lock(sendMutex_);
     moved = drainSendsLocked() > 0;
     moved = flushBacklogLocked() || moved;
+    moved = flushGrantsLocked() || moved;
   }
   reportSendFailure();
   return moved;
@@ -560,7 +639,15 @@ bool IbPath::pumpData() {
     {
       std::lock_guard<std::mutex> lock(queueMutex_);
       if (queue_.empty()) break;
-      placed = static_cast<bool>(queue_.front().placement);
+      DataChunk& head = queue_.front();
+      // A NIC of this path that refused the registration (a fatal error, a
+      // dma-buf it cannot import) has no key for it: host memory is staged
+      // instead; device memory cannot be and fails the path below.
+      if (head.placement && head.placement->hostAccessible && !placeableHere(head) &&
+          head.source != nullptr && head.source->hostAccessible()) {
+        head.placement.reset();
+      }
+      placed = static_cast<bool>(head.placement);
     }
     if (placed) {
       bool failed = false;
@@ -584,7 +671,7 @@ bool IbPath::pumpData() {
     {
       std::lock_guard<std::mutex> lock(sendMutex_);
       if (freeStaging_.empty()) drainSendsLocked();
-      if (freeStaging_.empty()) break;
+      if (freeStaging_.empty() || !takeCreditLocked()) break;  // the write's immediate takes a receive
       staging = freeStaging_.back();
       freeStaging_.pop_back();
     }
@@ -604,6 +691,7 @@ bool IbPath::pumpData() {
       {
         std::lock_guard<std::mutex> lock(sendMutex_);
         freeStaging_.push_back(staging);
+        --consumingSent_;  // its credit, unused
       }
       if (have) {
         fail(Reason::kError, "a chunk of " + std::to_string(chunk.header.bytes) +

@@ -95,7 +95,21 @@ class IbPath : public Path {
   // Takes the queue's head if it is a placed chunk and posts it; false if
   // there is none or it must wait (buffers, in-flight bound).
   bool pumpPlaced(bool* failed);
+  // Whether both NICs of this path hold a key for `chunk`'s buffers (each
+  // device of either end may have refused the registration).
+  bool placeableHere(const DataChunk& chunk) const;
+  // Receiver: grants `slot` now, or once a credit allows (pendingGrants_).
   void grant(uint32_t slot);
+  // Under sendMutex_: posts the grants waiting for credits; true if it posted any.
+  bool flushGrantsLocked();
+  // Under sendMutex_: takes one credit (a receive the peer has posted and no
+  // request of ours consumes yet) for a receive-consuming request; false, and
+  // the loop re-checks in kCreditRecheck, when there is none.
+  bool takeCreditLocked();
+  // Under sendMutex_: writes the count of receives we reposted into the
+  // peer's credit word, unless a write of it is in flight (its completion
+  // writes what came since).
+  void writeCreditsLocked();
   // Under sendMutex_: drains the send CQ, freeing buffers; the first error is
   // kept in sendFailure_ for the caller to report unlocked.
   int drainSendsLocked();
@@ -157,6 +171,13 @@ class IbPath : public Path {
   std::deque<std::vector<uint8_t>> backlog_;
   int64_t backlogProgressNs_ = 0;  // when the backlog last moved (or began)
   uint64_t grantsIssued_ = 0;  // receiver: FIFO entries written so far
+  std::deque<uint32_t> pendingGrants_;  // receiver: slots to grant once credits allow
+  // Credits: receive-consuming requests we posted (or reserved), against the
+  // peer's kControlRecvs + what its credit word says it reposted.
+  uint64_t consumingSent_ = 0;
+  std::atomic<uint64_t> reposted_{0};  // receives we reposted (the loop's thread adds)
+  uint64_t repostedWritten_ = 0;       // the count our last credit write carried
+  bool creditWriteInFlight_ = false;
 
   std::mutex queueMutex_;
   std::deque<DataChunk> queue_;

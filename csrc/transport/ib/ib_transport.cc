@@ -21,15 +21,18 @@ namespace reccl {
 namespace {
 // The async event watcher sleeps until an event or shutdown; this only bounds it.
 constexpr Millis kAsyncWaitBound(60000);
+// Reopening a device after a fatal error: the first try after this, then
+// twice as long each time up to the cap (a firmware reset takes seconds).
+constexpr Millis kReopenFirstWait(50);
+constexpr Millis kReopenMaxWait(2000);
 
 
-// sysfs facts that let chooseBackups() apply the DESIGN distance cost to real
-// devices; emulated devices have none and pair with the next one in order.
-void readDeviceTopology(NicInfo& nic) {
-  const std::string base = "/sys/class/infiniband/" + nic.name + "/device";
-  char resolved[PATH_MAX];
-  if (::realpath(base.c_str(), resolved) != nullptr) nic.pciPath = resolved;
-  std::ifstream numa(base + "/numa_node");
+// PCI facts that let chooseBackups() apply the DESIGN distance cost; devices
+// without a PCI path pair with the next one in order.
+void readDeviceTopology(const VerbsDevice& device, NicInfo& nic) {
+  nic.pciPath = device.pciPath();
+  if (nic.pciPath.empty()) return;
+  std::ifstream numa(nic.pciPath + "/numa_node");
   int node = -1;
   if (numa >> node) nic.numaNode = node;
 }
@@ -77,14 +80,32 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     throw ConfigError("no RDMA devices found through " + verbs_->describe() +
                       "; the IB transport needs at least one (RECCL_IB_HCA selects them)");
   }
-  if (names.size() > kMaxHandleNics) {
-    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
-                      " NICs per process; " + std::to_string(names.size()) + " RDMA devices selected");
-  }
-  NicHealth& health = NicHealth::instance();
+  // Named devices stay in the order given, up or down (a backup that is down
+  // now may come up). Listed ones, as NCCL takes them: only those whose port
+  // is active, ordered by PCI path, so that rail i is the same slot on every
+  // host whatever order the kernel registered the devices in.
+  std::vector<std::pair<std::shared_ptr<VerbsDevice>, PortAttributes>> opened;
   for (const auto& name : names) {
     std::shared_ptr<VerbsDevice> device = verbs_->open(name);  // throws naming the valid ones
     PortAttributes port = device->queryPort(IbEndpoint::kPort);
+    if (!config_.ibDevices.empty() || port.active) opened.emplace_back(std::move(device), port);
+  }
+  if (config_.ibDevices.empty()) {
+    if (opened.empty()) {
+      throw ConfigError("no RDMA device listed by " + verbs_->describe() +
+                        " has an active port; RECCL_IB_HCA names devices to use whatever their state");
+    }
+    std::stable_sort(opened.begin(), opened.end(), [](const auto& a, const auto& b) {
+      return a.first->pciPath() < b.first->pciPath();
+    });
+  }
+  if (opened.size() > kMaxHandleNics) {
+    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) + " NICs per process; " +
+                      std::to_string(opened.size()) + " RDMA devices selected (RECCL_IB_HCA names fewer)");
+  }
+  NicHealth& health = NicHealth::instance();
+  for (auto& [device, port] : opened) {
+    const std::string name = device->name();
     NicInfo nic;
     nic.name = name;
     nic.interface = name;
@@ -92,7 +113,7 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     nic.linkUp = port.active;
     // NicInfo's default stands when the port does not say (NCCL needs a rate).
     if (port.speedMbps > 0) nic.speedMbps = port.speedMbps;
-    readDeviceTopology(nic);
+    readDeviceTopology(*device, nic);
     int id = health.registerNic(name, port.active);
     health.setLinkUp(id, port.active, port.active ? Reason::kLinkUp : Reason::kLinkDown);
     healthIds_.push_back(id);
@@ -117,8 +138,12 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
 
 IbTransport::~IbTransport() {
   NicHealth::instance().removeListener(healthToken_);
-  stopping_.store(true);
-  for (auto& device : devices_) device->interruptAsyncWait();
+  {
+    std::lock_guard<std::mutex> lock(devicesMutex_);
+    stopping_.store(true);
+    for (auto& device : devices_) device->interruptAsyncWait();
+  }
+  stopWait_.notify_all();
   for (auto& thread : eventThreads_) thread.join();
   acceptor_.reset();
   jobs_.stopAndJoin();
@@ -132,7 +157,7 @@ void IbTransport::watchEvents(int nic) {
     AsyncEvent event;
     try {
       // Woken by an event or by the destructor's interrupt; the bound is a backstop.
-      if (!devices_[nic]->waitAsyncEvent(&event, kAsyncWaitBound)) continue;
+      if (!device(nic)->waitAsyncEvent(&event, kAsyncWaitBound)) continue;
     } catch (const Error& error) {
       RECCL_LOG(kWarn, "async events of " + nics_[nic].name + ": " + error.what());
       std::this_thread::sleep_for(Millis(100));
@@ -144,9 +169,13 @@ void IbTransport::watchEvents(int nic) {
     if (portEvent && event.port != IbEndpoint::kPort) continue;  // a port we do not use
     switch (event.type) {
       case AsyncEventType::kPortError:
-      case AsyncEventType::kDeviceFatal:
         // NIC-wide at once: every connection with a path on it fails over now.
         health.setLinkUp(healthIds_[nic], false, Reason::kLinkDown);
+        break;
+      case AsyncEventType::kDeviceFatal:
+        // The same, and this context hears nothing more: reopen the device.
+        health.setLinkUp(healthIds_[nic], false, Reason::kLinkDown);
+        reopen(nic);
         break;
       case AsyncEventType::kPortActive:
         health.setLinkUp(healthIds_[nic], true, Reason::kLinkUp);
@@ -164,6 +193,58 @@ void IbTransport::watchEvents(int nic) {
         break;
     }
   }
+}
+
+void IbTransport::reopen(int nic) {
+  const std::string& name = nics_[nic].name;
+  RECCL_LOG(kWarn, "fatal error on RDMA device " + name + ": its paths fail over; reopening it once it is back");
+  Millis wait = kReopenFirstWait;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(devicesMutex_);
+      if (stopWait_.wait_for(lock, wait, [&] { return stopping_.load(); })) return;
+    }
+    wait = std::min(wait * 2, kReopenMaxWait);
+    std::shared_ptr<VerbsDevice> fresh;
+    PortAttributes port;
+    try {
+      fresh = verbs_->open(name);
+      port = fresh->queryPort(IbEndpoint::kPort);
+    } catch (const Error& error) {
+      RECCL_LOG(kTrace, "reopening " + name + ": " + error.what());
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> registering(registerMutex_);
+      {
+        std::lock_guard<std::mutex> lock(devicesMutex_);
+        if (stopping_.load()) return;
+        devices_[nic] = fresh;
+      }
+      // The keys of the dead context are void; the NIC is still down, so no
+      // path uses it before this is done.
+      registrations_->reregisterAll(nic, fresh);
+    }
+    {
+      std::lock_guard<std::mutex> lock(flushMutex_);
+      if (static_cast<size_t>(nic) < flushers_.size()) flushers_[nic].reset();
+    }
+    RECCL_LOG(kWarn, "RDMA device " + name + " reopened after its fatal error; port " +
+                         (port.active ? "active" : "down"));
+    NicHealth::instance().setLinkUp(healthIds_[nic], port.active,
+                                    port.active ? Reason::kLinkUp : Reason::kLinkDown);
+    return;
+  }
+}
+
+std::shared_ptr<VerbsDevice> IbTransport::device(int nic) const {
+  std::lock_guard<std::mutex> lock(devicesMutex_);
+  return devices_.at(static_cast<size_t>(nic));
+}
+
+std::vector<std::shared_ptr<VerbsDevice>> IbTransport::devices() const {
+  std::lock_guard<std::mutex> lock(devicesMutex_);
+  return devices_;
 }
 
 void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
@@ -205,7 +286,8 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
   if (!config_.ibZeroCopy) return nullptr;
-  return IbRegistration::host(this, devices_, base, bytes, config_.ibRelaxedOrdering);
+  std::lock_guard<std::mutex> registering(registerMutex_);
+  return IbRegistration::host(this, registrations_, devices(), base, bytes, config_.ibRelaxedOrdering);
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
@@ -213,41 +295,59 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* addr
   if (!config_.ibZeroCopy) {
     throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
   }
-  return IbRegistration::peer(this, devices_, address, bytes, config_.ibRelaxedOrdering);
+  std::lock_guard<std::mutex> registering(registerMutex_);
+  return IbRegistration::peer(this, registrations_, devices(), address, bytes, config_.ibRelaxedOrdering);
 }
 
 void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
-                                    int nic) {
+                                    uint64_t writers) {
   const auto* memory = dynamic_cast<const IbRegistration*>(&registration);
   if (memory == nullptr || memory->hostAccessible()) return;
-  // Through the NIC that wrote it; if that one is down or fails the read (its
-  // port died: its writes ended with it), through the next usable one.
   NicHealth& health = NicHealth::instance();
-  const int count = static_cast<int>(devices_.size());
-  std::vector<int> order;
-  if (nic >= 0 && nic < count) order.push_back(nic);
-  for (int i = 0; i < count; ++i) {
-    if (i != nic) order.push_back(i);
-  }
+  const int count = static_cast<int>(nics_.size());
   std::lock_guard<std::mutex> lock(flushMutex_);
-  if (flushers_.size() != devices_.size()) flushers_.resize(devices_.size());
+  if (flushers_.size() != nics_.size()) flushers_.resize(nics_.size());
   std::string failures;
-  for (int candidate : order) {
-    if (!health.usable(healthIds_[candidate])) continue;
-    std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(candidate)];
+  // A read through `nic`; false (and why, in `failures`) when it is down,
+  // holds no key for the memory or the read fails.
+  auto flushThrough = [&](int nic) {
+    if (!health.usable(healthIds_[nic])) return false;
+    const std::optional<uint32_t> rkey = memory->rkey(nic);
+    if (!rkey) return false;  // that device refused the registration: it wrote none of it
+    std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(nic)];
     try {
       if (!flusher) {
-        flusher = std::make_unique<IbFlusher>(devices_[candidate], gidPolicy_, config_.ibTimeout, config_.ibRetryCount);
+        flusher = std::make_unique<IbFlusher>(device(nic), gidPolicy_, config_.ibTimeout, config_.ibRetryCount);
       }
-      flusher->flush(address, memory->rkey(candidate), Millis(config_.heartbeatMs));
-      return;
+      flusher->flush(address, *rkey, Millis(config_.heartbeatMs));
+      return true;
     } catch (const Error& error) {
       flusher.reset();  // its QP is in ERR (or was never made): a fresh one next time
       failures += (failures.empty() ? "" : "; ") + std::string(error.what());
+      return false;
     }
+  };
+  // Through each NIC that wrote part of it. One that is down or fails the
+  // read lost its port: its QPs are in ERR, so its writes ended there, and a
+  // read through any other usable NIC stands in for it.
+  bool flushed = false;
+  for (int nic = 0; nic < count; ++nic) {
+    if ((writers >> nic & 1) && flushThrough(nic)) flushed = true;
+  }
+  if (flushed) return;
+  for (int nic = 0; nic < count; ++nic) {
+    if (!(writers >> nic & 1) && flushThrough(nic)) return;
   }
   throw Error("GPU flush failed on every usable RDMA device" +
               (failures.empty() ? std::string(" (none is usable)") : ": " + failures));
+}
+
+bool IbTransport::supportsPeerMemory(std::string* why) const {
+  if (!config_.ibZeroCopy) {
+    *why = "RECCL_IB_ZERO_COPY=off (GPU memory travels only by direct placement)";
+    return false;
+  }
+  return verbs_->peerMemoryLoaded(why);
 }
 
 bool IbTransport::supportsDmaBuf(std::string* why) const {
@@ -255,7 +355,7 @@ bool IbTransport::supportsDmaBuf(std::string* why) const {
     *why = "RECCL_IB_ZERO_COPY=off (dma-buf memory travels only by direct placement)";
     return false;
   }
-  for (const auto& device : devices_) {
+  for (const auto& device : devices()) {
     std::string reason;
     if (!device->supportsDmaBuf(&reason)) {
       *why = device->name() + ": " + reason;
@@ -269,7 +369,9 @@ std::unique_ptr<MemoryRegistration> IbTransport::registerDmaBuf(int fd, uint64_t
                                                                 uint64_t bytes, uint64_t address) {
   std::string why;
   if (!supportsDmaBuf(&why)) throw Error("dma-buf registration is not supported: " + why);
-  return IbRegistration::dmaBuf(this, devices_, fd, offset, bytes, address, config_.ibRelaxedOrdering);
+  std::lock_guard<std::mutex> registering(registerMutex_);
+  return IbRegistration::dmaBuf(this, registrations_, devices(), fd, offset, bytes, address,
+                                config_.ibRelaxedOrdering);
 }
 
 Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {
@@ -303,7 +405,7 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "sender's QP description");
     QpExchange remote = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kSender);
     checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
-    auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nic), IbEndpoint::Role::kReceiver,
+    auto endpoint = std::make_unique<IbEndpoint>(device(nic), IbEndpoint::Role::kReceiver,
                                                  config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
     QpExchange local = endpoint->describe(gidPolicy_);
     std::vector<uint8_t> mine = encodeQpExchange(local);
@@ -362,7 +464,7 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error, &peerTransport);
   if (!socket.valid()) return nullptr;
   try {
-    auto endpoint = std::make_unique<IbEndpoint>(devices_.at(nics.localNic), IbEndpoint::Role::kSender,
+    auto endpoint = std::make_unique<IbEndpoint>(device(nics.localNic), IbEndpoint::Role::kSender,
                                                  handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
     std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe(gidPolicy_));
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");

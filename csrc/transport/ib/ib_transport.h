@@ -6,6 +6,7 @@
 // so a port error fails over every connection on that NIC at once.
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "core/topology.h"
 #include "transport/ib/ib_endpoint.h"
 #include "transport/ib/ib_flusher.h"
+#include "transport/ib/ib_registration.h"
 #include "transport/ib/verbs_api.h"
 #include "transport/job_threads.h"
 #include "transport/listener.h"
@@ -56,8 +58,11 @@ class IbTransport : public Transport {
   std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
   std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;
   bool supportsDmaBuf(std::string* why) const override;
-  // An RDMA READ of one byte through a loopback QP on `nic` (IbFlusher).
-  void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, int nic) override;
+  bool supportsPeerMemory(std::string* why) const override;
+  // An RDMA READ of one byte through a loopback QP (IbFlusher) on each NIC in
+  // `writers` that is usable, and on one other usable NIC for those that are not.
+  void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
+                         uint64_t writers) override;
   std::unique_ptr<MemoryRegistration> registerDmaBuf(int fd, uint64_t offset, uint64_t bytes,
                                                      uint64_t address) override;
 
@@ -70,6 +75,14 @@ class IbTransport : public Transport {
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
                                  PathCandidate nics, std::string* error);
   void watchEvents(int nic);
+  // After IBV_EVENT_DEVICE_FATAL: the context is dead for good. Opens the
+  // device again once it is back (retrying with backoff until the transport
+  // stops), registers every live registration on it, then reports the NIC
+  // up, so connections fail back onto it.
+  void reopen(int nic);
+  // The device of NIC `nic` now (reopen() replaces a dead one).
+  std::shared_ptr<VerbsDevice> device(int nic) const;
+  std::vector<std::shared_ptr<VerbsDevice>> devices() const;
   ConnectionEnv connectionEnv(const std::string& peer);
 
   const Config config_;
@@ -81,7 +94,13 @@ class IbTransport : public Transport {
   const std::shared_ptr<VerbsApi> verbs_;
   const std::string bootstrapAddress_;
   std::vector<NicInfo> nics_;
+  mutable std::mutex devicesMutex_;  // guards devices_ and, with stopping_, a reopen's wait
+  std::condition_variable stopWait_;
   std::vector<std::shared_ptr<VerbsDevice>> devices_;
+  // Held while registering and while a reopen swaps a device and registers
+  // again, so no registration misses the reopened device.
+  std::mutex registerMutex_;
+  const std::shared_ptr<IbRegistrationTable> registrations_ = std::make_shared<IbRegistrationTable>();
   std::vector<int> healthIds_;
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<Acceptor> acceptor_;

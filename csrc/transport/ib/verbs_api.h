@@ -196,6 +196,9 @@ class VerbsDevice {
  public:
   virtual ~VerbsDevice() = default;
   virtual std::string name() const = 0;
+  // The device's PCI path (/sys/class/infiniband/<name>/device resolved), ""
+  // where there is none.
+  virtual std::string pciPath() const = 0;
   virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
   // ibv_query_gid_table (rdma-core v30+): every valid entry of the port's
   // table in one call, each with the type the kernel gives it. false, with the
@@ -250,6 +253,9 @@ class VerbsApi {
   virtual std::vector<std::string> deviceNames() = 0;  // ibv_get_device_list
   // ibv_open_device + ibv_alloc_pd; throws Error naming the valid devices.
   virtual std::shared_ptr<VerbsDevice> open(const std::string& name) = 0;
+  // Whether a peer-memory module (nvidia-peermem, or the older nv_peer_mem)
+  // is loaded, so ibv_reg_mr can register GPU memory by pointer; if not, why not.
+  virtual bool peerMemoryLoaded(std::string* why) const = 0;
 };
 
 // 4.096 us * 2^timeout * (retryCount + 1): how long an unanswered request is

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -328,6 +329,11 @@ class SystemDevice : public VerbsDevice {
   SystemDevice(const SystemDevice&) = delete;
   SystemDevice& operator=(const SystemDevice&) = delete;
   std::string name() const override { return name_; }
+  std::string pciPath() const override {
+    char resolved[PATH_MAX];
+    const std::string link = "/sys/class/infiniband/" + name_ + "/device";
+    return ::realpath(link.c_str(), resolved) != nullptr ? std::string(resolved) : std::string();
+  }
 
   PortAttributes queryPort(int port) override {
     ibv_port_attr attr{};
@@ -540,6 +546,16 @@ class SystemVerbs : public VerbsApi {
  public:
   explicit SystemVerbs(std::shared_ptr<Functions> fn) : fn_(std::move(fn)) {}
   std::string describe() const override { return "libibverbs.so.1"; }
+  bool peerMemoryLoaded(std::string* why) const override {
+    // Where NCCL looks too: the module's version file.
+    for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
+                             "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+                             "/sys/module/nvidia_peermem/version"}) {
+      if (::access(path, F_OK) == 0) return true;
+    }
+    *why = "no peer-memory module (nvidia-peermem: /sys/module/nvidia_peermem) is loaded";
+    return false;
+  }
   std::vector<std::string> deviceNames() override {
     std::vector<std::string> names;
     int count = 0;
