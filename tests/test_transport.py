@@ -26,7 +26,7 @@ from torch_reccl.events import EVENT_KINDS, Event, on_event
 from torch_reccl.transport import (ConfigError, ProtocolError, RecclError, Transport,
                                    TimeoutError as RecclTimeoutError, _C)
 
-from conftest import PRIMARY, close_both, plan_sizes, reccl_env, stream, wait_until
+from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
@@ -177,6 +177,61 @@ def test_data_sockets_join_when_a_path_needs_them():
     finally:
         close_both(send, recv)
         listener.close()
+
+
+LAZY_CONNECTIONS = 4
+
+
+def stream_while_sockets_join(seed: int, fault_after_s=None) -> None:
+    """Fresh connections (RECCL_NSOCKS=8, 4 KiB chunks) stream varied messages
+    at once, so every primary path grows from one data socket to eight while
+    chunks are in flight; every byte is checked. With `fault_after_s`, the
+    primary NIC goes down that long after the streams began and comes back
+    shortly after: the joins race a failover and a failback."""
+    t = Transport(reccl_env(RECCL_NSOCKS="8", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    pairs = []
+    try:
+        before = socket_fds()
+        for _ in range(LAZY_CONNECTIONS):
+            send = t.connect(0, listener.handle)
+            send.wait_ready(10)
+            pairs.append((send, listener.accept(10)))
+        joins = [in_thread(stream, send, recv, plan_sizes(seed * 10 + k, 40, 256 << 10, big=2), seed * 10 + k)
+                 for k, (send, recv) in enumerate(pairs)]
+        if fault_after_s is not None:
+            time.sleep(fault_after_s)
+            torch_reccl.inject_fault(PRIMARY, "down")
+            time.sleep(0.05)
+            torch_reccl.inject_fault(PRIMARY, "up")
+        for join in joins:
+            join(60)
+        if fault_after_s is None:
+            # Both ends in this process: 1 + 8 sockets on each primary, 2 on each backup.
+            grown = LAZY_CONNECTIONS * 2 * (9 + 2)
+            assert wait_until(lambda: socket_fds() - before == grown, 5), (socket_fds() - before, grown)
+    finally:
+        for send, recv in pairs:
+            close_both(send, recv)
+        listener.close()
+
+
+@pytest.mark.timeout(60)
+def test_sockets_joining_mid_traffic_keep_every_byte():
+    """Stress for the lazily joined data sockets: many rounds of concurrent
+    streams on fresh connections, each round's data sockets joining while
+    chunks queue, bit-exact."""
+    for seed in range(12):
+        stream_while_sockets_join(seed)
+
+
+@pytest.mark.timeout(90)
+def test_sockets_joining_during_failover_and_failback_keep_every_byte():
+    """The same while the primary NIC drops and comes back at varied moments,
+    so joins race the switch to the backup, its resync and the failback."""
+    for seed in range(12):
+        stream_while_sockets_join(seed, fault_after_s=0.01 * (seed % 6))
+        torch_reccl.inject_fault(PRIMARY, "up")
 
 
 # --------------------------------------------------------------------------- failover
