@@ -161,6 +161,21 @@ def test_nic_down_mid_stream(fabric, tmp_path, which):
 
 
 @pytest.mark.timeout(120)
+def test_nic_down_right_after_the_first_message(fabric, tmp_path):
+    """Host 0's primary NIC loses carrier as soon as every host has received its
+    first message: the backups dialed at set-up (a control and one data socket;
+    the other data sockets join when bulk data waits) carry the rest, bit-exact."""
+    scenario = Scenario(fabric, tmp_path, env={"RECCL_FAILBACK": "0"})
+    scenario.wait_progress(1 / 60, 60)
+    scenario.mark_fault()
+    fabric.nic_down(0, 0)
+    results = scenario.results()
+    assert_all_delivered(results, 2, 60, scenario.logs())
+    assert "nic_down" in kinds(results[0])
+    assert paths_after_fault(results) == {1}
+
+
+@pytest.mark.timeout(120)
 def test_link_down_during_setup_then_failback(fabric, tmp_path):
     fabric.nic_down(1, 0)
     scenario = Scenario(fabric, tmp_path)

@@ -26,7 +26,7 @@ from torch_reccl.events import EVENT_KINDS, Event, on_event
 from torch_reccl.transport import (ConfigError, ProtocolError, RecclError, Transport,
                                    TimeoutError as RecclTimeoutError, _C)
 
-from conftest import PRIMARY, close_both, plan_sizes, reccl_env, stream, wait_until
+from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
@@ -142,7 +142,117 @@ def test_backup_off_opens_only_the_primary(pair_factory):
     stream(send, recv, plan_sizes(5, 10, 1 << 16), 5)
 
 
+def socket_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return count
+
+
+@pytest.mark.timeout(40)
+def test_data_sockets_join_when_a_path_needs_them():
+    """A path starts on its control socket and first data socket; the other
+    RECCL_NSOCKS - 1 join once chunks wait behind a busy data socket, so set-up
+    costs two handshakes per path (docs/scale.md, "set-up"). Both ends live in
+    this process: every socket shows twice in its fds."""
+    t = Transport(reccl_env(RECCL_NSOCKS="4"))
+    listener = t.listen(0)
+    before = socket_fds()
+    send = t.connect(0, listener.handle)
+    send.wait_ready(10)
+    recv = listener.accept(10)
+    try:
+        assert wait_until(lambda: len(send.paths()) == 2 and len(recv.paths()) == 2, 5), send.paths()
+        stream(send, recv, [0, 1, 100, 4096, 65536], 1, window=1)  # one small message at a time
+        time.sleep(0.2)
+        assert socket_fds() - before == 2 * 2 * 2  # primary and backup: 2 sockets each, both ends
+        stream(send, recv, [64 << 20], 2)  # 64 chunks: they queue behind the first data socket
+        # The primary has all 1 + 4 sockets at both ends; the backup still 2.
+        assert wait_until(lambda: socket_fds() - before == 2 * (5 + 2), 5), socket_fds() - before
+        stream(send, recv, plan_sizes(3, 20, 1 << 20, big=2), 3)  # over every socket, bit-exact
+        assert send.active_path == 0 and recv.active_path == 0
+    finally:
+        close_both(send, recv)
+        listener.close()
+
+
+LAZY_CONNECTIONS = 4
+
+
+def stream_while_sockets_join(seed: int, fault_after_s=None) -> None:
+    """Fresh connections (RECCL_NSOCKS=8, 4 KiB chunks) stream varied messages
+    at once, so every primary path grows from one data socket to eight while
+    chunks are in flight; every byte is checked. With `fault_after_s`, the
+    primary NIC goes down that long after the streams began and comes back
+    shortly after: the joins race a failover and a failback."""
+    t = Transport(reccl_env(RECCL_NSOCKS="8", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    pairs = []
+    try:
+        before = socket_fds()
+        for _ in range(LAZY_CONNECTIONS):
+            send = t.connect(0, listener.handle)
+            send.wait_ready(10)
+            pairs.append((send, listener.accept(10)))
+        joins = [in_thread(stream, send, recv, plan_sizes(seed * 10 + k, 40, 256 << 10, big=2), seed * 10 + k)
+                 for k, (send, recv) in enumerate(pairs)]
+        if fault_after_s is not None:
+            time.sleep(fault_after_s)
+            torch_reccl.inject_fault(PRIMARY, "down")
+            time.sleep(0.05)
+            torch_reccl.inject_fault(PRIMARY, "up")
+        for join in joins:
+            join(60)
+        if fault_after_s is None:
+            # Both ends in this process: 1 + 8 sockets on each primary, 2 on each backup.
+            grown = LAZY_CONNECTIONS * 2 * (9 + 2)
+            assert wait_until(lambda: socket_fds() - before == grown, 5), (socket_fds() - before, grown)
+    finally:
+        for send, recv in pairs:
+            close_both(send, recv)
+        listener.close()
+
+
+@pytest.mark.timeout(60)
+def test_sockets_joining_mid_traffic_keep_every_byte():
+    """Stress for the lazily joined data sockets: many rounds of concurrent
+    streams on fresh connections, each round's data sockets joining while
+    chunks queue, bit-exact."""
+    for seed in range(12):
+        stream_while_sockets_join(seed)
+
+
+@pytest.mark.timeout(90)
+def test_sockets_joining_during_failover_and_failback_keep_every_byte():
+    """The same while the primary NIC drops and comes back at varied moments,
+    so joins race the switch to the backup, its resync and the failback."""
+    for seed in range(12):
+        stream_while_sockets_join(seed, fault_after_s=0.01 * (seed % 6))
+        torch_reccl.inject_fault(PRIMARY, "up")
+
+
 # --------------------------------------------------------------------------- failover
+
+
+@pytest.mark.timeout(40)
+def test_backup_from_set_up_carries_bulk_data_right_after_the_first_message(pair_factory):
+    """The primary fails right after the first (small) message: the backup, up
+    since set-up on two sockets, takes over at once and grows its other data
+    sockets over the backup NIC once bulk data queues; every byte arrives."""
+    # Spreading off: it would open a last-resort rail beside the backup.
+    _t, _l, send, recv = pair_factory(reccl_env(RECCL_NSOCKS="4", RECCL_FAILBACK="0", RECCL_SPREAD="off"))
+    stream(send, recv, [100], 1, window=1)
+    assert send.active_path == 0 and len(send.paths()) == 2, send.paths()
+    before = socket_fds()
+    torch_reccl.inject_fault(PRIMARY, "down")
+    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 3)
+    # The primary's sockets are gone (2 per end); the backup grows by 3 per end.
+    stream(send, recv, [64 << 20] + plan_sizes(5, 10, 1 << 20, big=1), 5)
+    assert wait_until(lambda: socket_fds() - before == -2 * 2 + 2 * 3, 5), socket_fds() - before
+    assert send.active_path == 1 and recv.active_path == 1
 
 
 @pytest.mark.timeout(30)

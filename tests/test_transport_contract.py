@@ -30,6 +30,7 @@ test_ib_transport.py.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import threading
@@ -435,12 +436,16 @@ def test_threads_do_not_grow_with_connections(bed):
     def others():  # dial threads come and go: what is not an I/O loop must settle
         return sorted(n for n in thread_names(thread_ids()) if n != "reccl-io")
 
+    # Transports of earlier tests may still be closing on a loaded box: their
+    # threads leave during this test, so the check is that no kind of thread
+    # outnumbers what there was with one connection.
     time.sleep(0.3)
-    with_one = others()
+    with_one = collections.Counter(others())
     pairs = [first] + [f.pair() for _ in range(31)]
     stream(*pairs[-1], plan_sizes(82, 5, 256 << 10), 82)
     assert wait_until(lambda: all_paths_up(pairs), 20)
-    assert wait_until(lambda: others() == with_one, 5), (others(), with_one)
+    assert wait_until(lambda: not collections.Counter(others()) - with_one, 5), \
+        (collections.Counter(others()) - with_one, with_one)
     io_threads = torch_reccl.stats()["io_threads"]
     assert 1 <= io_threads <= io_pool_bound(), io_threads
     assert thread_names(thread_ids()).count("reccl-io") <= io_pool_bound()

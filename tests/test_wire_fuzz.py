@@ -989,11 +989,14 @@ class RawPath:
 
         out = []
         sel = selectors.DefaultSelector()
-        for s in self.data:
-            s.settimeout(timeout)
-            sel.register(s, selectors.EVENT_READ)
+        watched = set()
         deadline = time.monotonic() + timeout
         while len(out) < count and time.monotonic() < deadline:
+            for s in list(self.data):  # data sockets may join the path meanwhile
+                if s not in watched:
+                    s.settimeout(timeout)
+                    sel.register(s, selectors.EVENT_READ)
+                    watched.add(s)
             for key, _mask in sel.select(0.05):
                 s = key.fileobj
                 magic, type_, length = HEADER.unpack(recv_exact(s, HEADER.size))
@@ -1014,7 +1017,8 @@ class RawPath:
 
 class FakeReceiver:
     """A listener written by hand: hands out a reccl handle for two loopback NICs,
-    answers HELLOs and hands each assembled path to the test."""
+    answers HELLOs and hands each path to the test once it has its control socket
+    and first data socket (as the real receiver does); later data sockets join it."""
 
     def __init__(self, chunk=4096):
         self.listen_id = random.getrandbits(64)
@@ -1030,6 +1034,7 @@ class FakeReceiver:
                         for s in self.sockets)
         self.handle = (head + nics).ljust(128, b"\0")
         self._partial = {}
+        self._working = {}  # (path, nonce) -> RawPath handed out: late data sockets join it
         self._ready = []
         self._cv = threading.Condition()
         self._stop = False
@@ -1055,16 +1060,21 @@ class FakeReceiver:
                  _tag, secret, _name, _transport) = HELLO.unpack_from(greeting, HEADER.size)
                 assert (listen_id, secret, version) == (self.listen_id, self.secret, PROTOCOL_VERSION)
                 conn.sendall(frame(2, HELLO_ACK.pack(1, 0x5EED)))
+                if (path, nonce) in self._working:
+                    assert kind == 1, "a second control socket for a working path"
+                    self._working[(path, nonce)].data.append(conn)
+                    continue
                 entry = self._partial.setdefault((path, nonce), {"data": {}, "count": count})
                 if kind == 0:
                     entry["control"] = conn
                 else:
                     entry["data"][index] = conn
-                if "control" in entry and len(entry["data"]) == count:
+                if "control" in entry and 0 in entry["data"]:
                     del self._partial[(path, nonce)]
-                    data = [entry["data"][i] for i in range(count)]
+                    raw = RawPath(path, entry["control"], list(entry["data"].values()))
+                    self._working[(path, nonce)] = raw
                     with self._cv:
-                        self._ready.append(RawPath(path, entry["control"], data))
+                        self._ready.append(raw)
                         self._cv.notify_all()
         sel.close()
 

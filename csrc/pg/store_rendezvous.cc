@@ -37,19 +37,26 @@ void StoreRendezvous::setMany(const std::vector<std::string>& keys,
 std::vector<std::vector<uint8_t>> StoreRendezvous::getMany(const std::vector<std::string>& keys,
                                                            Millis timeout) {
   if (keys.empty()) return {};
-  storeRequests.fetch_add(2);  // wait, then multiGet
+  // A store's multiGet waits for its keys by itself, bounded by the store's
+  // timeout: a wait of our own first is a second round trip to the store host
+  // for nothing when that bound is ours anyway (the usual case: torch gives
+  // the store the group's timeout). Only a store with another bound gets one.
+  const bool ownWait = store_->getTimeout() != timeout;
+  storeRequests.fetch_add(ownWait ? 2 : 1);
   try {
-    store_->wait(keys, timeout);
+    if (ownWait) store_->wait(keys, timeout);
+    return store_->multiGet(keys);
   } catch (const std::exception& e) {
     std::string missing;
     for (const auto& key : keys) {
       if (!store_->check({key})) missing += (missing.empty() ? "'" : ", '") + key + "'";
     }
-    throw TimeoutError("reccl rendezvous: " + (missing.empty() ? std::string("keys") : missing) +
-                       " did not appear in the store within " + std::to_string(timeout.count()) +
+    // Keys that are all there: the store failed otherwise (its host gone, say).
+    if (missing.empty()) throw;
+    throw TimeoutError("reccl rendezvous: " + missing + " did not appear in the store within " +
+                       std::to_string(timeout.count()) +
                        " ms (did every rank create the group?): " + firstLine(e.what()));
   }
-  return store_->multiGet(keys);
 }
 
 void StoreRendezvous::erase(const std::string& key) {

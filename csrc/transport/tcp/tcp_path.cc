@@ -54,7 +54,11 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
   sockets_.resize(1 + data.size());
   sockets_[kControl].fd = std::move(control);
   for (size_t i = 0; i < data.size(); ++i) sockets_[1 + i].fd = std::move(data[i]);
+  if (!sockets_[kControl].fd.valid() || sockets_.size() < 2 || !sockets_[1].fd.valid()) {
+    throw Error("a path to " + peer_ + " needs its control socket and its first data socket");
+  }
   for (auto& socket : sockets_) {
+    if (!socket.fd.valid()) continue;  // joins later (attachData)
     // Every frame goes out at once: Nagle plus delayed ACKs would hold a small
     // CTS or ACK for ~40 ms (seen as 44 ms steps under NCCL).
     setNoDelay(socket.fd.get());
@@ -70,15 +74,11 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   nextBeat_ = nextBeatAfter(Clock::now(), beatInterval_);
   const int64_t now = nowNs();
   try {
+    std::lock_guard<std::mutex> lock(attachMutex_);
     for (size_t i = 0; i < sockets_.size(); ++i) {
-      Socket& socket = sockets_[i];
-      socket.lastProgressNs = now;
-      socket.loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
-      const bool reads = i == kControl || role_ == Role::kReceiver;
-      // A writer is polled only while it has a chunk to write (sendData arms it).
-      socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
-                                   std::make_shared<SocketIo>(this, i));
+      if (sockets_[i].fd.valid()) registerSocketLocked(i, now);
     }
+    started_ = true;
   } catch (const Error& e) {
     shutdown();  // stopAndJoin (the destructor at the latest) unregisters what was added
     throw Error("could not start the path to " + peer_ + ": " + e.what());
@@ -86,9 +86,59 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   sockets_[kControl].loop->setDeadline(sockets_[kControl].id, nextBeat_);
 }
 
+void TcpPath::registerSocketLocked(size_t index, int64_t now) {
+  Socket& socket = sockets_[index];
+  socket.lastProgressNs = now;
+  // Set before add(): the loop may report the socket at once, and onIo uses it.
+  socket.loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
+  const bool reads = index == kControl || role_ == Role::kReceiver;
+  // A writer is polled only while it has a chunk to write (sendData arms it).
+  try {
+    socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
+                                 std::make_shared<SocketIo>(this, index));
+  } catch (...) {
+    socket.loop = nullptr;
+    EventLoops::instance().release(healthId_);
+    throw;
+  }
+  if (index == kControl) return;
+  std::lock_guard<std::mutex> lock(queueMutex_);
+  socket.joined = true;
+  // Chunks already waiting: this writer takes its share at once.
+  if (role_ == Role::kSender && !queue_.empty() && !socket.writerArmed) {
+    socket.writerArmed = true;
+    socket.loop->setEvents(socket.id, EPOLLOUT);
+  }
+}
+
+bool TcpPath::attachData(size_t slot, Fd fd) {
+  const size_t index = 1 + slot;
+  std::lock_guard<std::mutex> lock(attachMutex_);
+  if (index >= sockets_.size() || sockets_[index].fd.valid() || stop_.load() || sealed_) return false;
+  setNoDelay(fd.get());
+  setNonBlocking(fd.get(), true);
+  sockets_[index].fd = std::move(fd);
+  if (!started_) return true;  // start() registers it with the others
+  try {
+    registerSocketLocked(index, nowNs());
+  } catch (const Error& e) {
+    // The path goes on with the sockets it has.
+    RECCL_LOG(kInfo, "a late data socket to " + peer_ + " could not join its path: " + e.what());
+    sockets_[index].fd.reset();
+    return false;
+  }
+  return true;
+}
+
 void TcpPath::shutdown() {
   if (stop_.exchange(true)) return;
-  for (const auto& socket : sockets_) ::shutdown(socket.fd.get(), SHUT_RDWR);
+  {
+    // A socket attached from now on is refused (attachData checks stop_ under this lock).
+    std::lock_guard<std::mutex> lock(attachMutex_);
+    for (const auto& socket : sockets_) {
+      if (socket.fd.valid()) ::shutdown(socket.fd.get(), SHUT_RDWR);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
     queue_.clear();
@@ -96,6 +146,7 @@ void TcpPath::shutdown() {
   // A reader in the middle of a frame hands its buffer back (endData) at once,
   // on its own thread, even while a blackhole keeps its socket unpolled.
   if (role_ == Role::kReceiver) {
+    std::lock_guard<std::mutex> lock(attachMutex_);
     for (size_t i = 1; i < sockets_.size(); ++i) {
       if (sockets_[i].loop != nullptr) sockets_[i].loop->setDeadline(sockets_[i].id, Clock::now());
     }
@@ -106,6 +157,10 @@ void TcpPath::stopAndJoin() {
   shutdown();
   std::lock_guard<std::mutex> lock(joinMutex_);
   if (joined_) return;
+  {
+    std::lock_guard<std::mutex> attachLock(attachMutex_);
+    sealed_ = true;  // the registrations below are final
+  }
   for (auto& socket : sockets_) {
     if (socket.loop != nullptr) {
       socket.loop->remove(socket.id);
@@ -355,19 +410,34 @@ void TcpPath::controlTimer() {
 // ---------------------------------------------------------------- data sockets
 
 void TcpPath::sendData(const DataChunk& chunk) {
-  std::lock_guard<std::mutex> lock(queueMutex_);
-  if (stop_.load()) return;
-  queue_.push_back(chunk);
-  // Wake one idle writer per chunk, taking turns, so chunks spread over sockets.
-  const size_t writers = sockets_.size() - 1;
-  for (size_t step = 0; step < writers; ++step) {
-    Socket& socket = sockets_[1 + (nextWriter_ + step) % writers];
-    if (socket.writerArmed) continue;
-    socket.writerArmed = true;
-    socket.loop->setEvents(socket.id, EPOLLOUT);
-    nextWriter_ = (nextWriter_ + step + 1) % writers;
-    break;
+  bool grow = false;
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (stop_.load()) return;
+    queue_.push_back(chunk);
+    // Wake one idle writer per chunk, taking turns, so chunks spread over sockets.
+    const size_t writers = sockets_.size() - 1;
+    bool woke = false;
+    bool missing = false;
+    for (size_t step = 0; step < writers; ++step) {
+      Socket& socket = sockets_[1 + (nextWriter_ + step) % writers];
+      missing = missing || !socket.joined;
+      if (!socket.joined || socket.writerArmed) continue;
+      socket.writerArmed = true;
+      socket.loop->setEvents(socket.id, EPOLLOUT);
+      nextWriter_ = (nextWriter_ + step + 1) % writers;
+      woke = true;
+      break;
+    }
+    // Chunks queue behind every joined writer: the missing sockets' bandwidth is
+    // wanted now. (One chunk alone may find the last writer not yet idle after
+    // its previous chunk was acknowledged; that is no backlog.)
+    if (!woke && queue_.size() >= 2 && grow_ && !growAsked_) {
+      for (size_t i = 1; i < sockets_.size(); ++i) missing = missing || !sockets_[i].joined;
+      grow = growAsked_ = missing;
+    }
   }
+  if (grow) grow_();
 }
 
 void TcpPath::dropQueuedData() {

@@ -4,10 +4,17 @@
 // the process's event loops (event_loop.h), each socket by one loop, and its
 // timers (heartbeat, the peer's silence, stalled transfers) sit in the loops'
 // timer wheels. Silence on its NIC pair or a stalled transfer fails the path.
+//
+// A path starts with the control socket and the first data socket and carries
+// everything on them; its other data sockets join later (attachData), when
+// chunks first queue behind every joined data socket at the sender (the grow
+// callback), so a connection that only carries small messages one at a time
+// costs two handshakes per path, not 1 + RECCL_NSOCKS (docs/scale.md, set-up).
 #pragma once
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -23,7 +30,8 @@ class TcpPath : public Path {
  public:
   enum class Role { kSender, kReceiver };
   // `pair`: the liveness this path shares with every path between the same
-  // two NICs of the same two transports.
+  // two NICs of the same two transports. `data` has one entry per data socket
+  // the path may have; entries not yet connected are invalid, except the first.
   TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic, int healthId,
           std::string peer, std::shared_ptr<NicPairLiveness> pair, const Config& config);
   ~TcpPath() override;
@@ -37,6 +45,16 @@ class TcpPath : public Path {
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
   std::string peer() const override { return peer_; }
+
+  // Adds data socket `slot` (0-based), connected after the path was made; false
+  // (and the socket closed) when the slot is taken or out of range or the path
+  // is stopping. Any thread.
+  bool attachData(size_t slot, Fd fd);
+  size_t dataSlots() const { return sockets_.size() - 1; }
+  // Sender, before start(): `grow` runs once (on the thread of a sendData), the
+  // first time chunks queue behind every joined data socket while some slot is
+  // still empty; it connects the missing sockets and attaches them.
+  void setGrow(std::function<void()> grow) { grow_ = std::move(grow); }
 
  private:
   class SocketIo;
@@ -65,6 +83,7 @@ class TcpPath : public Path {
     uint8_t* target = nullptr;         // reader: where the payload goes; null = drop
     int64_t lastProgressNs = 0;
     bool writerArmed = false;  // writer: polled for EPOLLOUT (guarded by queueMutex_)
+    bool joined = false;       // registered with its loop and usable (guarded by queueMutex_)
   };
 
   // Event handling, each on the socket's loop thread.
@@ -81,6 +100,8 @@ class TcpPath : public Path {
   bool pauseIfBlackholed(Socket& socket);
   void resume(Socket& socket);
   uint32_t pollMask(const Socket& socket) const;
+  // Registers socket `index` with a loop; attachMutex_ held, the path started.
+  void registerSocketLocked(size_t index, int64_t now);
 
   void fail(Reason reason, const std::string& detail);
   void failIo(const char* what, Reason reason, const std::string& why);
@@ -129,6 +150,13 @@ class TcpPath : public Path {
   size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
   std::mutex joinMutex_;   // concurrent stopAndJoin calls: one unregisters, the other waits
   bool joined_ = false;
+  // Guards the sockets' fd and loop against a late attachData (held only
+  // around registrations and shutdown's sweep, never while a loop is waited on).
+  std::mutex attachMutex_;
+  bool started_ = false;  // start() registered the sockets present (attachMutex_)
+  bool sealed_ = false;   // stopAndJoin took the registrations: no more (attachMutex_)
+  std::function<void()> grow_;
+  bool growAsked_ = false;  // queueMutex_
 };
 
 }  // namespace reccl

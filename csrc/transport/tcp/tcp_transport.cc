@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -35,23 +36,45 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   hello.dialerTransport = transportId_;
   std::memcpy(hello.secret, handle.secret, kSecretBytes);
   std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
-  // The control socket and every data socket in one round of handshakes.
   std::vector<HelloBody> hellos(config_.socketsPerPath + 1, hello);
   hellos[0].socketKind = static_cast<uint8_t>(SocketKind::kControl);
   for (int i = 0; i < config_.socketsPerPath; ++i) {
     hellos[i + 1].socketKind = static_cast<uint8_t>(SocketKind::kData);
     hellos[i + 1].socketIndex = static_cast<uint8_t>(i);
   }
+  // The control socket and the first data socket in one round of handshakes:
+  // the path carries data on them at once. The other data sockets are dialed
+  // when the path first has more to send than one socket takes (setGrow).
+  std::vector<HelloBody> later(hellos.begin() + 2, hellos.end());
+  hellos.resize(2);
   uint64_t peerTransport = 0;
   std::vector<Fd> sockets = dialWithHellos(local.address, remote, hellos, timeout, error, &peerTransport);
   if (sockets.empty()) return nullptr;
   Fd control = std::move(sockets.front());
-  std::vector<Fd> data(std::make_move_iterator(sockets.begin() + 1),
-                       std::make_move_iterator(sockets.end()));
-  return std::make_shared<TcpPath>(
+  std::vector<Fd> data(config_.socketsPerPath);
+  data[0] = std::move(sockets[1]);
+  auto path = std::make_shared<TcpPath>(
       TcpPath::Role::kSender, std::move(control), std::move(data), nics.localNic, nics.remoteNic,
       healthId(nics.localNic), remote.address,
       pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic), config_);
+  if (!later.empty()) {
+    std::weak_ptr<TcpPath> weak = path;
+    path->setGrow([this, weak, address = local.address, remote, later = std::move(later), timeout] {
+      dials_.run([weak, address, remote, later, timeout] {
+        std::string why;
+        std::vector<Fd> extra = dialWithHellos(address, remote, later, timeout, &why);
+        std::shared_ptr<TcpPath> grown = weak.lock();
+        if (!grown) return;
+        if (extra.empty()) {
+          // Not a path failure: the path goes on with the sockets it has.
+          RECCL_LOG(kInfo, "path to " + remote.address + " keeps its first data socket only: " + why);
+          return;
+        }
+        for (size_t i = 0; i < extra.size(); ++i) grown->attachData(later[i].socketIndex, std::move(extra[i]));
+      });
+    });
+  }
+  return path;
 }
 
 TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
@@ -149,6 +172,7 @@ Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {
 void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer) {
   PartialPath complete;
   bool ready = false;
+  std::shared_ptr<TcpPath> joining;  // a path already at work that this socket joins
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
@@ -156,39 +180,59 @@ void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::
     for (auto it = partial_.begin(); it != partial_.end();) {
       it = now > it->second.deadline ? partial_.erase(it) : std::next(it);
     }
-    auto key = std::make_tuple(hello.listenId, hello.connectionId, hello.pathIndex, hello.pathNonce);
+    const PathKey key{hello.listenId, hello.connectionId, hello.pathIndex, hello.pathNonce};
     auto it = partial_.find(key);
     if (it == partial_.end()) {
-      if (partial_.size() >= kMaxPartialPaths) {
-        RECCL_LOG(kWarn, "dropping a path from " + peer + ": too many paths being assembled");
+      auto live = growing_.find(key);
+      if (live != growing_.end()) {
+        joining = live->second.lock();
+        if (!joining) growing_.erase(live);
+      }
+    }
+    if (!joining) {
+      if (it == partial_.end()) {
+        if (partial_.size() >= kMaxPartialPaths) {
+          RECCL_LOG(kWarn, "dropping a path from " + peer + ": too many paths being assembled");
+          return;
+        }
+        PartialPath fresh;
+        fresh.hello = hello;
+        fresh.peer = peer;
+        fresh.data.resize(hello.socketCount);
+        fresh.deadline = now + Millis(config_.connectTimeoutMs);
+        it = partial_.emplace(key, std::move(fresh)).first;
+      }
+      PartialPath& partial = it->second;
+      if (hello.socketCount != partial.hello.socketCount) {
+        RECCL_LOG(kWarn, "path from " + peer + " changed its socket count mid-handshake; dropped");
+        partial_.erase(it);
         return;
       }
-      PartialPath fresh;
-      fresh.hello = hello;
-      fresh.peer = peer;
-      fresh.data.resize(hello.socketCount);
-      fresh.deadline = now + Millis(config_.connectTimeoutMs);
-      it = partial_.emplace(key, std::move(fresh)).first;
+      Fd* slot = hello.socketKind == static_cast<uint8_t>(SocketKind::kControl)
+                     ? &partial.control
+                     : &partial.data.at(hello.socketIndex);
+      if (slot->valid()) {
+        RECCL_LOG(kWarn, "duplicate socket in a path from " + peer + "; dropped");
+        return;
+      }
+      *slot = std::move(socket);
+      ++partial.have;
+      // At work once it has its control socket and first data socket; the
+      // others join it as they come (growing_).
+      if (partial.control.valid() && partial.data.at(0).valid()) {
+        complete = std::move(partial);
+        partial_.erase(it);
+        ready = true;
+      }
     }
-    PartialPath& partial = it->second;
-    if (hello.socketCount != partial.hello.socketCount) {
-      RECCL_LOG(kWarn, "path from " + peer + " changed its socket count mid-handshake; dropped");
-      partial_.erase(it);
-      return;
+  }
+  if (joining) {
+    const bool fits = hello.socketKind == static_cast<uint8_t>(SocketKind::kData) &&
+                      hello.socketCount == joining->dataSlots();
+    if (!fits || !joining->attachData(hello.socketIndex, std::move(socket))) {
+      RECCL_LOG(kWarn, "a late socket in a path from " + peer + " does not fit it; dropped");
     }
-    Fd* slot = hello.socketKind == static_cast<uint8_t>(SocketKind::kControl)
-                   ? &partial.control
-                   : &partial.data.at(hello.socketIndex);
-    if (slot->valid()) {
-      RECCL_LOG(kWarn, "duplicate socket in a path from " + peer + "; dropped");
-      return;
-    }
-    *slot = std::move(socket);
-    if (++partial.have == partial.data.size() + 1) {
-      complete = std::move(partial);
-      partial_.erase(it);
-      ready = true;
-    }
+    return;
   }
   if (ready) deliver(std::move(complete), nic);
 }
@@ -197,11 +241,24 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
   std::shared_ptr<Listener> listener = listeners_.find(partial.hello.listenId);
   if (!listener) return;
   const HelloBody hello = partial.hello;
+  const bool incomplete = partial.have < partial.data.size() + 1;
   std::string peerHost = partial.peer.substr(0, partial.peer.find(':'));
   auto path = std::make_shared<TcpPath>(
       TcpPath::Role::kReceiver, std::move(partial.control), std::move(partial.data), nic,
       hello.senderNic, healthIds_.at(nic), peerHost,
       pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_);
+  if (incomplete) {
+    // Sockets still to come: they find the path here.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (growing_.size() >= growingSweepAt_) {
+      // Amortized: a sweep only after the table doubled.
+      for (auto it = growing_.begin(); it != growing_.end();) {
+        it = it->second.expired() ? growing_.erase(it) : std::next(it);
+      }
+      growingSweepAt_ = std::max<size_t>(64, 2 * growing_.size());
+    }
+    growing_[PathKey{hello.listenId, hello.connectionId, hello.pathIndex, hello.pathNonce}] = path;
+  }
   PathCandidate nics{nic, hello.senderNic, hello.pathIndex < 2};
   listener->adoptPath(hello, nics, std::move(path), [&] { return connectionEnv(peerHost); },
                       config_.chunkBytes, supervisor_.get(), listener);

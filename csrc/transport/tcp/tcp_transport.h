@@ -23,6 +23,7 @@
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/nic_pair_liveness.h"
+#include "transport/tcp/tcp_path.h"
 #include "transport/transport.h"
 
 namespace reccl {
@@ -77,7 +78,11 @@ class TcpTransport : public Transport {
   NicPairTable pairs_;
   std::mutex mutex_;
   ListenerTable listeners_;
-  std::map<std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>, PartialPath> partial_;
+  using PathKey = std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
+  std::map<PathKey, PartialPath> partial_;
+  // Receiving paths that started before all their data sockets arrived.
+  std::map<PathKey, std::weak_ptr<TcpPath>> growing_;
+  size_t growingSweepAt_ = 64;
   JobThreads dials_;
   bool stopping_ = false;
 };
