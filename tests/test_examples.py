@@ -234,26 +234,28 @@ def test_megatron_fault_run_with_a_real_veth_down_keeps_every_loss(tmp_path):
     launcher only reports progress (--reccl-fault-driver) and the bench itself takes
     host 0's eth0 veth down once 20 iterations are done and up after 40. Every loss
     and the final parameters equal the fault-free run's, the faults were real link
-    events (the driver's record) and both ranks failed over and back."""
+    events (the driver's record) and both ranks failed over and back. The stand-in's
+    iterations take 50 ms each, so the failback (asynchronous: the healed NIC is
+    re-dialled with a backoff of up to 2 s) fits in the 55 iterations after the heal."""
     from torch_reccl.fabric import Fabric
 
     bench = load_bench()
     fabric = Fabric(hosts=2, rails=2, name="mgt").up()
     try:
         link = bench.VethLink(fabric, str(tmp_path))
-        pair = bench.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 60,
-                              "h0nic0:down@step 20,h0nic0:up@step 40", timeout_s=150, gpus=1,
-                              megatron_args=[], log=lambda line: None, link=link)
+        pair = bench.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 80,
+                              "h0nic0:down@step 15,h0nic0:up@step 25", timeout_s=150, gpus=1,
+                              megatron_args=["--iteration-ms", "50"], log=lambda line: None, link=link)
     finally:
         fabric.down()
-    assert bench.verdict(pair, 60) == [], bench.verdict(pair, 60)
+    assert bench.verdict(pair, 80) == [], bench.verdict(pair, 80)
     clean, faulted = pair["runs"]["fault_free"], pair["runs"]["fault"]
     digests = [re.findall(r"rank (\d): parameters sha256 (\w+)", "".join(run["logs"])) for run in (clean, faulted)]
     assert len(digests[0]) == 2 and sorted(digests[0]) == sorted(digests[1])
     assert clean["link_faults"] == []
     made = faulted["link_faults"]
-    assert [m["fault"] for m in made] == ["h0nic0:down@step 20", "h0nic0:up@step 40"], made
-    assert [m["iterations_done"] >= step for m, step in zip(made, (20, 40))] == [True, True], made
+    assert [m["fault"] for m in made] == ["h0nic0:down@step 15", "h0nic0:up@step 25"], made
+    assert [m["iterations_done"] >= step for m, step in zip(made, (15, 25))] == [True, True], made
     assert "eth0 of host 0" in made[0]["what"] and made[0]["what"].endswith("down"), made
     assert faulted["report"]["events_by_rank"]["failover"].keys() == {"0", "1"}, faulted["report"]["events"]
     for run in (clean, faulted):

@@ -20,6 +20,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument("--train-iters", type=int, required=True)
     parser.add_argument("--wandb-project", default=None)
     parser.add_argument("--exit-signal-handler", action="store_true")
+    # paces the iterations like a real model's compute, so that asynchronous
+    # recovery (failback re-dials a healed NIC with a backoff) fits in the run
+    parser.add_argument("--iteration-ms", type=float, default=0.0)
     args = parser.parse_args(sys.argv[1:])
     rank, world = dist.get_rank(), dist.get_world_size()
     run = None
@@ -47,6 +51,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def on_iteration(iteration: int) -> None:
+        if args.iteration_ms:
+            time.sleep(args.iteration_ms / 1e3)
         if rank == 0 and args.exit_signal_handler and iteration == args.train_iters // 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
