@@ -101,13 +101,14 @@ class VethLink:
         return ["--reccl-fault-driver", self.progress_path] if self.pending else []
 
     def poll(self) -> None:
+        from torch_reccl.drill.schedule import take_due
+
         try:
             with open(self.progress_path) as f:
                 done = int(f.read())
         except (OSError, ValueError):
             return
-        for fault in [f for f in self.pending if f.due(0.0, done)]:
-            self.pending.remove(fault)
+        for fault in take_due(self.pending, 0.0, done):
             self.made.append({"fault": fault.text, "iterations_done": done, "what": self.faults.apply(fault)})
 
     def heal(self) -> None:

@@ -92,7 +92,7 @@ from typing import Callable, Dict, List, Optional
 import torch_reccl  # first: registers "reccl" and points NCCL at the plugin
 from torch_reccl.drill.faults import InjectedFaults
 from torch_reccl.drill.runner import median
-from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, fault_spans, parse_schedule
+from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, fault_spans, parse_schedule, take_due
 from torch_reccl.import_hook import after_import
 
 SHOWN_KINDS = ["failover", "failback", "nic_down", "nic_up", "connection_failed", "slowdown"]
@@ -205,8 +205,7 @@ class IterationHook:
 
     def fire_due(self, done: int) -> None:
         """Applies every pending fault due once ``done`` iterations have finished."""
-        for fault in [f for f in self.pending if f.due(0.0, done)]:
-            self.pending.remove(fault)
+        for fault in take_due(self.pending, 0.0, done):
             what = self.apply(self.nic_names[fault.rail], fault.action)
             self.fired.append({"fault": fault.text, "before_iteration": done + 1, "what": what})
             self.announce(f"[reccl fault] before iteration {done + 1}: {what} ({fault.text})")

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from torch_reccl.drill.schedule import Fault
+from torch_reccl.drill.schedule import Fault, take_due
 from torch_reccl.launch import Job, LaunchError
 
 TICK_S = 0.05            # how often the driver checks the schedule and the ranks
@@ -116,8 +116,7 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                         break
                 if result.t0 is not None and pending:
                     elapsed = time.time() - result.t0
-                    for fault in [f for f in pending if f.due(elapsed, len(result.steps))]:
-                        pending.remove(fault)
+                    for fault in take_due(pending, elapsed, len(result.steps)):
                         t = time.time() - result.t0
                         try:
                             what = applier.apply(fault)

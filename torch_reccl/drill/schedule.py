@@ -75,6 +75,15 @@ class Fault:
         return elapsed_s >= self.at_s
 
 
+def take_due(pending: List[Fault], elapsed_s: float, steps_done: int) -> List[Fault]:
+    """Removes from ``pending`` and returns, in schedule order, every fault due
+    at ``elapsed_s`` seconds and ``steps_done`` finished steps."""
+    due = [f for f in pending if f.due(elapsed_s, steps_done)]
+    for fault in due:
+        pending.remove(fault)
+    return due
+
+
 def parse_schedule(texts) -> List[Fault]:
     """Faults from one schedule string or several (``--fault`` may repeat), in the
     order given. ``"none"`` or an empty string is an empty schedule."""
