@@ -179,9 +179,9 @@ def check_args(args) -> None:
     if (args.nic_down or args.fault) and args.backend != "reccl":
         raise ValueError("--nic-down and --fault measure failover, which only the reccl backend has")
     for faults in args.fault or []:
-        fabric_only = [f.text.rsplit("@", 1)[0] for f in faults if f.action in InjectedFaults.FABRIC_ONLY]
+        fabric_only = [f for f in faults if f.action in InjectedFaults.FABRIC_ONLY]
         if fabric_only and args.fabric is None:
-            raise ValueError(f"--fault {', '.join(fabric_only)}: a slow or lossy NIC is a kernel fault "
+            raise ValueError(f"--fault {fault_label(fabric_only).replace('+', ', ')}: a slow or lossy NIC is a kernel fault "
                              f"(tbf, nftables) and needs --fabric HOSTSxRAILS (root)")
         try:
             check_topology(faults, ranks, args.fabric[1] if args.fabric else (args.rails or 2))
@@ -281,9 +281,10 @@ def _make_faults(job: Job, placement, fabric, faults: List[Fault]) -> None:
     In the fabric they are real (the drill's FabricFaults); on loopback each rank
     of the target host injects them (torch_reccl.inject_fault) as it goes on."""
     inject: Dict[int, List[List[str]]] = {rank: [] for rank in range(job.ranks)}
+    fabric_faults = FabricFaults(fabric, flap_period_s=1.0, flap_count=1) if fabric is not None else None
     for fault in faults:
-        if fabric is not None:
-            FabricFaults(fabric, flap_period_s=1.0, flap_count=1).apply(fault)
+        if fabric_faults is not None:
+            fabric_faults.apply(fault)
         else:
             for rank in fault.hosts(job.ranks):
                 inject[rank].append([placement.nic_names(rank)[fault.rail], InjectedFaults.KIND[fault.action]])
