@@ -4,7 +4,8 @@ Both ranks run on one machine but look like two hosts (NCCL_HOSTID, P2P and SHM
 off), so every byte crosses the net transport: NCCL's own socket transport
 (defaults, and tuned) or the ReCCL plugin (fault-free, and with rank 0's primary
 NIC down via inject_fault; host buffers, and GPU buffers staged by NVL). All
-variants run in the same invocation.
+variants run in the same invocation. Also prints rank 0's threads and open sockets
+(by thread name) at the end of each variant, its communicators still up.
 
     python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--json PATH]
 """
@@ -56,6 +57,26 @@ def variants(plugin: str):
     }
 
 
+def census() -> dict:
+    """This process's threads (by name, digits dropped: "reccl-io3" counts as "reccl-io")
+    and open sockets, taken while its communicators are still up."""
+    names: dict = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip().rstrip("0123456789") or "?"
+        except OSError:  # the thread ended meanwhile
+            continue
+        names[name] = names.get(name, 0) + 1
+    sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return {"threads": sum(names.values()), "sockets": sockets, "thread_names": names}
+
+
 def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload):
     os.environ.update(env)
     os.environ["NCCL_HOSTID"] = f"bench-host-{rank}"
@@ -95,7 +116,7 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
             results[f"{name}/{mib}"] = data / seconds * factor / 1e9
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump(results, f)
+            json.dump({**results, "census": census()}, f)
     # No rank may tear down its communicator while the other's last receives are
     # still in flight: a rank's kernel can finish before its own sends have landed.
     dist.barrier()
@@ -138,10 +159,16 @@ def main() -> int:
     labels = list(table)
     print(f"busbw GB/s (2 ranks on {torch.cuda.device_count()} GPU(s), network path forced)")
     print(f"{'collective/MiB':22s}" + "".join(f"{l:>19s}" for l in labels))
-    keys = next((list(t) for t in table.values() if t), [])
+    keys = next(([k for k in t if k != "census"] for t in table.values() if t), [])
     for key in keys:
         print(f"{key:22s}" + "".join(f"{table[l][key]:19.2f}" if key in table[l] else f"{'failed':>19s}"
                                      for l in labels))
+    print("rank 0 after the last collective, communicators up: threads / open sockets")
+    print(f"{'':22s}" + "".join(f"{'%d / %d' % (t['census']['threads'], t['census']['sockets']) if t else 'failed':>19s}"
+                                for t in table.values()))
+    for label, t in table.items():
+        if t:
+            print(f"  {label}: {t['census']['thread_names']}")
     return 0
 
 
