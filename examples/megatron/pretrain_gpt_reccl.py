@@ -370,10 +370,18 @@ def run_script(script: str, argv) -> int:
     return 0
 
 
+def say(line: str) -> None:
+    """One line in one write: the ranks share stdout, and a line written in two
+    pieces (text, then newline, as print does unbuffered) can run into another
+    rank's."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def show(event) -> None:
     from torch_reccl.integrations._sink import describe
 
-    print(f"[reccl event] {describe(event)}", flush=True)
+    say(f"[reccl event] {describe(event)}")
 
 
 def wait_for_count(store, key: str, target: int, timeout_s: float) -> bool:
@@ -458,7 +466,7 @@ def main(argv=None) -> None:
     driver = ours.reccl_fault_driver
     hook = IterationHook(faults, this_host(), nic_names, sync=cuda_sync,
                          apply=left_to_driver if driver else inject,
-                         announce=lambda line: print(f"{line} on rank {rank}", flush=True),
+                         announce=lambda line: say(f"{line} on rank {rank}"),
                          progress=progress_writer(driver) if driver and rank == 0 else None)
     after_import(TRAINING_MODULE, hook.install)
     if ours.reccl_events_jsonl:
