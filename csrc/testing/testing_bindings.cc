@@ -305,6 +305,10 @@ PYBIND11_MODULE(_testing, m) {
         d["rnr_naks"] = c.rnrNaks;
         d["closed_with_regions"] = c.closedWithRegions;
         d["dereg_after_close"] = c.deregAfterClose;
+        d["cq_events"] = c.completionEvents;
+        d["completions_polled"] = c.completionsPolled;
+        d["gid_table_queries"] = c.gidTableQueries;
+        d["gid_queries"] = c.gidQueries;
         return d;
       });
 
