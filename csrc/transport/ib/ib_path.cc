@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "core/health.h"
@@ -871,6 +872,10 @@ void IbPath::service(bool events) {
       // a little past it, so the next message of a ping-pong finds the path
       // polling) and something completed within the window.
       if (now - lastWorkNs_ < busyPollNs_ && now - lastProgressNs_ < busyPollNs_) {
+        // Nothing came this turn: let other runnable threads (the peer's,
+        // the application's) have the core before the next poll. Without
+        // contention this returns at once.
+        if (!moved) std::this_thread::yield();
         serviceSoon();
         return;
       }
