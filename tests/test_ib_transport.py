@@ -1044,6 +1044,27 @@ def test_traffic_class_and_service_level_reach_every_qp(fabric):
     assert set(g.emu.qp_routes(A0)) == set(g.emu.qp_routes(B0)) == {(0, 0)}
 
 
+def test_a_lossless_fabric_carries_only_the_class_set_in_reccl_ib_tc():
+    """A lossless (PFC) RoCE fabric protects one traffic class; RDMA in class 0
+    is dropped under congestion (the emulation drops it always). With
+    RECCL_IB_TC set to the fabric's class the stream flows; with NCCL's default
+    0 no path can be set up (the dial's probe write retries out) and the
+    connection fails instead of carrying data."""
+    good = Fabric("ib", RECCL_IB_TC="106")
+    bad = Fabric("ib", RECCL_NO_PATH_TIMEOUT_MS=1500)
+    try:
+        for f in (good, bad):
+            for device in (A0, A1, B0, B1):
+                f.emu.set_lossless_class(device, 106)
+        send, recv = good.pair()
+        stream(send, recv, plan_sizes(67, 10, CHUNK), 67)
+        with pytest.raises(RecclError, match="could not connect.*probe write: transport retry counter exceeded"):
+            bad.pair()
+    finally:
+        good.close()
+        bad.close()
+
+
 def test_fork_init_is_called_unless_fork_protection_is_on_already():
     """ibv_fork_init (DataLoader workers fork after registration) is called by
     the system loader exactly when ibv_is_fork_initialized does not say it is on

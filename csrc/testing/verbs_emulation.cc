@@ -162,6 +162,8 @@ struct DeviceRecord {
   // fatal error ends a life: contexts opened before stay dead for good.
   bool fatal = false;
   int generation = 0;
+  // setLosslessClass: the traffic class its fabric protects (PFC); -1 = none.
+  int losslessClass = -1;
   // Where ibv_get_device_list puts it: a device back from a fatal error is
   // listed last, as a driver's re-probe adds it (deviceNames).
   uint64_t listedAt = 0;
@@ -388,6 +390,14 @@ struct VerbsEmulation::State {
       if (qp.peer.lid != far.lid) return nullptr;
       if (qp.peer.global && far.gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
       return &remote;
+    }
+    // A lossless (PFC) fabric protects one traffic class; the others are
+    // dropped under congestion (here: always), the responder's ACKs as well.
+    // A loopback QP's traffic never leaves the NIC.
+    if (qp.device != remote.device &&
+        ((local.losslessClass >= 0 && qp.route.trafficClass != local.losslessClass) ||
+         (far.losslessClass >= 0 && remote.route.trafficClass != far.losslessClass))) {
+      return nullptr;
     }
     const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
     if (theirs.gid != qp.peer.gid) return nullptr;
@@ -1388,6 +1398,10 @@ std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
 
 std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
   return state_->ofConnectedQps(device, [](const QueuePairRecord& qp) { return qp.gidIndex; });
+}
+
+void VerbsEmulation::setLosslessClass(const std::string& device, int trafficClass) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.losslessClass = trafficClass; });
 }
 
 void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {

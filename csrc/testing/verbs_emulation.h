@@ -117,6 +117,10 @@ class VerbsEmulation : public VerbsApi {
   // Whether ibv_reg_dmabuf_mr on the device fails (EOPNOTSUPP), as on a NIC
   // that cannot reach the GPU's memory peer-to-peer.
   void setRefuseDmaBuf(const std::string& device, bool refuse);
+  // The device's RoCE fabric is lossless (PFC) for `trafficClass` only:
+  // requests of QPs in another class, to or from it, are dropped (congestion
+  // drops, here always) until the retry budget runs out. -1: every class.
+  void setLosslessClass(const std::string& device, int trafficClass);
   // Whether the device's library can ask for relaxed ordering (it has
   // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
   void setRelaxedOrdering(const std::string& device, bool supported);
