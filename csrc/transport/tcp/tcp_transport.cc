@@ -150,7 +150,6 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
           handle, id),
       handle.chunkBytes);
   supervisor_->add(connection);
-  connection->dialNow();
   return connection;
 }
 
