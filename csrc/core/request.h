@@ -24,27 +24,18 @@ class Request {
   uint8_t* data() const { return data_; }
   uint64_t capacity() const { return bytes_; }
 
-  // The waiter is woken after the lock is let go: woken while it is held, it
-  // would block on the mutex at once and need a second wake-up (two futex
-  // calls and a context switch more per chunk). The caller keeps the request
-  // alive for the call (the connections complete it through their own
-  // shared_ptr), so notifying after the unlock touches nothing freed.
   void complete(uint64_t transferred) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (done_) return;
-      done_ = true;
-      transferred_ = transferred;
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    transferred_ = transferred;
     cv_.notify_all();
   }
   void fail(const std::string& error) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (done_) return;
-      done_ = true;
-      error_ = error;
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    error_ = error;
     cv_.notify_all();
   }
   // True when finished; `error` is empty on success.
