@@ -60,21 +60,13 @@ def variants(plugin: str):
 def census() -> dict:
     """This process's threads (by name, digits dropped: "reccl-io3" counts as "reccl-io")
     and open sockets, taken while its communicators are still up."""
+    from torch_reccl import procstat  # here: the worker imports torch_reccl only after its env is set
+
     names: dict = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip().rstrip("0123456789") or "?"
-        except OSError:  # the thread ended meanwhile
-            continue
+    for stat in procstat.threads().values():
+        name = stat.name.rstrip("0123456789") or "?"
         names[name] = names.get(name, 0) + 1
-    sockets = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return {"threads": sum(names.values()), "sockets": sockets, "thread_names": names}
+    return {"threads": sum(names.values()), "sockets": procstat.fds()[1], "thread_names": names}
 
 
 def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload):

@@ -525,14 +525,7 @@ def proc_ctxt_switches(pid: int) -> Dict[str, int]:
 
 def proc_fds(pid: int) -> Tuple[int, int]:
     """(open fds, of which sockets)."""
-    fds = sockets = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        fds += 1
-        try:
-            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return fds, sockets
+    return procstat.fds(pid)
 
 
 def thread_breakdown(names: Dict[str, str]) -> Dict[str, int]:

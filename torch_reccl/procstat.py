@@ -1,4 +1,4 @@
-"""What /proc says about a process's threads: names and context switches.
+"""What /proc says about a process: its threads (names, context switches) and open fds.
 
 One reader for the benchmarks and tests that count threads and wake-ups
 (bench/scale.py, bench/idle_wakeups.py, tests/test_transport_contract.py).
@@ -7,7 +7,7 @@ Threads come and go while /proc is read; those gone meanwhile are left out.
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Union
+from typing import Dict, NamedTuple, Tuple, Union
 
 
 class ThreadStat(NamedTuple):
@@ -32,3 +32,15 @@ def threads(pid: Union[int, str] = "self") -> Dict[str, ThreadStat]:
         out[tid] = ThreadStat(fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]),
                               int(fields["nonvoluntary_ctxt_switches"]))
     return out
+
+
+def fds(pid: Union[int, str] = "self") -> Tuple[int, int]:
+    """(open fds, of which sockets) of `pid` (default: this process)."""
+    count = sockets = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        count += 1
+        try:
+            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return count, sockets
