@@ -62,10 +62,11 @@ def rank_main(args) -> int:
     deadline = time.monotonic() + args.max_seconds
 
     def tick(final: bool = False) -> None:
-        nics = torch_reccl.stats()["nics"]
+        stats = torch_reccl.stats()
         report("tick", rank=rank, t=time.time(), ops=ops, bytes=done_bytes, wrong=wrong,
                final=final, nics={n: {"sent": s["bytes_sent"], "busy_bytes": s["busy_bytes"],
-                                      "grey": s["grey"]} for n, s in nics.items()})
+                                      "grey": s["grey"]} for n, s in stats["nics"].items()},
+               spreading=sorted(sorted(c["nics"]) for c in stats["spreading"]))
 
     while True:
         n = count
@@ -95,11 +96,14 @@ def rank_main(args) -> int:
 
 def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callable,
                  size_bytes: int = 16 << 20, bursty: bool = False, max_seconds: float = 60.0,
-                 name_prefix: str = "g", check_every: int = 1) -> dict:
+                 name_prefix: str = "g", check_every: int = 1,
+                 before: Optional[Callable] = None) -> dict:
     """Builds a 2-host fabric, runs the rank program under `env`, and calls
     ``plan(fabric, state) -> bool`` every tick (state: "t0" the first tick's
     wall time, "ticks" per rank, "events"); the run ends when it returns True
-    (or after max_seconds). Returns the ticks, events and exit codes."""
+    (or after max_seconds). ``before(fabric)``, if given, makes faults before
+    the ranks start (their time in state["faults"]). Returns the ticks, events
+    and exit codes."""
     from torch_reccl.fabric import Fabric
     from torch_reccl.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
 
@@ -109,6 +113,9 @@ def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callab
                 ["--bursty"] if bursty else [])
     state = {"t0": None, "ticks": {0: [], 1: []}, "events": [], "faults": []}
     with fabric:
+        if before is not None:
+            before(fabric)
+            state["faults"].append(("before", time.time()))
         with Job(FabricPlacement(fabric), argv, env=env, commands=True) as job:
             deadline = time.monotonic() + max_seconds + 60
             stopped = False

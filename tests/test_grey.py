@@ -141,6 +141,27 @@ def test_a_nic_whose_peers_are_idle_is_compared_with_its_own_history():
     assert Feed(2).run([10, None], 40) == []
 
 
+def test_peers_idle_between_their_bursts_still_count_as_the_reference():
+    """A lockstep collective with one slow NIC: the fast NICs finish their share
+    early and idle (no load in most windows) while the slow one is always busy.
+    A peer's goodput from its last loaded window stands for it (for up to
+    RECCL_GREY_MS); judged against its own history in those windows instead, a NIC
+    slow from the start (so its history is slow) restarted its count every time."""
+    feed = Feed(4)
+    changes = []
+    for w in range(10):
+        peer = 100 if w % 3 == 2 else None  # the first windows: the slow NIC alone loaded
+        changes += feed.window([peer, 10, peer, peer])
+    assert [(c["nic"], c["state"]) for c in changes] == [(1, "degraded")]
+    assert "of its peer NICs' median" in changes[0]["detail"]
+    assert changes[0]["ratio"] == pytest.approx(0.1, rel=0.01)
+    # a peer's measurement older than RECCL_GREY_MS (2 s) stands for nothing
+    feed = Feed(2)
+    assert feed.run([100, None], 1) == []
+    assert feed.run([None, None], 4) == []   # 1 s idle: its rate is 1 s old
+    assert feed.run([None, 10], 40) == []    # counted low for 1 s, then no reference
+
+
 def test_the_last_usable_nic_is_never_degraded():
     """Its traffic would have nowhere to go (degrading it would stop every
     connection), and alone at full load it reads low against a history of short

@@ -105,6 +105,54 @@ def test_slow_nic_is_degraded_traffic_moves_off_and_comes_back():
     assert ticks[-1]["nics"]["eth1"]["grey"] == "healthy"
 
 
+@pytest.mark.timeout(150)
+def test_without_dcr_spreading_moves_traffic_off_a_nic_slow_from_the_start():
+    """RECCL_DCR=0, RECCL_SPREAD=on, 4 rails: host 0's eth1 is slowed before the
+    ranks start, so it never had a fast history of its own and, in the lockstep
+    ring, its fast peers idle in most windows while it is judged (until session
+    11 it was then compared with that slow history, read healthy and was never
+    degraded: busbw stayed at 0.11-0.15 of fault-free). It is degraded, both
+    ranks' connections of channel 1 stripe over the other three NICs, eth1
+    carries nothing more, and every element of every result is right."""
+    marks = {}
+
+    def plan(fabric, state) -> bool:
+        degraded = _events(state, "degraded")
+        if degraded:
+            marks.setdefault("degraded", min(e["t"] for e in degraded))
+            return time.time() >= marks["degraded"] + 3.0
+        # the ranks' start (seconds on a loaded box) is not the detector's time:
+        # count from their first op done (t0), which ran on the slow NIC already
+        return time.time() > state["t0"] + DETECT_BOUND_S + 2.0  # the asserts say why
+
+    env = {"RECCL_DCR": "0", "RECCL_SPREAD": "on", "RECCL_HEARTBEAT_MS": "4000"}
+    state = grey_fabric.run_scenario(rails=4, rate_mbit=1000, env=env, plan=plan, max_seconds=40,
+                                     before=lambda fabric: fabric.slow(0, 1, 10))
+    assert state["exit_codes"] == [0, 0], state["logs"]
+    finals = [state["ticks"][r][-1] for r in (0, 1)]
+    assert all(t["final"] and t["wrong"] == 0 for t in finals), finals  # every element checked
+    degraded = _events(state, "degraded")
+    assert "degraded" in marks, f"no degraded event within {DETECT_BOUND_S} s: {state['events']}"
+    assert state["faults"][0][1] < state["t0"] and marks["degraded"] - state["t0"] <= DETECT_BOUND_S
+    assert {e["rank"] for e in degraded} >= {0}
+    assert all(e["reason"] == "slow" and "peer NICs' median" in e["detail"] for e in degraded
+               if e["rank"] == 0), degraded
+    assert not [e for e in state["events"] if e["ev"] == "degraded" and e["nic"] != "eth1"]
+    assert not [e for e in state["events"] if e["ev"] == "rebalance"]  # DCR is off
+    nics = [f"eth{i}" for i in range(4)]
+    for rank in (0, 1):  # both directions: each rank's channel-1 sender moved
+        ticks = state["ticks"][rank]
+        after = [t for t in ticks if t["t"] >= marks["degraded"] + 0.5]
+        start, end = after[0], after[-1]
+        sent = {n: end["nics"][n]["sent"] - start["nics"][n]["sent"] for n in nics}
+        total = sum(sent.values())
+        assert total > 0, sent
+        assert sent["eth1"] / total < 0.03, f"rank {rank}: eth1 still carried {sent}"
+        # its own channel and a third of eth1's each: a third of all
+        assert all(0.2 <= sent[n] / total <= 0.45 for n in nics if n != "eth1"), (rank, sent)
+        assert ["eth0", "eth2", "eth3"] in end["spreading"], (rank, end["spreading"])
+
+
 @pytest.mark.timeout(120)
 def test_uniformly_slow_bursty_fabric_raises_no_degraded_event():
     marks = {}

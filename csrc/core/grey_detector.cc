@@ -62,6 +62,8 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
       busy[i] = now.busyNs - track.last.busyNs;
       if (bytes >= settings_.minBytes && busy[i] > 0) {
         rate[i] = static_cast<double>(bytes) / static_cast<double>(busy[i]);
+        track.recentRate = rate[i];
+        track.recentNs = nowNs;
         loaded_ = true;
       }
     }
@@ -92,10 +94,23 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
       continue;
     }
     if (rate[i] < 0) continue;  // no load: nothing learnt, nothing forgotten
-    // The reference: the median of the loaded peers that are not under suspicion.
+    // The reference: the median of the peers that are not under suspicion, each
+    // at its goodput while busy in its latest loaded window, if no older than
+    // RECCL_GREY_MS. Goodput while busy belongs to the NIC, not to the load it
+    // got, so it stands for windows the peer carried too little in. Those are
+    // common: in a lockstep collective the fast NICs finish their share early
+    // and idle while the slow one, always loaded, is judged. Compared with its
+    // own history in such windows instead, a NIC slow from its first loaded
+    // window (that history) read healthy and restarted its count every time.
     std::vector<double> peers;
     for (size_t j = 0; j < n; ++j) {
-      if (j != i && rate[j] >= 0 && tracks_[j].state == GreyState::kHealthy) peers.push_back(rate[j]);
+      const Track& peer = tracks_[j];
+      if (j == i || peer.state != GreyState::kHealthy || !peer.last.linkUp) continue;
+      if (rate[j] >= 0) {
+        peers.push_back(rate[j]);
+      } else if (peer.recentRate >= 0 && nowNs - peer.recentNs <= settings_.sustainNs) {
+        peers.push_back(peer.recentRate);
+      }
     }
     const char* against = "its peer NICs' median";
     double reference = 0.0;

@@ -3,7 +3,7 @@
 // out on it; only its goodput shows it. The detector compares each NIC's
 // goodput while busy (bytes acknowledged / time with a message in flight,
 // NicCounters::busyBytes and busyNs) with the median of its loaded peer NICs,
-// or with its own history when no peer is loaded, and never flaps on noise:
+// or with its own history when no peer was loaded lately, and never flaps on noise:
 // a window counts only with enough bytes in it (load), a verdict needs the
 // NIC busy for RECCL_GREY_MS on the same side of the threshold (sustained),
 // and recovering needs a higher ratio than degrading did (hysteresis).
@@ -85,6 +85,8 @@ class GreyDetector {
     int64_t retryNs = 0;   // degraded: the wait before that trial
     double ratio = 1.0;
     double history = 0.0;  // bytes/ns while healthy (EWMA); 0 before any
+    double recentRate = -1.0;  // its last loaded window's goodput (bytes/ns), and when
+    int64_t recentNs = 0;
     const char* against = "";  // what `ratio` was measured against, and the goodput
     double mbps = 0.0;         // then (MB/s), for the verdict's detail
     bool peerFoundSlow = false;
