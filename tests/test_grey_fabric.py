@@ -134,15 +134,18 @@ def test_without_dcr_spreading_moves_traffic_off_a_nic_slow_from_the_start():
     degraded = _events(state, "degraded")
     assert "degraded" in marks, f"no degraded event within {DETECT_BOUND_S} s: {state['events']}"
     assert state["faults"][0][1] < state["t0"] and marks["degraded"] - state["t0"] <= DETECT_BOUND_S
-    assert {e["rank"] for e in degraded} >= {0}
-    assert all(e["reason"] == "slow" and "peer NICs' median" in e["detail"] for e in degraded
-               if e["rank"] == 0), degraded
+    # Either end of the slow path may condemn it first; its failover then
+    # moves both directions off eth1, and the other end, left with nothing to
+    # measure there, may never raise its own event (a two-host fabric cannot
+    # tell which end is slow).
+    assert all(e["reason"] == "slow" and "peer NICs' median" in e["detail"] for e in degraded), degraded
     assert not [e for e in state["events"] if e["ev"] == "degraded" and e["nic"] != "eth1"]
     assert not [e for e in state["events"] if e["ev"] == "rebalance"]  # DCR is off
     nics = [f"eth{i}" for i in range(4)]
     for rank in (0, 1):  # both directions: each rank's channel-1 sender moved
         ticks = state["ticks"][rank]
-        after = [t for t in ticks if t["t"] >= marks["degraded"] + 0.5]
+        # the final tick may follow the other rank's teardown, which closes the lanes
+        after = [t for t in ticks if t["t"] >= marks["degraded"] + 0.5 and not t["final"]]
         start, end = after[0], after[-1]
         sent = {n: end["nics"][n]["sent"] - start["nics"][n]["sent"] for n in nics}
         total = sum(sent.values())
