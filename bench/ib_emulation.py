@@ -20,6 +20,15 @@ taken right after the call returns):
 
     interruption = t(first send completion on the backup) - t_fault
 
+Small messages, busy polling on and off (--busy-poll-us, default 0 and the
+default setting, each on a fresh emulation in the same invocation): ping-pong
+round-trip latency of --small-bytes messages over a connection each way (one
+thread posts both receives ahead, sends, waits, answers), throughput with
+--small-window messages in flight, and the completion-channel events per
+completion polled (the emulation's counters: what would be an interrupt and a
+wake-up each on a real HCA) and the I/O threads' CPU seconds per 1000 messages.
+`--small-only` skips the rest.
+
 Scenarios: port_down_sender (PORT_ERR on a0), port_down_receiver (PORT_ERR on b0:
 the receiver notifies the sender over the backup), blackhole (a0 drops all
 packets; detected by the QP retry budget, RECCL_IB_TIMEOUT=14 here: 67 ms x 8 tries
@@ -37,6 +46,7 @@ import sys
 import threading
 import time
 
+from torch_reccl import procstat, settings
 from torch_reccl._native import native, testing
 
 _C = native()
@@ -81,7 +91,10 @@ class Stream:
             self.errors.append(repr(error))
 
     def _recv(self):
-        pending = collections.deque()
+        # Kept by the Stream, not the thread: this thread may stop before the
+        # sender has drained, and receives still posted must keep their
+        # buffers until the connection is closed.
+        pending = self.posted = collections.deque()
         try:
             while not self.stop.is_set():
                 while len(pending) < 2 * self.window:
@@ -106,6 +119,75 @@ class Stream:
         self.threads[1].join(30)
 
 
+def io_cpu_seconds():
+    return sum(t.cpu_seconds for t in procstat.threads().values() if t.name == "reccl-io")
+
+
+def small_messages(args, busy_poll_us):
+    """Latency and throughput of small messages with RECCL_IB_BUSY_POLL_US=busy_poll_us."""
+    emu = testing().IbEmulation(["a0", "a1", "b0", "b1"])
+    overrides = {"RECCL_IB_BUSY_POLL_US": str(busy_poll_us)}
+    a = _C.IbTransport(emu, {**env(["a0", "a1"], args), **overrides})
+    b = _C.IbTransport(emu, {**env(["b0", "b1"], args), **overrides})
+    forward_listener, backward_listener = b.listen(0), a.listen(0)
+    forward = a.connect(0, forward_listener.handle)
+    backward = b.connect(0, backward_listener.handle)
+    forward.wait_ready(10)
+    backward.wait_ready(10)
+    forward_recv, backward_recv = forward_listener.accept(10), backward_listener.accept(10)
+    payload = os.urandom(args.small_bytes)
+    result = {"busy_poll_us": busy_poll_us}
+
+    def measure(run):
+        counters, cpu = emu.counters(), io_cpu_seconds()
+        messages = run()
+        after = emu.counters()
+        polled = after["completions_polled"] - counters["completions_polled"]
+        return ((after["cq_events"] - counters["cq_events"]) / max(1, polled),
+                1000 * (io_cpu_seconds() - cpu) / max(1, messages))
+
+    def ping_pong():
+        buf_b, buf_a = bytearray(len(payload)), bytearray(len(payload))
+        samples = []
+        end = time.monotonic() + args.small_seconds
+        while time.monotonic() < end:
+            at_b, at_a = forward_recv.irecv(buf_b), backward_recv.irecv(buf_a)
+            start = time.perf_counter()
+            forward.isend(payload)
+            at_b.wait(10)
+            backward.isend(payload)
+            at_a.wait(10)
+            samples.append(time.perf_counter() - start)
+            if buf_a != payload:
+                raise SystemExit("ping-pong: received bytes differ")
+        samples.sort()
+        result["rtt_us_median"] = 1e6 * samples[len(samples) // 2]
+        result["rtt_us_p99"] = 1e6 * samples[int(len(samples) * 0.99)]
+        result["round_trips"] = len(samples)
+        return 4 * len(samples)  # two messages, each completed at both ends
+
+    result["rtt_events_per_completion"], result["rtt_io_cpu_s_per_1k"] = measure(ping_pong)
+
+    def streaming():
+        stream = Stream(forward, forward_recv, args.small_bytes, args.small_window)
+        time.sleep(args.small_seconds)
+        marks = list(stream.marks)
+        stream.finish()  # closes both ends and joins both threads
+        if stream.errors:
+            raise SystemExit(f"small-message stream: {stream.errors}")
+        result["msgs_per_s"] = (len(marks) - 1) / (marks[-1][0] - marks[0][0])
+        return 2 * len(marks)
+
+    result["stream_events_per_completion"], result["stream_io_cpu_s_per_1k"] = measure(streaming)
+    closers = [threading.Thread(target=backward.close, daemon=True)]
+    closers[0].start()
+    backward_recv.close()
+    closers[0].join(30)
+    forward_listener.close()
+    backward_listener.close()
+    return result
+
+
 def wait_until(predicate, timeout):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -123,10 +205,40 @@ def main():
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="fault-free throughput run")
     parser.add_argument("--json")
+    parser.add_argument("--busy-poll-us", type=int, nargs="+", default=[0, None],
+                        help="RECCL_IB_BUSY_POLL_US values for the small-message runs "
+                             "(default: 0 and the setting's default)")
+    parser.add_argument("--small-bytes", type=int, default=8)
+    parser.add_argument("--small-window", type=int, default=32)
+    parser.add_argument("--small-seconds", type=float, default=3.0)
+    parser.add_argument("--small-only", action="store_true")
     args = parser.parse_args()
     print("command:", " ".join([sys.executable] + sys.argv))
     print("date:", time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load average:", os.getloadavg())
     print("library:", _C.__file__)
+
+    results = {"args": vars(args), "small": []}
+    default_busy_poll = next(s["default"] for s in settings.settings() if s["name"] == "RECCL_IB_BUSY_POLL_US")
+    for value in args.busy_poll_us:
+        small = small_messages(args, int(default_busy_poll) if value is None else value)
+        results["small"].append(small)
+        print(f"busy poll {small['busy_poll_us']:5d} us: {args.small_bytes} B round trip median "
+              f"{small['rtt_us_median']:7.1f} us (p99 {small['rtt_us_p99']:7.1f}), "
+              f"{small['msgs_per_s']:8.0f} msg/s (window {args.small_window}); channel events per "
+              f"completion {small['rtt_events_per_completion']:.2f} / {small['stream_events_per_completion']:.2f}, "
+              f"I/O CPU s per 1k msgs {small['rtt_io_cpu_s_per_1k']:.3f} / {small['stream_io_cpu_s_per_1k']:.3f} "
+              "(ping-pong / stream)")
+    if len(results["small"]) > 1:
+        base = results["small"][0]
+        for other in results["small"][1:]:
+            print(f"  {other['busy_poll_us']} us vs {base['busy_poll_us']} us: round trip x"
+                  f"{other['rtt_us_median'] / base['rtt_us_median']:.2f}, msg/s x"
+                  f"{other['msgs_per_s'] / base['msgs_per_s']:.2f}")
+    if args.small_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
 
     emu = testing().IbEmulation(["a0", "a1", "b0", "b1"])
     a = _C.IbTransport(emu, env(["a0", "a1"], args))
@@ -135,7 +247,6 @@ def main():
     send = a.connect(0, listener.handle)
     send.wait_ready(10)
     recv = listener.accept(10)
-    results = {"args": vars(args)}
 
     stream = Stream(send, recv, args.msg_kib << 10, args.window)
     time.sleep(args.seconds)

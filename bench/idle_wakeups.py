@@ -32,13 +32,15 @@ IO_THREADS = ("reccl-io", "reccl-ib-path")
 
 
 def switches():
-    """{tid: (name, context switches)} of this process's threads."""
-    return {tid: (t.name, t.switches) for tid, t in procstat.threads().items()}
+    """{tid: (name, context switches, CPU seconds)} of this process's threads."""
+    return {tid: (t.name, t.switches, t.cpu_seconds) for tid, t in procstat.threads().items()}
 
 
-def transports(kind, heartbeat_ms):
+def transports(kind, heartbeat_ms, busy_poll_us=None):
     common = {"RECCL_HEARTBEAT_MS": str(heartbeat_ms)}
     if kind == "ib":
+        if busy_poll_us is not None:
+            common["RECCL_IB_BUSY_POLL_US"] = str(busy_poll_us)
         emulation = testing().IbEmulation(["a0", "a1", "b0", "b1"])
         make = lambda devices: _C.IbTransport(emulation, dict(common, RECCL_IB_HCA=devices))
         return emulation, make("a0,a1"), make("b0,b1")
@@ -61,12 +63,13 @@ def main(argv=None):
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--heartbeat-ms", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--busy-poll-us", type=int, help="IB: RECCL_IB_BUSY_POLL_US (default: the setting's)")
     parser.add_argument("--json", metavar="PATH", help="also write the record here")
     args = parser.parse_args(argv)
     command = f"python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}"
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
-    emulation, a, b = transports(args.kind, args.heartbeat_ms)
+    emulation, a, b = transports(args.kind, args.heartbeat_ms, args.busy_poll_us)
     listeners, pairs = [], []
     for _ in range(args.connections):
         listener = b.listen(0)
@@ -88,11 +91,12 @@ def main(argv=None):
     before = switches()
     time.sleep(args.seconds)
     after = switches()
-    wakeups, threads = collections.Counter(), collections.Counter()
-    for tid, (name, count) in after.items():
+    wakeups, threads, cpu = collections.Counter(), collections.Counter(), collections.Counter()
+    for tid, (name, count, seconds) in after.items():
         threads[name] += 1
         if tid in before:
             wakeups[name] += count - before[tid][1]
+            cpu[name] += seconds - before[tid][2]
     path_ends = 4 * args.connections
     print(f"{args.kind}: {args.connections} idle connections ({path_ends} path ends), "
           f"heartbeat {args.heartbeat_ms} ms, {len(after)} threads")
@@ -100,8 +104,10 @@ def main(argv=None):
     for name in sorted(threads):
         print(f"{name:18s} {threads[name]:6d} {wakeups[name] / args.seconds:11.1f}")
     io = sum(wakeups[name] for name in IO_THREADS) / args.seconds
+    io_cpu = sum(cpu[name] for name in IO_THREADS) / args.seconds
     print(f"I/O threads: {sum(threads[name] for name in IO_THREADS)}, "
-          f"{io:.1f} wake-ups/s, {io / path_ends:.1f} per path end")
+          f"{io:.1f} wake-ups/s, {io / path_ends:.1f} per path end, "
+          f"{1000 * io_cpu:.1f} ms CPU per second (a polling thread shows here, not in wake-ups)")
     write_json(args.json, {
         "meta": {"command": command, "date": date, "load": os.getloadavg()[0],
                  "library": _C.__file__},
@@ -111,7 +117,8 @@ def main(argv=None):
                                    "wakeups_per_s": wakeups[name] / args.seconds}
                             for name in sorted(threads)},
         "io_threads": sum(threads[name] for name in IO_THREADS),
-        "io_wakeups_per_s_per_path_end": io / path_ends})
+        "io_wakeups_per_s_per_path_end": io / path_ends,
+        "io_cpu_ms_per_s": 1000 * io_cpu, "busy_poll_us": args.busy_poll_us})
     for send, recv in pairs:
         send.close()
         recv.close()

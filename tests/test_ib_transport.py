@@ -24,11 +24,14 @@ import gc
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 
 import torch_reccl
+from torch_reccl import procstat
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 
@@ -82,6 +85,58 @@ def test_every_receive_consuming_request_finds_a_posted_receive(fabric):
     after = f.emu.counters()
     assert after["sends"] - before["sends"] > 6000
     assert after["rnr_naks"] == before["rnr_naks"]
+
+
+def completion_events_per_completion(f, send, recv, count, seed):
+    """Streams `count` one-byte messages one at a time (each waits for the one
+    before: a ping-pong); returns completion-channel events per completion polled."""
+    before = f.emu.counters()
+    stream(send, recv, [1] * count, seed, window=1)
+    after = f.emu.counters()
+    return (after["cq_events"] - before["cq_events"]) / (after["completions_polled"] - before["completions_polled"])
+
+
+def io_thread_cpu_and_wakeups():
+    threads = [t for t in procstat.threads().values() if t.name == "reccl-io"]
+    return sum(t.cpu_seconds for t in threads), sum(t.voluntary for t in threads)
+
+
+def test_busy_polling_finds_completions_while_work_is_outstanding(fabric):
+    """While a path has work outstanding its loop polls the CQs with the
+    completion channel unarmed (RECCL_IB_BUSY_POLL_US past the last completion),
+    so completions under load are found by polling, not announced one event each
+    (on a real HCA: an interrupt and a wake-up per completion). Off, nearly every
+    completion of a ping-pong comes by an event."""
+    polling = fabric(IB_BUSY_POLL_US=10000)  # a window wide enough for this loaded box
+    on = completion_events_per_completion(polling, *polling.pair(), 400, 101)
+    events = fabric(IB_BUSY_POLL_US=0)
+    off = completion_events_per_completion(events, *events.pair(), 400, 102)
+    assert off > 0.5, off
+    assert on < 0.1, (on, off)
+
+
+def test_paths_stop_polling_when_nothing_moves_and_idle_ones_never_poll(fabric):
+    """The spin is bounded: a receive posted with nothing coming (NCCL posts
+    its receives ahead) keeps the loop polling only RECCL_IB_BUSY_POLL_US past
+    the last completion, then the path arms its channel and sleeps. An idle
+    connection (nothing posted) never polls. Measured on the I/O threads: CPU
+    time (a spinning thread shows there, not in context switches) and wake-ups
+    (a beat a second per NIC pair here)."""
+    f = fabric(IB_BUSY_POLL_US=10000, HEARTBEAT_MS=4000)
+    send, recv = f.pair()
+    stream(send, recv, [1] * 200, 103, window=1)
+    buf = bytearray(8)
+    waiting = recv.irecv(buf)
+    for case in ("a receive posted", "idle"):
+        time.sleep(0.1)  # past the polling window
+        cpu_before, wakeups_before = io_thread_cpu_and_wakeups()
+        time.sleep(1.0)
+        cpu_after, wakeups_after = io_thread_cpu_and_wakeups()
+        assert cpu_after - cpu_before < 0.15, (case, cpu_after - cpu_before)
+        assert wakeups_after - wakeups_before < 40, (case, wakeups_after - wakeups_before)
+        if case == "a receive posted":
+            assert send.isend(b"abcdefgh").wait(10) == 8
+            assert waiting.wait(10) == 8 and bytes(buf) == b"abcdefgh"
 
 
 # ------------------------------------------------------------------ faults
@@ -246,7 +301,9 @@ def test_a_device_back_from_a_fatal_error_is_reopened_registered_again_and_faile
     registers the live registrations on it again (the old keys are void: a write
     with one is an access error) and reports the NIC up, so the connection fails
     back and its registered buffers are placed directly over the primary again.
-    Before, the NIC stayed down for good."""
+    Before, the NIC stayed down for good. The device is found again by its name
+    only: gone, it is not listed; back, it is listed after the others (as a
+    driver re-probe adds it), so its old position would name another device."""
     f = fabric()
     send, recv = f.pair()
     src, dst = bytearray(2 * CHUNK), bytearray(2 * CHUNK)
@@ -255,8 +312,10 @@ def test_a_device_back_from_a_fatal_error_is_reopened_registered_again_and_faile
     f.emu.device_fatal(device)
     assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 5), send.paths()
     fill_and_send(send, recv, src, src_reg, dst, dst_reg, 93)
+    assert device not in f.emu.devices()
     time.sleep(0.3)  # the transport tries to reopen a device that is still gone
     f.emu.recover_device(device)
+    assert f.emu.devices()[-1] == device
     assert wait_until(lambda: send.active_path == 0 and recv.active_path == 0, 10), send.paths()
     before = f.emu.counters()
     fill_and_send(send, recv, src, src_reg, dst, dst_reg, 94)
@@ -761,12 +820,22 @@ def test_gid_types_come_from_the_verbs_calls_when_sysfs_is_hidden(sources):
     from ibv_query_gid_table (one call per dial) or ibv_query_gid_ex. Each way
     the QPs use the RoCE v2 IPv4 GID (the emulated fabric is routed: a RoCE v1
     or link-local GID, which the old sysfs-only reading fell back to, carries
-    nothing)."""
+    nothing). Each end of each path reads the table once per dial: one
+    ibv_query_gid_table, or one ibv_query_gid(_ex) per entry without it."""
     f = Fabric("ib")
     try:
         for device in (A0, A1, B0, B1):
             f.emu.set_gid_sources(device, **sources)
+        before = f.emu.counters()
         send, recv = f.pair()
+        assert wait_until(lambda: all(len(c.paths()) == 2 and all(" up" in p for p in c.paths())
+                                      for c in (send, recv)), 5), send.paths()
+        after = f.emu.counters()
+        queries = (after["gid_table_queries"] - before["gid_table_queries"],
+                   after["gid_queries"] - before["gid_queries"])
+        ends = 4  # primary and backup, each dialed once, two ends each
+        entries = len(f.emu.gid_table(A0))
+        assert queries == ((ends, 0) if sources["table"] else (0, ends * entries)), (queries, entries)
         stream(send, recv, plan_sizes(5, 10, CHUNK), 5)
         for device in (A0, B0):
             assert set(f.emu.qp_gid_indexes(device)) == {ipv4_gid_index(f.emu.gid_table(device))}
@@ -975,6 +1044,27 @@ def test_traffic_class_and_service_level_reach_every_qp(fabric):
     assert set(g.emu.qp_routes(A0)) == set(g.emu.qp_routes(B0)) == {(0, 0)}
 
 
+def test_a_lossless_fabric_carries_only_the_class_set_in_reccl_ib_tc():
+    """A lossless (PFC) RoCE fabric protects one traffic class; RDMA in class 0
+    is dropped under congestion (the emulation drops it always). With
+    RECCL_IB_TC set to the fabric's class the stream flows; with NCCL's default
+    0 no path can be set up (the dial's probe write retries out) and the
+    connection fails instead of carrying data."""
+    good = Fabric("ib", RECCL_IB_TC="106")
+    bad = Fabric("ib", RECCL_NO_PATH_TIMEOUT_MS=1500)
+    try:
+        for f in (good, bad):
+            for device in (A0, A1, B0, B1):
+                f.emu.set_lossless_class(device, 106)
+        send, recv = good.pair()
+        stream(send, recv, plan_sizes(67, 10, CHUNK), 67)
+        with pytest.raises(RecclError, match="could not connect.*probe write: transport retry counter exceeded"):
+            bad.pair()
+    finally:
+        good.close()
+        bad.close()
+
+
 def test_fork_init_is_called_unless_fork_protection_is_on_already():
     """ibv_fork_init (DataLoader workers fork after registration) is called by
     the system loader exactly when ibv_is_fork_initialized does not say it is on
@@ -987,6 +1077,46 @@ def test_fork_init_is_called_unless_fork_protection_is_on_already():
     assert not needs("unknown", ibv_fork_safe="")
     with pytest.raises(ConfigError, match="expected unknown, disabled, enabled or unneeded"):
         needs("on")
+
+
+@pytest.fixture(scope="module")
+def fake_libibverbs(tmp_path_factory):
+    """tests/c/fake_libibverbs.c built as libibverbs.so.1 in a directory of its own."""
+    directory = tmp_path_factory.mktemp("fake_verbs")
+    subprocess.run(["gcc", "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                    os.path.join(os.path.dirname(__file__), "c", "fake_libibverbs.c"),
+                    "-Wl,-soname,libibverbs.so.1", "-o", str(directory / "libibverbs.so.1")],
+                   check=True, timeout=120)
+    return directory
+
+
+@pytest.mark.parametrize("status, fork_safe, called", [
+    (0, None, True),    # disabled: call it
+    (1, None, False),   # enabled already
+    (2, None, False),   # unneeded (the kernel copes with fork)
+    (0, "1", False),    # RDMAV_FORK_SAFE: libibverbs turns it on itself
+])
+def test_the_system_loader_calls_fork_init_before_anything_else(fake_libibverbs, tmp_path, status,
+                                                                fork_safe, called):
+    """The call itself, not only the decision: the loader dlopens a
+    libibverbs.so.1 (a stand-in that records ibv_fork_init and answers
+    ibv_is_fork_initialized as told) and calls ibv_fork_init exactly when the
+    library says fork protection is off and RDMAV_FORK_SAFE is unset."""
+    log = tmp_path / "calls"
+    env = {key: value for key, value in os.environ.items() if key not in ("RDMAV_FORK_SAFE", "IBV_FORK_SAFE")}
+    env.update(LD_LIBRARY_PATH=f"{fake_libibverbs}:{env.get('LD_LIBRARY_PATH', '')}",
+               FAKE_IBV_LOG=str(log), FAKE_IBV_FORK_STATUS=str(status))
+    if fork_safe is not None:
+        env["RDMAV_FORK_SAFE"] = fork_safe
+    code = ("from torch_reccl.transport import _C\n"
+            "loaded = _C.ib_load_system_verbs()\n"
+            "assert loaded['loaded'] and loaded['devices'] == [], loaded\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The stand-in was the library loaded (it logs its device listing), and
+    # fork protection came before any other call.
+    calls = log.read_text().split()
+    assert calls == (["fork_init"] if called else []) + ["get_device_list"], calls
 
 
 def test_transport_choice_follows_reccl_transport():

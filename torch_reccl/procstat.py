@@ -1,4 +1,4 @@
-"""What /proc says about a process: its threads (names, context switches) and open fds.
+"""What /proc says about a process: its threads (names, context switches, CPU time) and open fds.
 
 One reader for the benchmarks and tests that count threads and wake-ups
 (bench/scale.py, bench/idle_wakeups.py, tests/test_transport_contract.py).
@@ -10,10 +10,14 @@ import os
 from typing import Dict, NamedTuple, Tuple, Union
 
 
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
 class ThreadStat(NamedTuple):
     name: str          # the thread's name (comm, at most 15 characters)
     voluntary: int     # context switches where the thread blocked: one per sleep
     involuntary: int   # preemptions
+    cpu_seconds: float  # user + system time so far (a thread that spins shows here, not in switches)
 
     @property
     def switches(self) -> int:
@@ -27,10 +31,15 @@ def threads(pid: Union[int, str] = "self") -> Dict[str, ThreadStat]:
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as status:
                 fields = dict(line.split(":", 1) for line in status if ":" in line)
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                # After the name's closing parenthesis (a name may hold one):
+                # field 3 (state) first, so utime (14) and stime (15) are 11 and 12.
+                times = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
         out[tid] = ThreadStat(fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]),
-                              int(fields["nonvoluntary_ctxt_switches"]))
+                              int(fields["nonvoluntary_ctxt_switches"]),
+                              (int(times[11]) + int(times[12])) / _TICKS_PER_SECOND)
     return out
 
 

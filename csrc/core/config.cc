@@ -218,6 +218,19 @@ constexpr SettingSpec kSettings[] = {
             "accepted just before may still be on their way to memory, and the sender re-sends "
             "what was not reported (as `NCCL_IB_RESILIENCY_PORT_FAILOVER_PROBE_DELAY`, 10 ms; "
             "docs/ib.md, \"Fence, then resync\")"),
+    integer("RECCL_IB_BUSY_POLL_US", "0", 0, 10000, storeNumber<&Config::ibBusyPollUs>,
+            "IB transport: while a path has work outstanding (data posted and not yet "
+            "completed, data waiting for a grant or a credit, the connection's requests on its "
+            "active path), and this long after, its event loop polls the completion queues "
+            "instead of sleeping on the completion channel, as long as something completed "
+            "within this many microseconds, as NCCL's proxy polls while requests are "
+            "outstanding: no interrupt and wake-up per completion. Then, or when nothing is "
+            "outstanding, the path re-arms the channel and sleeps (idle paths never poll). Loop "
+            "threads are shared by paths, so a spin is one poll per loop turn, not a busy wait "
+            "that holds other paths back; a turn with nothing new yields the core. 0 (the "
+            "default until measured on RDMA hardware; on the emulation it costs more than it "
+            "saves): off, every completion comes by a channel event. Try 50-200 where each I/O "
+            "thread has a core to itself (docs/ib.md, \"Busy polling\")"),
     integer("RECCL_IB_GID_INDEX", "-1", -1, 255, storeNumber<&Config::ibGidIndex>,
             "IB transport: the source GID index of every QP, as `NCCL_IB_GID_INDEX`; -1 chooses "
             "per dial from the port's table as it is then (RoCE: the lowest-indexed RoCE v2 GID "

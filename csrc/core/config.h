@@ -53,6 +53,7 @@ struct Config {
   int ibTrafficClass;              // RECCL_IB_TC: GRH traffic class of every QP
   int ibServiceLevel;              // RECCL_IB_SL: service level of every QP
   int ibFenceDelayMs;              // RECCL_IB_FENCE_DELAY_MS: wait after a QP's ERR before a RESYNC
+  int ibBusyPollUs;                // RECCL_IB_BUSY_POLL_US: poll the CQs this long past the last completion while work is outstanding; 0 = off
   int ibGidIndex;                  // RECCL_IB_GID_INDEX: -1 = chosen per dial from the table
   std::string ibAddressRange;      // RECCL_IB_ADDR_RANGE: CIDR the RoCE GID must be in; empty = IPv4
   bool ibRelaxedOrdering;          // RECCL_IB_RELAXED_ORDERING: auto = where the library has it

@@ -389,6 +389,11 @@ std::vector<std::string> Connection::describePaths() const {
   return out;
 }
 
+bool Connection::expectsTraffic(uint64_t pathId) {
+  Lock lock(mutex_);
+  return active_ >= 0 && slotOf(pathId) == active_ && requestsPendingLocked();
+}
+
 int Connection::activePath() const {
   Lock lock(mutex_);
   return active_;

@@ -58,6 +58,7 @@ class Connection : public PathOwner, public Serviced {
   // A NIC changed health; paths on a dead local NIC fail at once.
   void onNicHealth(int healthId, bool up, Reason reason);
   void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) override;
+  bool expectsTraffic(uint64_t pathId) final;
   // CLOSE and NOTIFY mean the same at both ends; the rest goes to onRoleControlLocked.
   void onControl(uint64_t pathId, const ControlFrame& frame) final;
   // Orderly close: tells the peer, stops every path, fails what is pending.
@@ -129,6 +130,8 @@ class Connection : public PathOwner, public Serviced {
   virtual void onOtherLostLocked(int index, Reason reason) {}
   // Role-specific work the supervisor still has to do (quiet() otherwise holds).
   virtual bool roleQuietLocked() const { return true; }
+  // Requests of this end not yet complete (expectsTraffic).
+  virtual bool requestsPendingLocked() const = 0;
   // A control frame only this end understands; throws ProtocolError for others.
   virtual void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) = 0;
 

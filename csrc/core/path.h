@@ -43,6 +43,12 @@ class PathOwner {
   virtual void endData(uint64_t pathId, const DataHeader& header, bool landed) = 0;
   // The path is broken; called at most once per path.
   virtual void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) = 0;
+  // Whether traffic is due on this path soon: it is the active one and the
+  // owner holds requests not yet complete (sends not acknowledged, receives
+  // not filled). A transport that can poll for completions polls while this
+  // holds instead of sleeping (docs/ib.md, "Busy polling"). Takes the owner's
+  // lock briefly: never call it holding a lock of the path.
+  virtual bool expectsTraffic(uint64_t pathId) { return false; }
 };
 
 class Path {

@@ -48,6 +48,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   void onActiveLostLocked(int index, Reason reason) override;
   void onOtherLostLocked(int index, Reason reason) override;
   bool roleQuietLocked() const override { return notifyQueue_.empty() && !pendingResync_; }
+  bool requestsPendingLocked() const override { return !recvs_.empty(); }
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:

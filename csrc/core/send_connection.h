@@ -48,6 +48,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   void onActiveLostLocked(int index, Reason reason) override;
   void onOtherLostLocked(int index, Reason reason) override;
   bool roleQuietLocked() const override;
+  bool requestsPendingLocked() const override { return !sends_.empty(); }
   void onRoleControlLocked(uint64_t pathId, const ControlFrame& frame, Lock& lock) override;
 
  private:

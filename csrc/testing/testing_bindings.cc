@@ -231,6 +231,8 @@ PYBIND11_MODULE(_testing, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Parks what the device sends on the wire; hold(dev, False) delivers it where the "
            "responder QP still takes it (docs/ib.md)")
+      .def("set_lossless_class", &VerbsEmulation::setLosslessClass, py::arg("device"), py::arg("traffic_class"),
+           "the device's fabric protects only this traffic class (PFC): other classes are dropped; -1 = any")
       .def("qp_routes", [](VerbsEmulation& e, const std::string& d) {
              std::vector<std::pair<int, int>> out;
              for (const QpRoute& r : e.connectedRoutes(d)) out.emplace_back(r.trafficClass, r.serviceLevel);
@@ -305,6 +307,10 @@ PYBIND11_MODULE(_testing, m) {
         d["rnr_naks"] = c.rnrNaks;
         d["closed_with_regions"] = c.closedWithRegions;
         d["dereg_after_close"] = c.deregAfterClose;
+        d["cq_events"] = c.completionEvents;
+        d["completions_polled"] = c.completionsPolled;
+        d["gid_table_queries"] = c.gidTableQueries;
+        d["gid_queries"] = c.gidQueries;
         return d;
       });
 

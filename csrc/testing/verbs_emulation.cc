@@ -162,6 +162,11 @@ struct DeviceRecord {
   // fatal error ends a life: contexts opened before stay dead for good.
   bool fatal = false;
   int generation = 0;
+  // setLosslessClass: the traffic class its fabric protects (PFC); -1 = none.
+  int losslessClass = -1;
+  // Where ibv_get_device_list puts it: a device back from a fatal error is
+  // listed last, as a driver's re-probe adds it (deviceNames).
+  uint64_t listedAt = 0;
   bool refuseDmaBuf = false;  // setRefuseDmaBuf: ibv_reg_dmabuf_mr fails (EOPNOTSUPP)
   uint64_t reads = 0;         // RDMA READs its QPs issued and were served (readsOn)
   std::string pciPath;        // setPciPath; none by default
@@ -264,6 +269,7 @@ struct VerbsEmulation::State {
   uint32_t nextQpNumber = 0x101;
   uint32_t nextKey = 0x1001;
   EmulationCounters counters;
+  uint64_t relisted = 0;  // devices back from a fatal error so far (DeviceRecord::listedAt)
   std::deque<WireRequest> wire;
 
   int deviceIndex(const std::string& name) const {
@@ -310,6 +316,7 @@ struct VerbsEmulation::State {
     if (cq->armed && cq->channel != nullptr) {
       // One event per arm, as on a real HCA: the CQ stays quiet until re-armed.
       cq->armed = false;
+      ++counters.completionEvents;
       cq->channel->waiting.push_back(cq);
       signalWake(cq->channel->events.get());
     }
@@ -383,6 +390,14 @@ struct VerbsEmulation::State {
       if (qp.peer.lid != far.lid) return nullptr;
       if (qp.peer.global && far.gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
       return &remote;
+    }
+    // A lossless (PFC) fabric protects one traffic class; the others are
+    // dropped under congestion (here: always), the responder's ACKs as well.
+    // A loopback QP's traffic never leaves the NIC.
+    if (qp.device != remote.device &&
+        ((local.losslessClass >= 0 && qp.route.trafficClass != local.losslessClass) ||
+         (far.losslessClass >= 0 && remote.route.trafficClass != far.losslessClass))) {
+      return nullptr;
     }
     const GidEntry& theirs = devices[remote.device].gids.at(remote.gidIndex);
     if (theirs.gid != qp.peer.gid) return nullptr;
@@ -880,6 +895,7 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       }
       record_.entries.pop_front();
     }
+    state_->counters.completionsPolled += count;
     return count;
   }
   void requestNotify() override {
@@ -1080,12 +1096,14 @@ class EmulatedDevice : public VerbsDevice {
     for (const GidEntry& entry : device.gids) {
       if (entry.gid != Gid{}) out->push_back(entry);  // valid entries only, as the real call
     }
+    ++state_->counters.gidTableQueries;
     return true;
   }
   GidEntry queryGid(int port, int index) override {
     checkPort(port);
     Lock lock(state_->mutex);
     checkAlive("ibv_query_gid");
+    ++state_->counters.gidQueries;
     const DeviceRecord& device = state_->devices[device_];
     const auto& gids = device.gids;
     if (index < 0 || index >= static_cast<int>(gids.size())) {
@@ -1266,8 +1284,16 @@ void VerbsEmulation::run() {
 
 std::vector<std::string> VerbsEmulation::deviceNames() {
   Lock lock(state_->mutex);
+  // A device gone after a fatal error is not listed; one that came back is
+  // listed after the others.
+  std::vector<const DeviceRecord*> listed;
+  for (const auto& device : state_->devices) {
+    if (!device.fatal) listed.push_back(&device);
+  }
+  std::stable_sort(listed.begin(), listed.end(),
+                   [](const DeviceRecord* a, const DeviceRecord* b) { return a->listedAt < b->listedAt; });
   std::vector<std::string> names;
-  for (const auto& device : state_->devices) names.push_back(device.name);
+  for (const DeviceRecord* device : listed) names.push_back(device->name);
   return names;
 }
 
@@ -1303,6 +1329,7 @@ void VerbsEmulation::setDeviceFatal(const std::string& device) {
 
 void VerbsEmulation::recoverDevice(const std::string& device) {
   state_->withDevice(device, [&](DeviceRecord& record, int) {
+    if (record.fatal) record.listedAt = ++state_->relisted;
     record.fatal = false;
     state_->work.notify_all();
   });
@@ -1371,6 +1398,10 @@ std::vector<bool> VerbsEmulation::connectedGlobal(const std::string& device) {
 
 std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) {
   return state_->ofConnectedQps(device, [](const QueuePairRecord& qp) { return qp.gidIndex; });
+}
+
+void VerbsEmulation::setLosslessClass(const std::string& device, int trafficClass) {
+  state_->withDevice(device, [&](DeviceRecord& record, int) { record.losslessClass = trafficClass; });
 }
 
 void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {

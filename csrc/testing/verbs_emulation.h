@@ -53,6 +53,10 @@ struct EmulationCounters {
   uint64_t rnrNaks = 0;         // receive-consuming requests that met an empty receive queue
   uint64_t closedWithRegions = 0;  // contexts closed while memory regions of theirs were live
   uint64_t deregAfterClose = 0;    // memory regions deregistered after their context closed
+  uint64_t completionEvents = 0;   // completion-channel events raised (armed CQs completing)
+  uint64_t completionsPolled = 0;  // completions taken by ibv_poll_cq
+  uint64_t gidTableQueries = 0;    // ibv_query_gid_table calls answered
+  uint64_t gidQueries = 0;         // ibv_query_gid(_ex) calls (one GID each)
 };
 
 // Where an emulated device's GID types can be read from, as on hosts with
@@ -105,12 +109,18 @@ class VerbsEmulation : public VerbsApi {
   // A fatal device error (IBV_EVENT_DEVICE_FATAL, as after a firmware reset):
   // every QP of the device goes to ERR, every context opened on it is dead for
   // good (verbs calls fail with EIO, no more async events) and opening the
-  // device fails until recoverDevice; then only a fresh open works.
+  // device fails until recoverDevice; then only a fresh open works. Gone, it
+  // is not listed; back, it is listed after the others (a driver re-probe
+  // adds it again), so only its name finds it.
   void setDeviceFatal(const std::string& device);
   void recoverDevice(const std::string& device);
   // Whether ibv_reg_dmabuf_mr on the device fails (EOPNOTSUPP), as on a NIC
   // that cannot reach the GPU's memory peer-to-peer.
   void setRefuseDmaBuf(const std::string& device, bool refuse);
+  // The device's RoCE fabric is lossless (PFC) for `trafficClass` only:
+  // requests of QPs in another class, to or from it, are dropped (congestion
+  // drops, here always) until the retry budget runs out. -1: every class.
+  void setLosslessClass(const std::string& device, int trafficClass);
   // Whether the device's library can ask for relaxed ordering (it has
   // ibv_reg_mr_iova2); without, a registration asking for it fails (EINVAL).
   void setRelaxedOrdering(const std::string& device, bool supported);

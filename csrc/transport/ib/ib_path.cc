@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "core/health.h"
@@ -61,6 +62,7 @@ IbPath::IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int
       ioThreadsPerNic_(EventLoops::perNic(config.ioThreads)),
       ibTimeout_(config.ibTimeout),
       fenceDelay_(config.ibFenceDelayMs),
+      busyPollNs_(static_cast<int64_t>(config.ibBusyPollUs) * 1000),
       ibRetryCount_(config.ibRetryCount) {
   for (uint32_t i = 0; i < IbEndpoint::kControlSends; ++i) freeControl_.push_back(i);
   if (sender_) {
@@ -93,6 +95,7 @@ void IbPath::start(PathOwner* owner, uint64_t pathId) {
     // event, and the first turn (below) polls whatever came before.
     endpoint_->sendCq().requestNotify();
     endpoint_->recvCq().requestNotify();
+    armed_ = true;
     // Set at once, so stopAndJoin releases the pick even if add() throws;
     // unpolled until loopId_ is set too: the callbacks use both.
     loop_ = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
@@ -813,31 +816,83 @@ void IbPath::onDeadline() {
   loop_->setDeadline(loopId_, next, true);
 }
 
+bool IbPath::serviceRound() {
+  bool moved = pollReceives();
+  if (stop_.load() || failed_.load()) return false;
+  moved = pollSends() || moved;
+  if (sender_) moved = pumpData() || moved;
+  return moved;
+}
+
+bool IbPath::workOutstanding() {
+  {
+    std::lock_guard<std::mutex> lock(sendMutex_);
+    // Control buffers in flight alone (a heartbeat, a credit write) are not
+    // work: an idle path's beats come and go by events.
+    if (!backlog_.empty() || !pendingGrants_.empty() || placedInFlight_.load() > 0 ||
+        (sender_ && freeStaging_.size() < IbEndpoint::kDataSlots)) {
+      return true;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    if (!queue_.empty()) return true;
+  }
+  // Requests of the connection waiting on this path (its data, its ACK).
+  return owner_ != nullptr && owner_->expectsTraffic(pathId_);
+}
+
 void IbPath::service(bool events) {
   if (events) {
-    // Take and acknowledge every waiting event, re-arm, and only then poll: a
-    // completion landing after the arm raises the next event, one landing
-    // before it is found by the poll below.
+    // Take and acknowledge every waiting event; each disarmed its CQ.
     while (endpoint_->channel().takeEvent() != nullptr) {
     }
+    armed_ = false;
+  }
+  for (;;) {
+    bool moved = false;
+    for (int round = 0; round < kRoundsPerTurn; ++round) {
+      const bool movedNow = serviceRound();
+      if (stop_.load() || failed_.load()) return;
+      if (!movedNow) break;
+      moved = true;
+      if (round + 1 == kRoundsPerTurn) {
+        // Still moving: what is left gets the next turn, after the loop's
+        // other registrations (the CQs stay unarmed: that turn polls them).
+        lastProgressNs_ = nowNs();
+        serviceSoon();
+        return;
+      }
+    }
+    const int64_t now = nowNs();
+    if (moved) lastProgressNs_ = now;
+    if (busyPollNs_ > 0) {
+      if (workOutstanding()) lastWorkNs_ = now;
+      // Busy polling, the channel left quiet: while work is outstanding (and
+      // a little past it, so the next message of a ping-pong finds the path
+      // polling) and something completed within the window.
+      if (now - lastWorkNs_ < busyPollNs_ && now - lastProgressNs_ < busyPollNs_) {
+        // Nothing came this turn: let other runnable threads (the peer's,
+        // the application's) have the core before the next poll. Without
+        // contention this returns at once.
+        if (!moved) std::this_thread::yield();
+        serviceSoon();
+        return;
+      }
+    }
+    if (armed_) return;
+    // Going to sleep: arm, then poll once more. A completion that landed
+    // before the arm raises no event, so that poll finds it; a later one
+    // raises the next event.
     try {
       endpoint_->sendCq().requestNotify();
       endpoint_->recvCq().requestNotify();
     } catch (const Error& error) {
-      fail(Reason::kError, std::string("re-arming a completion queue: ") + error.what());
+      fail(Reason::kError, std::string("arming a completion queue: ") + error.what());
       return;
     }
+    armed_ = true;
   }
-  for (int round = 0; round < kRoundsPerTurn; ++round) {
-    bool moved = pollReceives();
-    if (stop_.load() || failed_.load()) return;
-    moved = pollSends() || moved;
-    if (sender_) moved = pumpData() || moved;
-    if (!moved || stop_.load() || failed_.load()) return;
-  }
-  // Still moving: what is left (completions the channel will not announce
-  // again) gets the next turn, after the loop's other registrations.
-  serviceSoon();
 }
 
 }  // namespace reccl

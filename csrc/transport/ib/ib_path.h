@@ -21,8 +21,13 @@
 // The path has no thread of its own. Both CQs sit on one completion channel,
 // whose fd is registered with one of the process's event loops
 // (transport/event_loop.h), as TCP paths' sockets are: an event (a completion
-// on an armed CQ) wakes the loop, which takes it, re-arms the CQs and only
-// then polls them empty, so no completion goes unannounced. Queued data and
+// on an armed CQ) wakes the loop, which takes it and polls the CQs empty.
+// While work is outstanding (data posted and not completed, data waiting for
+// a grant or a credit, the connection's requests on its active path) and for
+// RECCL_IB_BUSY_POLL_US past it, the loop keeps polling them at every turn
+// with the CQs unarmed, as long as something completed within that window:
+// completions under load cost no event each. Before the path sleeps it arms
+// both CQs and polls once more, so no completion goes unannounced. Queued data and
 // control frames no send buffer was free for are moved on the loop too, and
 // the heartbeat and the peer's silence are deadlines in the loop's timer
 // wheel: an idle path costs no wake-up but its heartbeats.
@@ -76,9 +81,16 @@ class IbPath : public Path {
   // handed over by serviceSoon().
   void onIo();
   void onDeadline();
-  // Takes the channel's events and re-arms the CQs (when `events`), then polls
-  // them and moves queued data until nothing moves, within a bound per turn.
+  // Takes the channel's events (when `events`), polls the CQs and moves queued
+  // data until nothing moves, within a bound per turn; then either polls again
+  // at the loop's next turn (busy polling) or arms the CQs to sleep.
   void service(bool events);
+  // One round of polling and pumping: true if anything moved.
+  bool serviceRound();
+  // Whether data work of this path waits for a completion or for the peer:
+  // a staged or placed chunk in flight, a queued chunk, a backlog, a pending
+  // grant, or requests of the connection that this (active) path carries.
+  bool workOutstanding();
   // Any thread: service() on the loop at its next turn.
   void serviceSoon();
   // While the NIC is blackholed (the drill) the channel is not polled and a
@@ -145,6 +157,7 @@ class IbPath : public Path {
   const int ioThreadsPerNic_;
   const int ibTimeout_;
   const Millis fenceDelay_;             // RECCL_IB_FENCE_DELAY_MS
+  const int64_t busyPollNs_;            // RECCL_IB_BUSY_POLL_US, in ns; 0 = off
   std::atomic<int64_t> stoppedAtNs_{0};  // when shutdown() moved the QP to ERR
   const int ibRetryCount_;
   PathOwner* owner_ = nullptr;
@@ -159,6 +172,11 @@ class IbPath : public Path {
   // The loop's thread only.
   bool paused_ = false;
   bool granted_ = false;  // receiver: every slot granted once
+  // Whether both CQs are armed: an event disarms its CQ, and a busy-polling
+  // path leaves them unarmed until it goes to sleep.
+  bool armed_ = false;
+  int64_t lastProgressNs_ = 0;  // when a turn last polled or moved something
+  int64_t lastWorkNs_ = 0;      // when a turn last found work outstanding
   Clock::time_point nextBeat_;
 
   std::mutex sendMutex_;  // the QP's send queue and the buffers it uses
