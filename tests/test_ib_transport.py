@@ -343,8 +343,14 @@ def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabr
     request_r = recv.irecv((ctypes.c_char * size).from_address(dst.device), registration=dst_reg)
     request_s = send.isend((ctypes.c_char * size).from_address(src.device), registration=src_reg)
     assert wait_until(lambda: f.emu.counters()["held"] >= 4, 5)  # placed chunks on the wire
+    # The failover's messages wait on the backup's wire too, so the receiver
+    # cannot fence B0 before the held chunks land through it.
+    f.emu.hold(A1)
     f.emu.port_down(A0)
-    f.emu.hold(A0, False)  # they land through B0 before the receiver fences that path
+    landed = f.emu.counters()["wire_delivered"]
+    f.emu.hold(A0, False)
+    assert f.emu.counters()["wire_delivered"] > landed  # placed through B0
+    f.emu.hold(A1, False)
     assert request_s.wait(10) == size and request_r.wait(10) == size
     assert memoryview(dst.host).tobytes() == message(95, 0, size)
     assert f.emu.counters()["wire_delivered"] >= 2 and recv.active_path == 1
@@ -599,11 +605,13 @@ def test_a_write_in_flight_on_the_old_path_never_lands_after_completion(fabric):
     assert dst == b"\xee" * size
 
 
-@pytest.mark.parametrize("fence_delay_ms", [500, 0])
+@pytest.mark.parametrize("fence_delay_ms", [1000, 0])
 def test_writes_accepted_before_the_fence_land_before_the_resync(fabric, fence_delay_ms):
     """A QP moved to ERR takes no more packets, but writes its HCA accepted just
     before may still be on their way to memory. The receiver's NIC here accepts
-    at once and writes memory 300 ms later; the sender fails over while some of
+    at once and writes memory 0.7 s later (long enough that, without the fence
+    delay, the failover and the receive's completion surely come first, also on
+    a loaded box); the sender fails over while some of
     a registered message's writes are accepted but not landed. With the fence
     delay (RECCL_IB_FENCE_DELAY_MS, longer than that) the receiver reports what
     it has only after they landed, so nothing lands after the receive completed
@@ -616,7 +624,7 @@ def test_writes_accepted_before_the_fence_land_before_the_resync(fabric, fence_d
     dst = bytearray(size)
     src_reg, dst_reg = f.a.register(src), f.b.register(dst)
     registered_stream(f.a, f.b, send, recv, [CHUNK], 85)  # warm: both paths up
-    f.emu.set_landing_delay(B0, 0.3)
+    f.emu.set_landing_delay(B0, 0.7)
     writes = f.emu.counters()["writes"]
     request_r = recv.irecv(dst, registration=dst_reg)
     request_s = send.isend(src, registration=src_reg)
@@ -626,8 +634,7 @@ def test_writes_accepted_before_the_fence_land_before_the_resync(fabric, fence_d
     assert recv.active_path == 1
     assert dst == src
     dst[:] = b"\xee" * size  # the application reuses its buffer
-    time.sleep(0.5)  # past every landing
-    assert f.emu.counters()["landed_late"] >= 2
+    assert wait_until(lambda: f.emu.counters()["landed_late"] >= 2, 5)  # past every landing
     if fence_delay_ms:
         assert dst == b"\xee" * size
     else:
