@@ -1237,3 +1237,39 @@ def test_receives_announced_too_far_ahead_fail_the_path_not_the_sender(fake_rece
     p1.send(_C.encode_frame("close", 0, 0))
     time.sleep(0.05)
     send.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_receive_cancelled_under_a_copy_fails_only_once_the_copy_ends():
+    """An authenticated sender's CANCEL for a message whose chunk a reader is still
+    copying (half of it read): the receive must not fail, handing its buffer back to
+    an owner who may free or reuse it, while the copy still writes into it. It stays
+    pending until the rest of the chunk is read, then fails, and nothing writes
+    into the buffer after that."""
+    transport = fence_transport()
+    listener = transport.listen(0)
+    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    raw = RawSender(address, port, listener.handle)
+    try:
+        conn = listener.accept(5)
+        buf = bytearray(FENCE_CHUNK)
+        request = conn.irecv(buf)
+        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.read_until((6,))
+        payload, half = os.urandom(FENCE_CHUNK), FENCE_CHUNK // 2
+        raw.data.sendall(frame(9, DATA.pack(0, 1, FENCE_CHUNK, 0, FENCE_CHUNK)) + payload[:half])
+        assert wait_until(lambda: bytes(buf[:half]) == payload[:half], 5)  # the reader is inside the chunk
+        raw.control.sendall(frame(11, ACK.pack(0, 2 * FENCE_CHUNK)))  # CANCEL: seq, the sender's size
+        time.sleep(0.2)
+        assert request.test() == (False, 0), "failed while its buffer was still being written"
+        raw.data.sendall(payload[half:])
+        with pytest.raises(RecclError, match="larger than this posted receive"):
+            request.wait(5)
+        assert bytes(buf) == payload  # the copy ran to its end before the failure
+        buf[:] = b"\xa5" * FENCE_CHUNK  # the owner reuses the buffer at once
+        raw.data.sendall(frame(9, DATA.pack(0, 1, FENCE_CHUNK, 0, FENCE_CHUNK)) + payload)
+        time.sleep(0.2)
+        assert bytes(buf) == b"\xa5" * FENCE_CHUNK
+    finally:
+        raw.close()
+    listener.close()

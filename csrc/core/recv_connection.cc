@@ -18,7 +18,11 @@ RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
       // 10 MB/s (a socket's share of a 1 Gbit NIC several paths load at once).
       fenceGrace_(Millis(50) + Millis(chunkBytes / 10000)) {}
 
-RecvConnection::~RecvConnection() { destroyAllPaths(); }
+RecvConnection::~RecvConnection() {
+  destroyAllPaths();
+  // Every path is joined: no copy runs any more.
+  for (auto& [seq, failing] : failing_) failing.request->fail(failing.why);
+}
 
 std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
                                                const MemoryRegistration* registration) {
@@ -199,13 +203,12 @@ void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       auto it = recvs_.find(frame.cancel.seq);
       if (it == recvs_.end()) return;
       const uint64_t capacity = it->second.request->capacity();
-      it->second.request->fail(
-          "the sender's message of " + std::to_string(frame.cancel.bytes) + " bytes " +
-          (frame.cancel.bytes > capacity
-               ? "is larger than this posted receive of " + std::to_string(capacity) + " bytes"
-               : std::string("cannot be carried: device memory (dma-buf) at one end travels only "
-                             "by direct placement, which needs both buffers registered")));
-      recvs_.erase(it);
+      failRecvLocked(
+          it, "the sender's message of " + std::to_string(frame.cancel.bytes) + " bytes " +
+                  (frame.cancel.bytes > capacity
+                       ? "is larger than this posted receive of " + std::to_string(capacity) + " bytes"
+                       : std::string("cannot be carried: device memory (dma-buf) at one end travels "
+                                     "only by direct placement, which needs both buffers registered")));
       return;
     }
     default:
@@ -229,10 +232,9 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
   PostedRecv& recv = it->second;
   const uint64_t capacity = recv.request->capacity();
   if (header.messageBytes > capacity) {
-    recv.request->fail("message of " + std::to_string(header.messageBytes) +
-                       " bytes is larger than the posted receive of " +
-                       std::to_string(capacity) + " bytes");
-    recvs_.erase(it);
+    failRecvLocked(it, "message of " + std::to_string(header.messageBytes) +
+                           " bytes is larger than the posted receive of " +
+                           std::to_string(capacity) + " bytes");
     return nullptr;
   }
   if (recv.messageBytes >= 0 && static_cast<uint64_t>(recv.messageBytes) != header.messageBytes) {
@@ -268,6 +270,7 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
   }
   if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
   ++copying_[{header.epoch, pathId}];
+  ++recv.copies;
   if (index < 64) dataSlots_ |= uint64_t{1} << index;
   if (placed) placedNics_ |= uint64_t{1} << slots_.at(index).nics.localNic;
   return recv.request->data() + header.offset;
@@ -286,6 +289,14 @@ void RecvConnection::endData(uint64_t pathId, const DataHeader& header, bool lan
     Lock lock(mutex_);
     auto copies = copying_.find({header.epoch, pathId});
     if (copies != copying_.end() && --copies->second == 0) copying_.erase(copies);
+    if (auto recv = recvs_.find(header.seq); recv != recvs_.end() && recv->second.copies > 0) {
+      --recv->second.copies;
+    } else if (auto failing = failing_.find(header.seq); failing != failing_.end()) {
+      if (--failing->second.copies == 0) {
+        failing->second.request->fail(failing->second.why);
+        failing_.erase(failing);
+      }
+    }
     if (landed) ackPath = landLocked(pathId, header, &ackBytes);
     // The last copy of an older epoch releases a pending RESYNC, built after
     // this chunk was counted, so it reports the chunk as landed.
@@ -333,9 +344,18 @@ void RecvConnection::onOtherLostLocked(int index, Reason reason) {
   if (index < 64 && (dataSlots_ >> index & 1) != 0) notifyQueue_.push_back({index, reason});
 }
 
+std::map<uint64_t, RecvConnection::PostedRecv>::iterator RecvConnection::failRecvLocked(
+    std::map<uint64_t, PostedRecv>::iterator it, const std::string& why) {
+  if (it->second.copies == 0) {
+    it->second.request->fail(why);
+  } else {
+    failing_[it->first] = FailingRecv{it->second.request, it->second.copies, why};
+  }
+  return recvs_.erase(it);
+}
+
 void RecvConnection::failPendingLocked(const std::string& why) {
-  for (auto& [seq, recv] : recvs_) recv.request->fail(why);
-  recvs_.clear();
+  for (auto it = recvs_.begin(); it != recvs_.end();) it = failRecvLocked(it, why);
   pendingResync_.reset();
 }
 

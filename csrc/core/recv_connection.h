@@ -59,6 +59,15 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
     size_t landedCount = 0;
     std::vector<uint8_t> place;    // the PLACE frame of a registered receive; empty if none
     bool hostAccessible = true;    // false: device memory, direct placement only
+    int copies = 0;                // chunks a path is copying into it now (beginData..endData)
+  };
+  // A receive failed while a path was still copying into its buffer: the
+  // failure waits for the last copy to end, so the owner, who may free the
+  // buffer once told, never frees it under a copy.
+  struct FailingRecv {
+    std::shared_ptr<Request> request;
+    int copies = 0;
+    std::string why;
   };
   // An ACTIVATE adopted but not answered yet: its RESYNC waits until no copy
   // of an older epoch is in progress.
@@ -88,11 +97,16 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   // path to ACK it on (with the message's size in `ackBytes`).
   std::shared_ptr<Path> landLocked(uint64_t pathId, const DataHeader& header, uint64_t* ackBytes);
   uint64_t resumeOffsetLocked(const PostedRecv& recv) const;
+  // Fails a posted receive now, or once no path copies into it any more;
+  // returns the next receive.
+  std::map<uint64_t, PostedRecv>::iterator failRecvLocked(std::map<uint64_t, PostedRecv>::iterator it,
+                                                          const std::string& why);
 
   const uint64_t chunkBytes_;
   // How long copies of the old epoch get before their paths are stopped.
   const Millis fenceGrace_;
   std::map<uint64_t, PostedRecv> recvs_;
+  std::map<uint64_t, FailingRecv> failing_;  // by seq, see FailingRecv
   uint64_t nextSeq_ = 0;
   // Payload copies in progress per (epoch, path id). Keyed by epoch, not path:
   // a path active in an older epoch may be activated again while its copies
