@@ -48,6 +48,9 @@ def variants(plugin: str):
         # four NICs, one down: spreading stripes over the three survivors; off, the
         # failed-over connections pile onto their one backup NIC
         "reccl-4nic-8ch": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
+        # the same without spreading and grey-failure detection: what they cost fault-free
+        "reccl-4nic-8ch-plain": ({**reccl4, "RECCL_SPREAD": "off", "RECCL_GREY": "0",
+                                  "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-4nic-down": ({**reccl4, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
         "reccl-4nic-down-nospread": ({**reccl4, "RECCL_SPREAD": "off", "NCCL_MIN_NCHANNELS": "8",
                                       "NCCL_MAX_NCHANNELS": "8"}, True),
