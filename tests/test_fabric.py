@@ -426,6 +426,12 @@ def test_slow_nic_cuts_rate_both_ways_and_heals(make_fabric):
 UDP_COUNT = r"""
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# Room for every datagram (~1 KiB of buffer each): a receiver descheduled for a
+# while on a loaded box must not drop what the fault did not (root may force it).
+try:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, 16 << 20)
+except (OSError, AttributeError):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
 s.bind(("0.0.0.0", int(sys.argv[1])))
 s.settimeout(0.2)
 print("ready", flush=True)
