@@ -13,6 +13,7 @@ bounds, path plans, handles, secrets, events.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -152,6 +153,47 @@ def socket_fds() -> int:
     return count
 
 
+@contextlib.contextmanager
+def socket_count():
+    """Yields sockets() -> how many sockets this process opened (less closed)
+    since the block began. The count is process-wide, so nothing else may close
+    sockets meanwhile: a transport an earlier test left in a reference cycle (a
+    traceback holding its test's frame, say) keeps its own 3 sockets (2 acceptors,
+    netlink) until the garbage collector runs, which in a long session can be in
+    the middle of a count (seen: 85 sockets where 88 were open). So garbage is
+    collected first and the collector stays off until the block ends."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        base = socket_fds()
+        yield lambda: socket_fds() - base
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.mark.timeout(20)
+def test_a_socket_count_is_not_disturbed_by_a_transport_left_in_a_reference_cycle():
+    """Regression for a rare failure of the socket counts below (85 of 88 after a
+    full-suite session): a transport held only by a reference cycle closed its
+    3 sockets when the garbage collector happened to run mid-count."""
+    def leave_in_a_cycle():
+        cycle = [Transport(reccl_env())]
+        cycle.append(cycle)
+
+    gc.collect()
+    leave_in_a_cycle()
+    held = socket_fds()
+    with socket_count() as sockets:
+        # Collected before the count began: 2 acceptors (2 NICs) and its netlink socket.
+        assert held - socket_fds() == 3
+        leave_in_a_cycle()
+        assert sockets() == 3 and not gc.isenabled()  # and no collector closes them meanwhile
+    assert gc.isenabled()
+    gc.collect()
+
+
 @pytest.mark.timeout(40)
 def test_data_sockets_join_when_a_path_needs_them():
     """A path starts on its control socket and first data socket; the other
@@ -160,23 +202,23 @@ def test_data_sockets_join_when_a_path_needs_them():
     this process: every socket shows twice in its fds."""
     t = Transport(reccl_env(RECCL_NSOCKS="4"))
     listener = t.listen(0)
-    before = socket_fds()
-    send = t.connect(0, listener.handle)
-    send.wait_ready(10)
-    recv = listener.accept(10)
-    try:
-        assert wait_until(lambda: len(send.paths()) == 2 and len(recv.paths()) == 2, 5), send.paths()
-        stream(send, recv, [0, 1, 100, 4096, 65536], 1, window=1)  # one small message at a time
-        time.sleep(0.2)
-        assert socket_fds() - before == 2 * 2 * 2  # primary and backup: 2 sockets each, both ends
-        stream(send, recv, [64 << 20], 2)  # 64 chunks: they queue behind the first data socket
-        # The primary has all 1 + 4 sockets at both ends; the backup still 2.
-        assert wait_until(lambda: socket_fds() - before == 2 * (5 + 2), 5), socket_fds() - before
-        stream(send, recv, plan_sizes(3, 20, 1 << 20, big=2), 3)  # over every socket, bit-exact
-        assert send.active_path == 0 and recv.active_path == 0
-    finally:
-        close_both(send, recv)
-        listener.close()
+    with socket_count() as sockets:
+        send = t.connect(0, listener.handle)
+        send.wait_ready(10)
+        recv = listener.accept(10)
+        try:
+            assert wait_until(lambda: len(send.paths()) == 2 and len(recv.paths()) == 2, 5), send.paths()
+            stream(send, recv, [0, 1, 100, 4096, 65536], 1, window=1)  # one small message at a time
+            time.sleep(0.2)
+            assert sockets() == 2 * 2 * 2  # primary and backup: 2 sockets each, both ends
+            stream(send, recv, [64 << 20], 2)  # 64 chunks: they queue behind the first data socket
+            # The primary has all 1 + 4 sockets at both ends; the backup still 2.
+            assert wait_until(lambda: sockets() == 2 * (5 + 2), 5), sockets()
+            stream(send, recv, plan_sizes(3, 20, 1 << 20, big=2), 3)  # over every socket, bit-exact
+            assert send.active_path == 0 and recv.active_path == 0
+        finally:
+            close_both(send, recv)
+            listener.close()
 
 
 LAZY_CONNECTIONS = 4
@@ -191,29 +233,29 @@ def stream_while_sockets_join(seed: int, fault_after_s=None) -> None:
     t = Transport(reccl_env(RECCL_NSOCKS="8", RECCL_CHUNK_BYTES="4096"))
     listener = t.listen(0)
     pairs = []
-    try:
-        before = socket_fds()
-        for _ in range(LAZY_CONNECTIONS):
-            send = t.connect(0, listener.handle)
-            send.wait_ready(10)
-            pairs.append((send, listener.accept(10)))
-        joins = [in_thread(stream, send, recv, plan_sizes(seed * 10 + k, 40, 256 << 10, big=2), seed * 10 + k)
-                 for k, (send, recv) in enumerate(pairs)]
-        if fault_after_s is not None:
-            time.sleep(fault_after_s)
-            torch_reccl.inject_fault(PRIMARY, "down")
-            time.sleep(0.05)
-            torch_reccl.inject_fault(PRIMARY, "up")
-        for join in joins:
-            join(60)
-        if fault_after_s is None:
-            # Both ends in this process: 1 + 8 sockets on each primary, 2 on each backup.
-            grown = LAZY_CONNECTIONS * 2 * (9 + 2)
-            assert wait_until(lambda: socket_fds() - before == grown, 5), (socket_fds() - before, grown)
-    finally:
-        for send, recv in pairs:
-            close_both(send, recv)
-        listener.close()
+    with socket_count() as sockets:
+        try:
+            for _ in range(LAZY_CONNECTIONS):
+                send = t.connect(0, listener.handle)
+                send.wait_ready(10)
+                pairs.append((send, listener.accept(10)))
+            joins = [in_thread(stream, send, recv, plan_sizes(seed * 10 + k, 40, 256 << 10, big=2), seed * 10 + k)
+                     for k, (send, recv) in enumerate(pairs)]
+            if fault_after_s is not None:
+                time.sleep(fault_after_s)
+                torch_reccl.inject_fault(PRIMARY, "down")
+                time.sleep(0.05)
+                torch_reccl.inject_fault(PRIMARY, "up")
+            for join in joins:
+                join(60)
+            if fault_after_s is None:
+                # Both ends in this process: 1 + 8 sockets on each primary, 2 on each backup.
+                grown = LAZY_CONNECTIONS * 2 * (9 + 2)
+                assert wait_until(lambda: sockets() == grown, 5), (sockets(), grown)
+        finally:
+            for send, recv in pairs:
+                close_both(send, recv)
+            listener.close()
 
 
 @pytest.mark.timeout(60)
@@ -246,12 +288,12 @@ def test_backup_from_set_up_carries_bulk_data_right_after_the_first_message(pair
     _t, _l, send, recv = pair_factory(reccl_env(RECCL_NSOCKS="4", RECCL_FAILBACK="0", RECCL_SPREAD="off"))
     stream(send, recv, [100], 1, window=1)
     assert send.active_path == 0 and len(send.paths()) == 2, send.paths()
-    before = socket_fds()
-    torch_reccl.inject_fault(PRIMARY, "down")
-    assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 3)
-    # The primary's sockets are gone (2 per end); the backup grows by 3 per end.
-    stream(send, recv, [64 << 20] + plan_sizes(5, 10, 1 << 20, big=1), 5)
-    assert wait_until(lambda: socket_fds() - before == -2 * 2 + 2 * 3, 5), socket_fds() - before
+    with socket_count() as sockets:
+        torch_reccl.inject_fault(PRIMARY, "down")
+        assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 3)
+        # The primary's sockets are gone (2 per end); the backup grows by 3 per end.
+        stream(send, recv, [64 << 20] + plan_sizes(5, 10, 1 << 20, big=1), 5)
+        assert wait_until(lambda: sockets() == -2 * 2 + 2 * 3, 5), sockets()
     assert send.active_path == 1 and recv.active_path == 1
 
 
