@@ -505,6 +505,33 @@ def recv_exact(s, n):
 
 
 @pytest.mark.timeout(30)
+def test_admitted_sockets_that_cannot_make_a_path_are_closed_without_further_handshakes():
+    """Authenticated sockets that never become a path are closed on their own, not
+    when the next handshake on that NIC happens to come (an aborted group's peer,
+    dialing as it went, left them open for good): a late data socket (index 1)
+    whose path is gone at once; a control socket or a first data socket whose
+    partner never comes at RECCL_CONNECT_TIMEOUT_MS. Nothing else is dialed here."""
+    t = Transport(reccl_env(RECCL_CONNECT_TIMEOUT_MS="500"))
+    listener = t.listen(0)
+    handle = listener.handle
+    address, port = _C.decode_handle(handle)["nics"][0]
+    args = dict(listen_id=struct.unpack_from("<Q", handle, 12)[0], secret=handle[20:36], count=2,
+                connection=0xAB0127)
+    late = RawSender._dial(address, port, hello(kind=1, index=1, nonce=1, **args))
+    control_alone = RawSender._dial(address, port, hello(kind=0, nonce=2, **args))
+    data_alone = RawSender._dial(address, port, hello(kind=1, index=0, nonce=3, **args))
+    late_closed, control_closed, data_closed = close_times([late, control_alone, data_alone], 4.0)
+    assert late_closed is not None and late_closed < 0.3, late_closed
+    for waited in (control_closed, data_closed):  # the 500 ms bound, plus scheduling
+        assert waited is not None and 0.3 <= waited <= 2.0, (control_closed, data_closed)
+    with pytest.raises(_C.TimeoutError):  # none of them made a connection
+        listener.accept(0.1)
+    for s in (late, control_alone, data_alone):
+        s.close()
+    listener.close()
+
+
+@pytest.mark.timeout(30)
 def test_hand_written_sender_and_malformed_data(events):
     """The receiver speaks frame.h exactly (ACTIVATE -> RESYNC, DATA -> ACK) and a
     malformed DATA frame fails only the path it came on."""

@@ -91,6 +91,8 @@ TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
     if (nic.interface != "lo") watched[nic.ifindex] = id;
   }
   supervisor_ = std::make_unique<Supervisor>();
+  partialSweep_ = std::make_shared<PartialSweep>(this);
+  supervisor_->add(partialSweep_);
   transportId_ = ids_.next();
   for (size_t i = 0; i < nics_.size(); ++i) {
     int nic = static_cast<int>(i);
@@ -119,6 +121,30 @@ TcpTransport::~TcpTransport() {
 }
 
 void TcpTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "NICs"); }
+
+void TcpTransport::dropExpiredPartials() {
+  std::vector<PartialPath> expired;  // their sockets close after the lock is let go
+  Clock::time_point next = Clock::time_point::max();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Clock::time_point now = Clock::now();
+    for (auto it = partial_.begin(); it != partial_.end();) {
+      if (now > it->second.deadline) {
+        expired.push_back(std::move(it->second));
+        it = partial_.erase(it);
+      } else {
+        next = std::min(next, it->second.deadline);
+        ++it;
+      }
+    }
+  }
+  // A round's wakeBy() lasts one round: ask again for the partials still due.
+  if (next != Clock::time_point::max()) supervisor_->wakeBy(next + Millis(1));
+  for (const auto& partial : expired) {
+    RECCL_LOG(kInfo, "dropping a path from " + partial.peer + ": its first sockets did not all arrive within " +
+                         std::to_string(config_.connectTimeoutMs) + " ms");
+  }
+}
 
 ConnectionEnv TcpTransport::connectionEnv(const std::string& peer) {
   return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
@@ -172,14 +198,11 @@ Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {
 void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer) {
   PartialPath complete;
   bool ready = false;
+  Clock::time_point sweepBy = Clock::time_point::max();  // a new partial's deadline
   std::shared_ptr<TcpPath> joining;  // a path already at work that this socket joins
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
-    Clock::time_point now = Clock::now();
-    for (auto it = partial_.begin(); it != partial_.end();) {
-      it = now > it->second.deadline ? partial_.erase(it) : std::next(it);
-    }
     const PathKey key{hello.listenId, hello.connectionId, hello.pathIndex, hello.pathNonce};
     auto it = partial_.find(key);
     if (it == partial_.end()) {
@@ -188,6 +211,15 @@ void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::
         joining = live->second.lock();
         if (!joining) growing_.erase(live);
       }
+    }
+    const bool late = hello.socketKind == static_cast<uint8_t>(SocketKind::kData) && hello.socketIndex > 0;
+    if (!joining && late) {
+      // Only the control socket and the first data socket start a path (dialPath
+      // sends them in one round); a later one joins a path at work. Its path is
+      // gone (closed, failed or aborted while this socket was dialed): drop it,
+      // or it would wait in partial_ for sockets that never come.
+      RECCL_LOG(kInfo, "a late data socket from " + peer + " found its path gone; dropped");
+      return;
     }
     if (!joining) {
       if (it == partial_.end()) {
@@ -199,7 +231,8 @@ void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::
         fresh.hello = hello;
         fresh.peer = peer;
         fresh.data.resize(hello.socketCount);
-        fresh.deadline = now + Millis(config_.connectTimeoutMs);
+        fresh.deadline = Clock::now() + Millis(config_.connectTimeoutMs);
+        sweepBy = fresh.deadline;
         it = partial_.emplace(key, std::move(fresh)).first;
       }
       PartialPath& partial = it->second;
@@ -226,6 +259,8 @@ void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::
       }
     }
   }
+  // Past its deadline the partial is dropped, even if no other socket ever arrives.
+  if (sweepBy != Clock::time_point::max()) supervisor_->wakeBy(sweepBy + Millis(1));
   if (joining) {
     const bool fits = hello.socketKind == static_cast<uint8_t>(SocketKind::kData) &&
                       hello.socketCount == joining->dataSlots();

@@ -55,7 +55,20 @@ class TcpTransport : public Transport {
     Clock::time_point deadline;
   };
 
+  // Drops the paths whose first sockets did not all arrive by their deadline
+  // (a dialer that gave up half way, a listener that went in between).
+  class PartialSweep : public Serviced {
+   public:
+    explicit PartialSweep(TcpTransport* transport) : transport_(transport) {}
+    void service() override { transport_->dropExpiredPartials(); }
+    bool quiet() override { return true; }  // woken by wakeBy() at each partial's deadline
+
+   private:
+    TcpTransport* const transport_;
+  };
+
   void checkNic(int nic) const;
+  void dropExpiredPartials();
   Acceptor::Verdict authenticate(int nic, const HelloBody& hello);
   void admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer);
   void deliver(PartialPath partial, int nic);
@@ -68,6 +81,7 @@ class TcpTransport : public Transport {
   std::vector<NicInfo> nics_;
   std::vector<int> healthIds_;
   std::unique_ptr<Supervisor> supervisor_;
+  std::shared_ptr<PartialSweep> partialSweep_;  // serviced by supervisor_ (it holds a weak_ptr)
   std::vector<std::unique_ptr<Acceptor>> acceptors_;
   std::unique_ptr<LinkMonitor> linkMonitor_;
   uint64_t healthToken_ = 0;
@@ -79,7 +93,7 @@ class TcpTransport : public Transport {
   std::mutex mutex_;
   ListenerTable listeners_;
   using PathKey = std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
-  std::map<PathKey, PartialPath> partial_;
+  std::map<PathKey, PartialPath> partial_;  // dropped at their deadline by partialSweep_
   // Receiving paths that started before all their data sockets arrived.
   std::map<PathKey, std::weak_ptr<TcpPath>> growing_;
   size_t growingSweepAt_ = 64;
