@@ -66,6 +66,13 @@ bool Listener::adoptPath(const HelloBody& hello, PathCandidate nics, std::shared
   if (!connection->attachPath(hello.pathIndex, nics, std::move(path))) return false;
   if (fresh) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) {
+      // Closed while the path was attached: nobody accepts from here any more,
+      // and a queued connection would keep this listener (keepAlive) and itself
+      // alive for good. It goes (closing its path) when `connection` does.
+      connections_.erase(hello.connectionId);
+      return false;
+    }
     if (hello.dialerTag == 0) {
       ready_.push_back(connection);
     } else {
