@@ -67,6 +67,12 @@ bool SendConnection::ready() const {
   return everActive_ && error_.empty();
 }
 
+void SendConnection::dialNow() {
+  Lock lock(mutex_);
+  if (closed_ || !error_.empty()) return;
+  dialLocked();
+}
+
 bool SendConnection::checkCarriableLocked(uint64_t seq, PendingSend& send) {
   const bool sourceOnDevice = send.registration != nullptr && !send.registration->hostAccessible();
   const bool targetOnDevice = send.placement != nullptr && !send.placement->hostAccessible;
@@ -309,6 +315,8 @@ void SendConnection::failPendingLocked(const std::string& why) {
 
 void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::string& error) {
   std::shared_ptr<Path> discard;
+  std::shared_ptr<Path> activateOn;
+  std::vector<std::vector<uint8_t>> activateFrames;
   {
     Lock lock(mutex_);
     Slot& slot = slots_.at(index);
@@ -330,9 +338,21 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
       } catch (const Error& e) {
         failPathLocked(index, Reason::kError, e.what());
       }
+      // The first activation goes out from here, not at the supervisor's next
+      // round: a first use waits for it. Before any epoch there is nothing to
+      // drain (no lanes yet), so this is service()'s activation without its drain.
+      if (epoch_ == 0) {
+        std::vector<std::shared_ptr<Path>> drainFirst;
+        activateOn = maybeActivateLocked(&activateFrames, &drainFirst);
+      }
     }
   }
   discard.reset();
+  if (activateOn) {
+    bool sent = true;
+    for (const auto& frame : activateFrames) sent = sent && activateOn->sendControl(frame);
+    if (!sent) RECCL_LOG(kInfo, "ACTIVATE could not be sent; the path is failing");
+  }
   env_.supervisor->poke();
 }
 

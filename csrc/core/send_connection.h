@@ -36,6 +36,9 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   // True once the receiver has answered an activation; false and `error()` set
   // when it can no longer happen.
   bool ready() const;
+  // Starts the up-front dials now, from the caller's thread, instead of at the
+  // supervisor's next round (a connection's first use waits for them).
+  void dialNow();
 
   ~SendConnection() override;
 

@@ -100,6 +100,9 @@ class Communicator {
   // Connections made so far (both directions).
   size_t connections() const { return links_->connections(); }
   std::vector<int> sendPeers(int channel) const { return links_->sendPeers(channel); }
+  // Deletes this rank's rendezvous key once every other rank has connected
+  // (Links::releaseSpentKey): call between operations, never throws.
+  void releaseSpentKey() { links_->releaseSpentKey(); }
   uint64_t opsDone() const { return opsDone_.load(); }
   const CommOptions& options() const { return options_; }
 

@@ -13,7 +13,7 @@ namespace reccl {
 namespace {
 std::string laneName(Lane lane) { return lane == Lane::kP2p ? "p2p" : "collective"; }
 constexpr Millis kAcceptSlice(50);
-constexpr Millis kForgetBound(2000);  // deleting our key at close: never longer than this
+constexpr Millis kForgetBound(2000);  // deleting our key: never longer than this
 }  // namespace
 
 Links::Links(std::shared_ptr<Transport> transport, std::shared_ptr<Rendezvous> rendezvous,
@@ -157,8 +157,51 @@ std::shared_ptr<RecvConnection> Links::tryReceiver(int peer, int channel, Lane l
   if (!l.recv && !listeners_.empty()) {
     l.recv = listeners_[nicFor(peer, channel, lane)]->acceptTagged(tagOf(peer, channel, lane),
                                                                    Millis(0));
+    if (l.recv) noteAccepted(peer);
   }
   return l.recv;
+}
+
+void Links::noteAccepted(int peer) {
+  std::lock_guard<std::mutex> lock(keyMutex_);
+  if (keySpent_) return;
+  connectedFrom_.insert(peer);
+  if (static_cast<int>(connectedFrom_.size()) == size_ - 1) {
+    keySpent_ = true;
+    connectedFrom_.clear();
+  }
+}
+
+void Links::releaseSpentKey() {
+  {
+    std::lock_guard<std::mutex> lock(keyMutex_);
+    if (!keySpent_ || keyErased_ || closed_.load()) return;
+  }
+  eraseKeyBounded();
+}
+
+void Links::eraseKeyBounded() {
+  {
+    std::lock_guard<std::mutex> lock(keyMutex_);
+    if (keyErased_) return;
+    keyErased_ = true;
+  }
+  // Bounded: a store that stopped answering keeps only this detached call.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  try {
+    std::thread([rendezvous = rendezvous_, key = key_, done] {
+      try {
+        rendezvous->erase(key);
+      } catch (const std::exception&) {
+        // The store is gone: nothing left to clean.
+      }
+      done->set_value();
+    }).detach();
+    finished.wait_for(kForgetBound);
+  } catch (const std::system_error&) {
+    // No thread to be had: the key stays (the job's store is torn down with the job).
+  }
 }
 
 std::shared_ptr<RecvConnection> Links::receiverUntil(int peer, int channel, Lane lane,
@@ -177,6 +220,7 @@ std::shared_ptr<RecvConnection> Links::receiverUntil(int peer, int channel, Lane
     const Millis slice =
         std::min(kAcceptSlice, std::chrono::duration_cast<Millis>(until - now) + Millis(1));
     l.recv = listeners_[nicFor(peer, channel, lane)]->acceptTagged(tag, slice);
+    if (l.recv) noteAccepted(peer);
   }
   return l.recv;
 }
@@ -248,24 +292,7 @@ void Links::close(bool orderly) {
   }
   // Closed, not released: accepts racing with this return nothing from now on.
   for (auto& listener : listeners_) listener->close();
-  if (orderly && size_ > 1) {
-    // Bounded: a store that stopped answering keeps only this detached call.
-    auto done = std::make_shared<std::promise<void>>();
-    std::future<void> finished = done->get_future();
-    try {
-      std::thread([rendezvous = rendezvous_, key = key_, done] {
-        try {
-          rendezvous->erase(key);
-        } catch (const std::exception&) {
-          // The store is gone: nothing left to clean.
-        }
-        done->set_value();
-      }).detach();
-      finished.wait_for(kForgetBound);
-    } catch (const std::system_error&) {
-      // No thread to be had: the key stays (the job's store is torn down with the job).
-    }
-  }
+  if (orderly && size_ > 1) eraseKeyBounded();
   // Close in parallel: each close waits (bounded) for the peer's CLOSE.
   constexpr size_t kParallel = 16;
   for (size_t base = 0; base < connections.size(); base += kParallel) {

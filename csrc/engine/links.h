@@ -9,14 +9,18 @@
 // and every connection is made on first use, so a rank connects only to the
 // peers its algorithms use (O(log N) for the agreement, ring neighbours, roots).
 // Each dial carries a tag naming the sender's rank, lane and channel; the
-// receiver accepts by tag on its listener of that NIC. The key is deleted when
-// the communicator closes in order.
+// receiver accepts by tag on its listener of that NIC. A peer reads the key
+// once and keeps the handles for the communicator's life (re-dials after a
+// fault use them), so the key is spent once every other rank has connected
+// to this one (releaseSpentKey() deletes it then); otherwise it is deleted
+// when the communicator closes in order.
 #pragma once
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,6 +74,12 @@ class Links {
   // order (which peers the algorithms talk to, for tests and tools).
   std::vector<int> sendPeers(int channel) const;
 
+  // Deletes this rank's key once every other rank has connected to it (each
+  // read it before dialing and never reads it again); otherwise does nothing.
+  // One store request, bounded; never throws. Meant for after an operation,
+  // off its latency.
+  void releaseSpentKey();
+
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is
   // written afterwards. `orderly`: also deletes this rank's key (bounded).
@@ -95,6 +105,10 @@ class Links {
   Peer& peerEntry(int peer);
   static void checkHandles(int peer, const std::vector<uint8_t>& blob);
   void checkOpen() const;
+  // Records that `peer` connected to this rank (it has read our key).
+  void noteAccepted(int peer);
+  // Deletes our key (once), waiting at most kForgetBound for the store.
+  void eraseKeyBounded();
 
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<Rendezvous> rendezvous_;
@@ -110,6 +124,10 @@ class Links {
   std::map<int, std::unique_ptr<Peer>> peers_;
   std::map<std::pair<int, int>, std::unique_ptr<Link>> links_;  // (peer, slot)
   std::atomic<bool> closed_{false};
+  std::mutex keyMutex_;        // guards the two below
+  std::set<int> connectedFrom_;  // peers that connected to us, until all have
+  bool keySpent_ = false;        // every other rank has connected
+  bool keyErased_ = false;
 };
 
 }  // namespace reccl

@@ -192,6 +192,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
     } else {
       work->succeed();
     }
+    comm->releaseSpentKey();  // after the op completed: off its latency
   };
   job.cancel = [work, group = options_.group](const std::string& why) {
     work->fail(backendError("reccl: operation on process group '" + group +

@@ -38,14 +38,33 @@ std::vector<std::vector<uint8_t>> StoreRendezvous::getMany(const std::vector<std
                                                            Millis timeout) {
   if (keys.empty()) return {};
   // A store's multiGet waits for its keys by itself, bounded by the store's
-  // timeout: a wait of our own first is a second round trip to the store host
-  // for nothing when that bound is ours anyway (the usual case: torch gives
-  // the store the group's timeout). Only a store with another bound gets one.
-  const bool ownWait = store_->getTimeout() != timeout;
-  storeRequests.fetch_add(ownWait ? 2 : 1);
+  // timeout. Within our bound that is all it takes: a store whose bound is
+  // shorter (torch gives a new group's store init_process_group's timeout,
+  // the group often a longer one) is asked again until ours has passed (the
+  // last ask may end up to one store bound later). Only a store whose bound is
+  // longer than ours, or that has none, gets a wait of our own first, a second
+  // round trip to the store host.
+  const Clock::time_point deadline = Clock::now() + timeout;
+  const std::chrono::milliseconds storeBound = store_->getTimeout();
+  const bool ownWait = storeBound == c10d::Store::kNoTimeout || storeBound > timeout;
   try {
-    if (ownWait) store_->wait(keys, timeout);
-    return store_->multiGet(keys);
+    if (ownWait) {
+      storeRequests.fetch_add(1);
+      store_->wait(keys, timeout);
+    }
+    for (;;) {
+      storeRequests.fetch_add(1);
+      try {
+        return store_->multiGet(keys);
+      } catch (const c10::DistStoreError&) {
+        // The store's bound passed; ours may not have. Keys that are all
+        // there mean another failure: rethrown below.
+        if (ownWait || Clock::now() >= deadline) throw;
+        bool present = true;
+        for (const auto& key : keys) present = present && store_->check({key});
+        if (present) throw;
+      }
+    }
   } catch (const std::exception& e) {
     std::string missing;
     for (const auto& key : keys) {

@@ -281,6 +281,7 @@ std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<
                  std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
           handle, id), handle.chunkBytes);
   supervisor_->add(connection);
+  connection->dialNow();
   return connection;
 }
 

@@ -176,6 +176,7 @@ std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector
           handle, id),
       handle.chunkBytes);
   supervisor_->add(connection);
+  connection->dialNow();
   return connection;
 }
 
