@@ -81,11 +81,11 @@ def rank_main(args) -> int:
         done_bytes += n * 4
         if ops % args.check_every == 0 and not torch.equal(view[:n], want[:n]):
             wrong += int((view[:n] != want[:n]).sum())
+        if view[-1].item() > 0:
+            break  # only the final tick follows the stop: the other rank may be tearing down
         if time.monotonic() >= next_tick:
             tick()
             next_tick = time.monotonic() + TICK_S
-        if view[-1].item() > 0:
-            break
     tick(final=True)
     dist.destroy_process_group()
     return 1 if wrong else 0

@@ -144,7 +144,8 @@ def test_without_dcr_spreading_moves_traffic_off_a_nic_slow_from_the_start():
     nics = [f"eth{i}" for i in range(4)]
     for rank in (0, 1):  # both directions: each rank's channel-1 sender moved
         ticks = state["ticks"][rank]
-        # the final tick may follow the other rank's teardown, which closes the lanes
+        # the final tick (the only one after the stop op) may follow the other
+        # rank's teardown, which closes the lanes
         after = [t for t in ticks if t["t"] >= marks["degraded"] + 0.5 and not t["final"]]
         start, end = after[0], after[-1]
         sent = {n: end["nics"][n]["sent"] - start["nics"][n]["sent"] for n in nics}
