@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import torch_reccl
+from torch_reccl import procstat
 from torch_reccl.events import EVENT_KINDS, Event, on_event
 from torch_reccl.transport import (ConfigError, ProtocolError, RecclError, Transport,
                                    TimeoutError as RecclTimeoutError, _C)
@@ -144,13 +145,7 @@ def test_backup_off_opens_only_the_primary(pair_factory):
 
 
 def socket_fds() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass  # closed meanwhile
-    return count
+    return procstat.fds()[1]
 
 
 @contextlib.contextmanager
