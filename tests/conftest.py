@@ -316,7 +316,9 @@ class Fabric:
 
     kind "ib": two IbTransports over one ``_testing.IbEmulation`` with devices A0, A1
     (host a) and B0, B1 (host b). kind "tcp": two TCP Transports, host a on
-    127.0.0.1/127.0.0.2, host b on 127.0.0.3/127.0.0.4. ``pair()`` connects a -> b;
+    127.0.0.1/127.0.0.2, host b on 127.0.0.3/127.0.0.4; both in one process, so
+    their paths take same-host reads (payloads of 16 KiB or more read from the
+    sender's memory); kind "tcp-sockets": the same with RECCL_SAME_HOST_READS=0. ``pair()`` connects a -> b;
     ``link()``/``blackhole()`` fault one NIC of one host in the way the transport
     supports: an emulated port event / silent drop for IB, ``inject_fault`` for
     TCP (the only fault a TCP transport can be given inside one process).
@@ -325,7 +327,13 @@ class Fabric:
     def __init__(self, kind="ib", infiniband=None, **overrides):
         """`infiniband`: IB only, four subnet prefixes (A0, A1, B0, B1) that make
         the devices InfiniBand ports instead of RoCE ones."""
+        if kind == "tcp-sockets":
+            # TCP with every payload byte through the sockets: in one process
+            # both hosts share a kernel, so "tcp" takes same-host reads.
+            kind = "tcp"
+            overrides.setdefault("SAME_HOST_READS", 0)
         self.kind = kind
+        self.same_host_reads = kind == "tcp" and str(overrides.get("SAME_HOST_READS", 1)) != "0"
         self.pairs = []
         self.listeners = []
         if kind == "ib":
@@ -404,7 +412,7 @@ def fabrics(kind):
         made.append(f)
         return f
 
-    make.kind = kind
+    make.kind = "tcp" if kind.startswith("tcp") else kind
     yield make
     for f in made:
         f.close()

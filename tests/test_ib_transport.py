@@ -724,7 +724,7 @@ def test_registration_must_cover_the_buffer_and_tcp_registers_nothing(fabric):
 
 
 def qp_exchange(**fields):
-    values = dict(magic=0x51434552, version=5, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
+    values = dict(magic=0x51434552, version=6, role=1, mtu=3, qpn=0x101, psn=7, lid=0, link_layer=1,
                   gid=b"\x00" * 10 + b"\xff\xff\x0a\x00\x00\x01", addr=0x7f0000001000, rkey=5,
                   slots=4, slot_bytes=CHUNK + 64)
     values.update(fields)

@@ -1,13 +1,16 @@
 """The transport contract: one set of tests, run over TCP and over the IB verbs
 emulation alike (as Gloo runs each algorithm over every transport).
 
-The ``bed`` fixture is parametrized over ["tcp", "ib"] and yields
+The ``bed`` fixture is parametrized over ["tcp", "tcp-sockets", "ib"] and yields
 make(**RECCL_overrides) -> conftest.Fabric: two hosts, a and b, each a transport
 with a primary and a backup NIC (rail 0 and rail 1); ``pair()`` connects a -> b
 (``reverse`` b -> a). Host a's NICs are ``nics_a`` (primary, backup), host b's
 ``nics_b``. Both hosts live in this process but their NICs have different names,
 so a fault on one host's NIC is seen by that host only: that is how "seen by one
-side" is tested, for both transports, without a second process.
+side" is tested, for both transports, without a second process. "tcp" carries
+bulk payloads by same-host reads (both hosts share this process's kernel, the
+DATA_REF frames of transport/tcp/same_host.h), "tcp-sockets" (the setting
+RECCL_SAME_HOST_READS=0) every byte through the sockets, as between hosts.
 
 How each fault is made, per transport:
 - link down/up: IB, an emulated port event (PORT_ERR/PORT_ACTIVE, reason
@@ -48,7 +51,7 @@ from conftest import (close_both, fabrics, in_thread, plan_sizes, run_receiver, 
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
-KINDS = ["tcp", "ib"]
+KINDS = ["tcp", "tcp-sockets", "ib"]
 
 
 @pytest.fixture(params=KINDS)
@@ -61,6 +64,12 @@ def switch_events(events, kind, conn):
     found = events.of(kind, connection=conn.id)
     return ([e for e in found if e.detail.startswith("sender:")],
             [e for e in found if e.detail.startswith("receiver:")])
+
+
+def same_host_bytes(nics):
+    """Bytes the named NICs' paths received by same-host reads (process-wide counters)."""
+    counters = torch_reccl.stats()["nics"]
+    return sum(counters[nic]["same_host_bytes"] for nic in nics if nic in counters)
 
 
 def both_on(send, recv, path, timeout):
@@ -113,6 +122,7 @@ def test_random_streams_both_ways_are_bit_exact(bed):
     contents, 0 B .. 512 KiB plus two of 4 MiB; one receiver posts buffers 7 B
     larger than the messages."""
     f = bed()
+    read_before = same_host_bytes(f.nics_a + f.nics_b)
     forward = [f.pair() for _ in range(2)]
     back_send, back_recv = f.pair(1, reverse=True)
     plans = [plan_sizes(10 + i, 80, 512 << 10, big=2) for i in range(3)]
@@ -125,6 +135,13 @@ def test_random_streams_both_ways_are_bit_exact(bed):
     for send, recv in forward + [(back_send, back_recv)]:
         assert send.error == recv.error == ""
         assert send.active_path == recv.active_path == 0
+    # The bulk went the way the bed says: read from the sender's memory (most of
+    # it: only chunks under 16 KiB stay inline) or all through the sockets.
+    read = same_host_bytes(f.nics_a + f.nics_b) - read_before
+    if f.same_host_reads:
+        assert read > sum(totals) // 4, (read, sum(totals))
+    else:
+        assert read == 0, read
 
 
 def test_zero_byte_messages_and_buffer_kinds(bed):

@@ -8,6 +8,7 @@ protocol by hand (the layouts below are the packed structs of frame.h).
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -29,6 +30,7 @@ from torch_reccl.events import flush_events
 from torch_reccl.transport import ProtocolError, RecclError, Transport, _C
 
 from conftest import close_both, plan_sizes, reccl_env, run_receiver, run_sender, wait_until
+from conftest import testing as load_testing
 
 # CI draws the same 300 examples every run (derandomize: a failure reproduces);
 # FUZZ_PROFILE=nightly draws 5000 fresh ones each run (the failing example is
@@ -42,9 +44,11 @@ FUZZ = settings(max_examples=5000 if NIGHTLY else 300, deadline=None, database=N
 
 MAGIC = 0x4C434552
 HEADER = struct.Struct("<IB3xI")               # FrameHeader
-HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQ")    # HelloBody (version 3 on: with the dialer's transport)
-HELLO_ACK = struct.Struct("<BQ")                # HelloAckBody: accepted, the acceptor's transport
-PROTOCOL_VERSION = 5  # csrc/core/frame.h kProtocolVersion
+# HelloBody (version 3 on: with the dialer's transport; 6 on: the same-host offer,
+# host key, pid, token address and token, all zero here: no offer)
+HELLO = struct.Struct("<HBBBBBBQQQQ16s32sQQIQQ")
+HELLO_ACK = struct.Struct("<BQB")               # HelloAckBody: accepted, the acceptor's transport, same-host reads
+PROTOCOL_VERSION = 6  # csrc/core/frame.h kProtocolVersion
 CTS = ACK = struct.Struct("<QQ")
 ACTIVATE = struct.Struct("<QBB")
 RESYNC_HEADER = struct.Struct("<QQI")
@@ -52,10 +56,12 @@ RESYNC_ENTRY = struct.Struct("<QQQ")
 NOTIFY = struct.Struct("<BB")
 PLACE = struct.Struct("<QBB6x96s")                # PlaceBody: seq, host flag, length, placement
 DATA = struct.Struct("<QQQQI")                  # DataHeader
+DATA_REF = struct.Struct("<QQQQIQ")             # DataRefBody: DataHeader, the payload's address
 MAX_CONTROL_BODY = RESYNC_HEADER.size + 1024 * RESYNC_ENTRY.size
 
 TYPES = {1: "HELLO", 2: "HELLO_ACK", 3: "CTS", 4: "ACK", 5: "ACTIVATE", 6: "RESYNC",
-         7: "NOTIFY", 8: "HEARTBEAT", 9: "DATA", 10: "CLOSE", 11: "CANCEL", 12: "PLACE"}
+         7: "NOTIFY", 8: "HEARTBEAT", 9: "DATA", 10: "CLOSE", 11: "CANCEL", 12: "PLACE",
+         13: "DATA_REF"}
 
 
 def frame(type_, body=b"", body_bytes=None):
@@ -64,9 +70,10 @@ def frame(type_, body=b"", body_bytes=None):
 
 def hello(listen_id=0, secret=b"\0" * 16, kind=0, index=0, count=1, path=0, sender_nic=0,
           receiver_nic=0, connection=1, nonce=1, version=PROTOCOL_VERSION, name=b"fuzz", tag=0,
-          transport=0x5EED):
+          transport=0x5EED, offer=(0, 0, 0, 0)):
+    """`offer`: the same-host offer (host key, pid, token address, token); zeros: none."""
     return frame(1, HELLO.pack(version, kind, index, count, path, sender_nic, receiver_nic,
-                               listen_id, connection, nonce, tag, secret, name, transport))
+                               listen_id, connection, nonce, tag, secret, name, transport, *offer))
 
 
 def resync(epoch, next_seq, entries):
@@ -85,7 +92,7 @@ VALID = [
     ("RESYNC", resync(1, 1024, [(i, 1, 0) for i in range(1024)])),
     ("HELLO", hello(count=4)),
     ("HELLO", hello(kind=1, index=15, count=16)),
-    ("HELLO_ACK", frame(2, HELLO_ACK.pack(1, 0x5EED))),
+    ("HELLO_ACK", frame(2, HELLO_ACK.pack(1, 0x5EED, 0))),
     ("NOTIFY", frame(7, NOTIFY.pack(0, 4))),
     ("PLACE", frame(12, PLACE.pack(3, 1, 20, b"\x07" * 20))),
     ("PLACE", frame(12, PLACE.pack(2**64 - 1, 0, 96, b"\x01" * 96))),
@@ -106,12 +113,13 @@ def parse(data):
 
 
 def test_valid_frames_parse():
-    assert HEADER.size == 12 and HELLO.size == 96 and HELLO_ACK.size == 9 and DATA.size == 36
+    assert HEADER.size == 12 and HELLO.size == 124 and HELLO_ACK.size == 10 and DATA.size == 36
     for name, data in VALID:
         assert _C.parse_frame(data) == name
     assert _C.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
     assert _C.encode_frame("activate", 3, 1) == frame(5, ACTIVATE.pack(3, 1, 0))
     assert _C.parse_frame(frame(9, DATA.pack(0, 1, 10, 0, 10))) == "DATA"
+    assert _C.parse_frame(frame(13, DATA_REF.pack(0, 1, 1 << 20, 0, 1 << 20, 0x7F0000001000))) == "DATA_REF"
 
 
 def test_every_truncation_of_a_control_frame_is_rejected():
@@ -124,7 +132,7 @@ def test_every_truncation_of_a_control_frame_is_rejected():
 
 
 def test_huge_and_wrong_length_fields_are_rejected():
-    for type_ in range(1, 13):  # every frame type, PLACE (12) included
+    for type_ in range(1, 14):  # every frame type, DATA_REF (13) included
         for length in (0xFFFFFFFF, 0x80000000, MAX_CONTROL_BODY + RESYNC_ENTRY.size,
                        MAX_CONTROL_BODY + 1, 1 << 26):
             with pytest.raises(ProtocolError):
@@ -138,7 +146,7 @@ def test_huge_and_wrong_length_fields_are_rejected():
     for length, host in ((0, 1), (97, 1), (255, 0), (20, 2)):
         with pytest.raises(ProtocolError, match="PLACE"):
             _C.parse_frame(frame(12, PLACE.pack(1, host, length, b"\0" * 96)))
-    for bad_type in (0, 13, 255):
+    for bad_type in (0, 14, 255):
         with pytest.raises(ProtocolError, match="type"):
             _C.parse_frame(frame(bad_type, b""))
     for bad in (hello(version=1), hello(kind=2), hello(count=0), hello(count=17),
@@ -438,27 +446,36 @@ class RawSender:
     ``data`` is the first)."""
 
     def __init__(self, address, port, handle, path=0, connection=0xC0FFEE, receiver_nic=0,
-                 sockets=1):
+                 sockets=1, offer=(0, 0, 0, 0), joined=None):
+        """`offer`: the control socket's same-host offer (``same_host_reads`` then
+        says whether the receiver took it); `joined`: how many data sockets to dial
+        now (default all), the others by join()."""
         self.listen_id = struct.unpack_from("<Q", handle, 12)[0]
         self.secret = handle[20:36]
+        self.address, self.port = address, port
         nonce = random.getrandbits(64)
-        args = dict(listen_id=self.listen_id, secret=self.secret, count=sockets, path=path,
-                    connection=connection, nonce=nonce, sender_nic=path,
-                    receiver_nic=receiver_nic)
-        self.control = self._dial(address, port, hello(kind=0, **args))
-        self.datas = [self._dial(address, port, hello(kind=1, index=i, **args))
-                      for i in range(sockets)]
+        self.args = dict(listen_id=self.listen_id, secret=self.secret, count=sockets, path=path,
+                         connection=connection, nonce=nonce, sender_nic=path,
+                         receiver_nic=receiver_nic)
+        self.control, self.same_host_reads = self._dial(address, port,
+                                                        hello(kind=0, offer=offer, **self.args),
+                                                        with_flag=True)
+        self.datas = [self.join(i) for i in range(sockets if joined is None else joined)]
         self.data = self.datas[0]
 
+    def join(self, index):
+        """Dials data socket `index` of this path (a late join after the first)."""
+        return self._dial(self.address, self.port, hello(kind=1, index=index, **self.args))
+
     @staticmethod
-    def _dial(address, port, greeting):
+    def _dial(address, port, greeting, with_flag=False):
         s = socket.create_connection((address, port), timeout=5)
         s.sendall(greeting)
         ack = recv_exact(s, HEADER.size + HELLO_ACK.size)
-        assert ack[:HEADER.size] == frame(2, HELLO_ACK.pack(1, 0))[:HEADER.size], ack
-        accepted, transport = HELLO_ACK.unpack_from(ack, HEADER.size)
-        assert accepted == 1 and transport != 0, ack
-        return s
+        assert ack[:HEADER.size] == frame(2, HELLO_ACK.pack(1, 0, 0))[:HEADER.size], ack
+        accepted, transport, same_host = HELLO_ACK.unpack_from(ack, HEADER.size)
+        assert accepted == 1 and transport != 0 and same_host in (0, 1), ack
+        return (s, same_host == 1) if with_flag else s
 
     def read_control(self, want, timeout=5.0):
         """Reads control frames until one of type `want`; skips heartbeats."""
@@ -531,6 +548,16 @@ def test_admitted_sockets_that_cannot_make_a_path_are_closed_without_further_han
     listener.close()
 
 
+def bad_data_fails_its_path(events, conn, data_socket, connection, capacity, data, why):
+    """`data` (frames breaking the protocol) sent on `data_socket` fails its path,
+    the event naming `why`, and a receive posted before it stays pending."""
+    pending = conn.irecv(bytearray(capacity))
+    data_socket.sendall(data)
+    found = events.wait_for(3, "path_down", connection=connection)
+    assert found and why in found[0].detail, [e.detail for e in found]
+    assert pending.test() == (False, 0)
+
+
 @pytest.mark.timeout(30)
 def test_hand_written_sender_and_malformed_data(events):
     """The receiver speaks frame.h exactly (ACTIVATE -> RESYNC, DATA -> ACK) and a
@@ -565,13 +592,139 @@ def test_hand_written_sender_and_malformed_data(events):
         assert ACK.unpack(raw.read_control(4)) == (1, 3)
 
         # misaligned chunk: a protocol error fails the path, nothing crashes
-        r3 = conn.irecv(bytearray(100))
-        raw.data.sendall(frame(9, DATA.pack(2, 1, 50, 7, 43)) + b"x" * 43)
-        found = events.wait_for(3, "path_down", connection=0xC0FFEE)
-        assert found and "protocol error" in found[0].detail, [e.detail for e in found]
-        assert r3.test() == (False, 0)
+        bad_data_fails_its_path(events, conn, raw.data, 0xC0FFEE, 100,
+                                frame(9, DATA.pack(2, 1, 50, 7, 43)) + b"x" * 43, "protocol error")
     finally:
         raw.close()
+    listener.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_late_data_socket_that_closes_before_any_frame_leaves_its_path_at_work(events):
+    """A sender's grow dials the missing data sockets in one round and, if that
+    round fails half way (a deadline under load), closes the ones already
+    admitted, which the receiver has attached. Such a socket carried nothing: the
+    receiver drops it and the path goes on (it used to fail the whole path)."""
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    raw = RawSender(address, port, listener.handle, sockets=3, joined=1)
+    try:
+        conn = listener.accept(5)
+        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.read_control(6)
+        late = raw.join(1)
+        time.sleep(0.2)  # admitted and attached before it goes
+        late.close()
+        time.sleep(0.2)
+        buf = bytearray(4096)
+        r = conn.irecv(buf)
+        payload = os.urandom(4096)
+        raw.data.sendall(frame(9, DATA.pack(0, 1, 4096, 0, 4096)) + payload)
+        assert r.wait(5) == 4096 and bytes(buf) == payload
+        assert ACK.unpack(raw.read_control(4)) == (0, 4096)
+        assert not events.of("path_down", connection=0xC0FFEE), events.of("path_down")
+    finally:
+        raw.close()
+    listener.close()
+
+
+def primary_and_backup(listener, connection, offer=(0, 0, 0, 0)):
+    """Hand-written primary (NIC 0, with `offer`) and backup (NIC 1) paths of one
+    connection to `listener`, both up, the primary activated (epoch 1).
+    Returns (primary, the accepted receiving connection, backup)."""
+    nics = _C.decode_handle(listener.handle)["nics"]
+    primary = RawSender(*nics[0], listener.handle, path=0, connection=connection, offer=offer)
+    conn = listener.accept(5)
+    backup = RawSender(*nics[1], listener.handle, path=1, connection=connection, receiver_nic=1)
+    assert wait_until(lambda: len(conn.paths()) == 2, 3), conn.paths()
+    primary.control.sendall(_C.encode_frame("activate", 1, 0))
+    primary.read_control(6)
+    return primary, conn, backup
+
+
+def same_host_offer(window):
+    return (load_testing().same_host_key(), os.getpid(), window.token_address, window.token)
+
+
+@pytest.mark.timeout(30)
+def test_same_host_offers_are_taken_only_with_a_readable_token():
+    """The receiver takes a same-host offer only where it read the named token in
+    the named process (this one: the hand-written sender is this process)."""
+    window = load_testing().SameHostWindow()
+    t = Transport(reccl_env())
+    listener = t.listen(0)
+    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    key, pid, word, token = same_host_offer(window)
+    offers = {"valid": ((key, pid, word, token), True),
+              "wrong token": ((key, pid, word, token ^ 1), False),
+              "another host": ((key ^ 1, pid, word, token), False),
+              "unmapped word": ((key, pid, 8, token), False),
+              "none": ((0, 0, 0, 0), False)}
+    for name, (offer, taken) in offers.items():
+        raw = RawSender(address, port, listener.handle, offer=offer,
+                        connection=random.getrandbits(63))
+        assert raw.same_host_reads == taken, name
+        raw.close()
+    listener.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_data_ref_lands_only_while_its_senders_window_holds(events):
+    """DATA_REF (13): a chunk read from the sender's memory. It lands while the
+    sender's token holds. Once the sender revoked its window (its path gone, its
+    buffers given up and reused) the chunk read from there is not taken as
+    landed: the path fails, RESYNC over the backup reports nothing of it, and
+    the re-sent chunk completes the receive with the right bytes. A DATA_REF on
+    a path that did not take the offer is a protocol error."""
+    window = load_testing().SameHostWindow()
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="65536"))
+    listener = t.listen(0)
+    nics = _C.decode_handle(listener.handle)["nics"]
+    original = os.urandom(40000)
+    source = ctypes.create_string_buffer(original, 40000)
+    connection = random.getrandbits(63)
+    primary, conn, backup = primary_and_backup(listener, connection, offer=same_host_offer(window))
+    try:
+        assert primary.same_host_reads
+        buf = bytearray(40000)
+        r = conn.irecv(buf)
+        primary.data.sendall(frame(13, DATA_REF.pack(0, 1, 40000, 0, 40000, ctypes.addressof(source))))
+        assert r.wait(5) == 40000 and bytes(buf) == original
+        assert ACK.unpack(primary.read_control(4)) == (0, 40000)
+
+        window.revoke()
+        ctypes.memset(source, 0x5A, 40000)  # the given-up buffer, reused
+        buf2 = bytearray(40000)
+        r2 = conn.irecv(buf2)
+        primary.data.sendall(frame(13, DATA_REF.pack(1, 1, 40000, 0, 40000, ctypes.addressof(source))))
+        found = events.wait_for(3, "path_down", connection=connection)
+        assert found and "revoked" in found[0].detail, [e.detail for e in found]
+        assert r2.test() == (False, 0)
+        backup.control.sendall(frame(5, ACTIVATE.pack(2, 1, REASON_ERROR)))
+        _type, body = backup.read_until((6,), skip=(3, 4, 7, 8))  # past the NOTIFY of path 0
+        epoch, _next, count = RESYNC_HEADER.unpack_from(body)
+        entries = [RESYNC_ENTRY.unpack_from(body, RESYNC_HEADER.size + i * RESYNC_ENTRY.size)
+                   for i in range(count)]
+        assert epoch == 2 and entries == [(1, 40000, 0)], (epoch, entries)  # nothing of it landed
+        backup.data.sendall(frame(9, DATA.pack(1, 2, 40000, 0, 40000)) + original)
+        assert r2.wait(5) == 40000 and bytes(buf2) == original
+    finally:
+        primary.close()
+        backup.close()
+
+    plain = RawSender(*nics[0], listener.handle, connection=0xBADF00D)
+    assert not plain.same_host_reads
+    try:
+        conn = listener.accept(5)
+        plain.control.sendall(_C.encode_frame("activate", 1, 0))
+        plain.read_control(6)
+        bad_data_fails_its_path(
+            events, conn, plain.data, 0xBADF00D, 40000,
+            frame(13, DATA_REF.pack(0, 1, 40000, 0, 40000, ctypes.addressof(source))),
+            "without same-host reads")
+    finally:
+        plain.close()
     listener.close()
 
 
@@ -586,15 +739,9 @@ def two_path_receiver(events):
     the socket close would send)."""
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000"))
     listener = t.listen(0)
-    nics = _C.decode_handle(listener.handle)["nics"]
     connection = random.getrandbits(63)
-    primary = RawSender(*nics[0], listener.handle, path=0, connection=connection)
-    conn = listener.accept(5)
-    backup = RawSender(*nics[1], listener.handle, path=1, connection=connection, receiver_nic=1)
+    primary, conn, backup = primary_and_backup(listener, connection)
     try:
-        assert wait_until(lambda: len(conn.paths()) == 2, 3), conn.paths()
-        primary.control.sendall(_C.encode_frame("activate", 1, 0))
-        primary.read_control(6)
         backup.heartbeat()
         torch_reccl.inject_fault("lo:127.0.0.1", "down")
         notify = NOTIFY.unpack(backup.read_control(7))
@@ -1084,9 +1231,9 @@ class FakeReceiver:
                     conn.close()
                     continue
                 (version, kind, index, count, path, _snic, _rnic, listen_id, connection, nonce,
-                 _tag, secret, _name, _transport) = HELLO.unpack_from(greeting, HEADER.size)
+                 _tag, secret, _name, _transport, *_same_host_offer) = HELLO.unpack_from(greeting, HEADER.size)
                 assert (listen_id, secret, version) == (self.listen_id, self.secret, PROTOCOL_VERSION)
-                conn.sendall(frame(2, HELLO_ACK.pack(1, 0x5EED)))
+                conn.sendall(frame(2, HELLO_ACK.pack(1, 0x5EED, 0)))
                 if (path, nonce) in self._working:
                     assert kind == 1, "a second control socket for a working path"
                     self._working[(path, nonce)].data.append(conn)

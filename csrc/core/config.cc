@@ -106,6 +106,15 @@ constexpr SettingSpec kSettings[] = {
          "return to the primary path when it heals"),
     flag("RECCL_BACKUP", "1", storeFlag<&Config::backup>,
          "open a backup path per connection; 0 disables failover (baseline runs)"),
+    flag("RECCL_SAME_HOST_READS", "1", storeFlag<&Config::sameHostReads>,
+         "CPU engine: a TCP path between two processes of one host (same kernel, network and "
+         "pid namespace) carries payloads of 16 KiB or more by reference: the receiver copies "
+         "them straight from the sender's memory (process_vm_readv), one copy instead of two "
+         "through loopback TCP; headers, acknowledgements, heartbeats and failover stay on the "
+         "path's sockets. Taken per path at its handshake, only where the receiver can read the "
+         "sender (Yama ptrace_scope 1 or a seccomp profile may forbid it: the path then stays "
+         "plain TCP). The NCCL plugin never uses it. 0: every byte through the sockets "
+         "(docs/transport.md, \"Same-host reads\")"),
     choice("RECCL_SPREAD", "on", "on|off", storeSpread,
            "on: a connection whose primary path is down spreads its chunks over one path per "
            "surviving NIC (the backup and the last-resort rails), weighted by each path's measured "

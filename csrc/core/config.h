@@ -25,6 +25,7 @@ struct Config {
   int64_t chunkBytes;              // RECCL_CHUNK_BYTES: unit of striping and resync
   bool failback;                   // RECCL_FAILBACK
   bool backup;                     // RECCL_BACKUP: false = no backup path (baseline runs)
+  bool sameHostReads;              // RECCL_SAME_HOST_READS: same-host paths read payloads from the sender's memory
   bool spread;                     // RECCL_SPREAD: stripe over surviving NICs while the primary is down
   std::string debug;               // RECCL_DEBUG: NONE | WARN | INFO | TRACE
   // The CPU engine (defaults of a process group's options; pg_options override them).

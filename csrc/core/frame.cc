@@ -21,6 +21,7 @@ const char* frameTypeName(FrameType type) {
     case FrameType::kClose: return "CLOSE";
     case FrameType::kCancel: return "CANCEL";
     case FrameType::kPlace: return "PLACE";
+    case FrameType::kDataRef: return "DATA_REF";
   }
   return "UNKNOWN";
 }
@@ -41,6 +42,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
     case FrameType::kData: *size = sizeof(DataHeader); return true;
     case FrameType::kCancel: *size = sizeof(CancelBody); return true;
     case FrameType::kPlace: *size = sizeof(PlaceBody); return true;
+    case FrameType::kDataRef: *size = sizeof(DataRefBody); return true;
     case FrameType::kResync: return false;
   }
   return false;
@@ -48,7 +50,7 @@ bool fixedBodySize(FrameType type, size_t* size) {
 
 bool knownType(uint8_t type) {
   return type >= static_cast<uint8_t>(FrameType::kHello) &&
-         type <= static_cast<uint8_t>(FrameType::kPlace);
+         type <= static_cast<uint8_t>(FrameType::kDataRef);
 }
 
 std::vector<uint8_t> frame(FrameType type, const void* body, size_t bodyBytes) {
@@ -86,7 +88,7 @@ FrameHeader parseFrameHeader(const uint8_t* bytes, size_t length) {
   }
   if (!knownType(header.type)) {
     throw ProtocolError("unknown frame type " + std::to_string(header.type) +
-                        "; valid types are 1..12");
+                        "; valid types are 1..13");
   }
   FrameType type = static_cast<FrameType>(header.type);
   size_t expected = 0;
@@ -132,6 +134,8 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
       const HelloAckBody ack = readBody<HelloAckBody>(body);
       out.helloAccepted = ack.accepted == 1;
       out.helloAcceptorTransport = ack.acceptorTransport;
+      if (ack.sameHostReads > 1) throw ProtocolError("HELLO_ACK with same-host flag " + std::to_string(ack.sameHostReads) + " (0 or 1)");
+      out.helloSameHostReads = ack.sameHostReads == 1;
       break;
     }
     case FrameType::kCts: out.cts = readBody<CtsBody>(body); break;
@@ -167,7 +171,9 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
     case FrameType::kClose:
       break;
     case FrameType::kData:
-      throw ProtocolError("DATA frame where a control frame was expected");
+    case FrameType::kDataRef:
+      throw ProtocolError(std::string(frameTypeName(out.type)) +
+                          " frame where a control frame was expected");
   }
   return out;
 }
@@ -175,8 +181,10 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
 std::vector<uint8_t> encodeHello(const HelloBody& body) {
   return frame(FrameType::kHello, &body, sizeof(body));
 }
-std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport) {
-  HelloAckBody body{static_cast<uint8_t>(accepted ? 1 : 0), acceptorTransport};
+std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport,
+                                    bool sameHostReads) {
+  HelloAckBody body{static_cast<uint8_t>(accepted ? 1 : 0), acceptorTransport,
+                    static_cast<uint8_t>(sameHostReads ? 1 : 0)};
   return frame(FrameType::kHelloAck, &body, sizeof(body));
 }
 std::vector<uint8_t> encodeCts(uint64_t seq, uint64_t bytes) {
@@ -227,12 +235,17 @@ std::vector<uint8_t> encodePlace(uint64_t seq, bool hostAccessible,
   return frame(FrameType::kPlace, &body, sizeof(body));
 }
 
-FrameHeader dataFrameHeader() {
+namespace {
+FrameHeader headerOf(FrameType type, size_t bodyBytes) {
   FrameHeader header{};
   header.magic = kFrameMagic;
-  header.type = static_cast<uint8_t>(FrameType::kData);
-  header.bodyBytes = sizeof(DataHeader);
+  header.type = static_cast<uint8_t>(type);
+  header.bodyBytes = static_cast<uint32_t>(bodyBytes);
   return header;
 }
+}  // namespace
+
+FrameHeader dataFrameHeader() { return headerOf(FrameType::kData, sizeof(DataHeader)); }
+FrameHeader dataRefFrameHeader() { return headerOf(FrameType::kDataRef, sizeof(DataRefBody)); }
 
 }  // namespace reccl

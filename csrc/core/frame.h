@@ -14,8 +14,9 @@ constexpr uint32_t kFrameMagic = 0x4C434552;  // "RECL" little-endian
 // 3: HELLO and HELLO_ACK name their transports; 4: an IB grant is followed by
 // an empty SEND (its notice), which a version-3 sender takes for a bad frame;
 // 5: IB ends send receive-consuming requests only on credit (the peer's
-// credit word), which a version-4 end never writes.
-constexpr uint16_t kProtocolVersion = 5;
+// credit word), which a version-4 end never writes; 6: HELLO offers same-host
+// reads and HELLO_ACK answers, DATA_REF frames.
+constexpr uint16_t kProtocolVersion = 6;
 constexpr size_t kSecretBytes = 16;
 constexpr size_t kMaxOutstanding = 1024;  // posted receives per connection
 constexpr size_t kNicNameBytes = 32;
@@ -35,6 +36,8 @@ enum class FrameType : uint8_t {
   kClose = 10,     // orderly close: the coming EOFs are not faults
   kCancel = 11,    // sender -> receiver: message `seq` will never come (it was too large)
   kPlace = 12,     // receiver -> sender: buffer `seq` is registered; how to write it directly
+  kDataRef = 13,   // sender -> receiver on a same-host path's data sockets: a DataHeader and
+                   // where the payload is in the sender's memory; the receiver reads it there
 };
 const char* frameTypeName(FrameType type);
 
@@ -64,11 +67,20 @@ struct HelloBody {
   uint8_t secret[kSecretBytes];
   char senderNicName[kNicNameBytes];
   uint64_t dialerTransport;  // the dialing transport's id (liveness per peer NIC pair)
+  // Same-host reads offered (control socket only; zeros: none offered): the
+  // receiver may read this path's payloads straight from the dialer's memory
+  // (transport/tcp/same_host.h) once it has read `refToken` at `refWord` in
+  // process `pid`, which proves the pid is the dialer and readable.
+  uint64_t hostKey;
+  uint32_t pid;
+  uint64_t refWord;
+  uint64_t refToken;
 };
 
 struct HelloAckBody {
   uint8_t accepted;
   uint64_t acceptorTransport;  // the accepting transport's id (liveness per peer NIC pair)
+  uint8_t sameHostReads;       // 1: the offer was taken, payloads go as DATA_REF
 };
 
 struct CtsBody {
@@ -124,6 +136,12 @@ struct DataHeader {
   uint64_t offset;
   uint32_t bytes;
 };
+
+// DATA_REF's body: the chunk's header and the payload's address in the sender.
+struct DataRefBody {
+  DataHeader header;
+  uint64_t address;
+};
 #pragma pack(pop)
 
 constexpr size_t kMaxControlBody =
@@ -135,6 +153,7 @@ struct ControlFrame {
   HelloBody hello{};
   bool helloAccepted = false;
   uint64_t helloAcceptorTransport = 0;
+  bool helloSameHostReads = false;
   CtsBody cts{};
   AckBody ack{};
   ActivateBody activate{};
@@ -154,7 +173,8 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
 
 // Encoders return the whole frame, header included.
 std::vector<uint8_t> encodeHello(const HelloBody& body);
-std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport);
+std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport,
+                                    bool sameHostReads = false);
 std::vector<uint8_t> encodeCts(uint64_t seq, uint64_t bytes);
 std::vector<uint8_t> encodeAck(uint64_t seq, uint64_t bytes);
 std::vector<uint8_t> encodeActivate(uint64_t epoch, uint8_t pathIndex, uint8_t reason);
@@ -168,5 +188,6 @@ std::vector<uint8_t> encodeCancel(uint64_t seq, uint64_t bytes);
 std::vector<uint8_t> encodePlace(uint64_t seq, bool hostAccessible,
                                  const std::vector<uint8_t>& placement);
 FrameHeader dataFrameHeader();
+FrameHeader dataRefFrameHeader();
 
 }  // namespace reccl

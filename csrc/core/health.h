@@ -25,6 +25,7 @@ struct NicCounters {
   std::atomic<uint64_t> failbacks{0};   // failbacks onto a path on this NIC
   std::atomic<uint64_t> pathsDown{0};
   std::atomic<uint64_t> nvlBytes{0};    // bytes staged through a transit GPU for this NIC
+  std::atomic<uint64_t> sameHostBytes{0};  // received by reading the sender's memory (same host)
   // Grey-failure input: wall time with at least one message in flight from this
   // NIC, and the bytes those messages carried, so goodput while busy can be
   // compared across NICs whatever load each was offered. Both are credited when

@@ -127,6 +127,9 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
   try {
     Config config = Config::fromProcessEnv();
     config.applyLogLevel();
+    // NCCL's buffers may be device or driver-mapped memory another process
+    // cannot read, and NCCL moves same-host traffic over P2P/SHM itself.
+    config.sameHostReads = false;
     transport_ = makeTransport(config, verbs_);
     const bool ib = std::string(transport_->kind()) == "ib";
     std::string nics;

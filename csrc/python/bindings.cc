@@ -434,6 +434,7 @@ PYBIND11_MODULE(_C, m) {
       d["failbacks"] = c.failbacks.load();
       d["paths_down"] = c.pathsDown.load();
       d["nvl_bytes"] = c.nvlBytes.load();
+      d["same_host_bytes"] = c.sameHostBytes.load();
       d["grey"] = greyStateName(health.grey(static_cast<int>(i)));
       d["degraded"] = health.grey(static_cast<int>(i)) != GreyState::kHealthy;
       d["weight"] = health.weight(static_cast<int>(i));
@@ -468,8 +469,9 @@ PYBIND11_MODULE(_C, m) {
     std::string bytes = data;
     const auto* raw = reinterpret_cast<const uint8_t*>(bytes.data());
     FrameHeader header = parseFrameHeader(raw, bytes.size());
-    if (header.type == static_cast<uint8_t>(FrameType::kData)) {
-      return std::string(frameTypeName(FrameType::kData));
+    if (header.type == static_cast<uint8_t>(FrameType::kData) ||
+        header.type == static_cast<uint8_t>(FrameType::kDataRef)) {
+      return std::string(frameTypeName(static_cast<FrameType>(header.type)));
     }
     ControlFrame frame = decodeControl(header, raw + sizeof(FrameHeader), bytes.size() - sizeof(FrameHeader));
     return std::string(frameTypeName(frame.type));

@@ -17,6 +17,7 @@
 #include "testing/verbs_emulation.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/verbs_library.h"
+#include "transport/tcp/same_host.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -367,4 +368,25 @@ PYBIND11_MODULE(_testing, m) {
   }, py::arg("emulation"),
      "The NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call before the "
      "plugin's init(); once per process");
+
+  // Same-host reads (transport/tcp/same_host.h), each half on its own.
+  m.def("same_host_key", &sameHostKey, "This process's host key (kernel, network and pid namespace)");
+  py::class_<SameHostWindow, std::shared_ptr<SameHostWindow>>(
+      m, "SameHostWindow", "A sender's token word, as a TCP path holds one")
+      .def(py::init<>())
+      .def_property_readonly("token_address", &SameHostWindow::tokenAddress)
+      .def_property_readonly("token", &SameHostWindow::token)
+      .def("revoke", &SameHostWindow::revoke);
+  m.def("same_host_read", [](int pid, uint64_t tokenAddress, uint64_t token, uint64_t address,
+                             size_t bytes) {
+    std::string out(bytes, '\0');
+    std::string why;
+    bool ok;
+    {
+      py::gil_scoped_release release;
+      ok = PeerMemory(pid, tokenAddress, token, nullptr).read(out.data(), address, bytes, &why);
+    }
+    return py::make_tuple(ok, py::bytes(ok ? out : why));
+  }, py::arg("pid"), py::arg("token_address"), py::arg("token"), py::arg("address"), py::arg("bytes"),
+     "A receiver's read: (True, the bytes) or (False, why)");
 }

@@ -126,7 +126,7 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
   acceptor_ = std::make_unique<Acceptor>(
       bootstrapAddress_, "ib-bootstrap", transportId_, Millis(config_.connectTimeoutMs),
       [this](const HelloBody& hello) { return authenticate(hello); },
-      [this](const HelloBody& hello, Fd socket, const std::string& peer) {
+      [this](const HelloBody& hello, const Acceptor::Verdict&, Fd socket, const std::string& peer) {
         auto held = std::make_shared<Fd>(std::move(socket));
         jobs_.run([this, hello, held, peer] { acceptPath(hello, std::move(*held), peer); });
       });

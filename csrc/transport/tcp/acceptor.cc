@@ -92,7 +92,7 @@ bool Acceptor::advance(Pending& pending) {
       refuse(pending, "not authenticated", verdict.why);
       return true;
     }
-    std::vector<uint8_t> ack = encodeHelloAck(true, transportId_);
+    std::vector<uint8_t> ack = encodeHelloAck(true, transportId_, verdict.sameHostReads);
     IoWatch watch;
     watch.stallLimit = handshakeTimeout_;
     watch.stop = &stop_;
@@ -100,7 +100,7 @@ bool Acceptor::advance(Pending& pending) {
       refuse(pending, "no answer sent", "could not answer the handshake");
       return true;
     }
-    admit_(hello.hello, std::move(pending.fd), pending.peer);
+    admit_(hello.hello, verdict, std::move(pending.fd), pending.peer);
   } catch (const ProtocolError& error) {
     refuse(pending, "malformed", std::string("malformed handshake: ") + error.what());
   }

@@ -25,10 +25,12 @@ class Acceptor {
   struct Verdict {
     enum Kind { kAdmit, kDecline, kReject } kind = kAdmit;
     std::string why;
+    bool sameHostReads = false;  // kAdmit: the HELLO's same-host offer is taken
   };
   using Authenticate = std::function<Verdict(const HelloBody& hello)>;
-  // Takes an admitted socket (already answered with HELLO_ACK).
-  using Admit = std::function<void(const HelloBody& hello, Fd socket, const std::string& peer)>;
+  // Takes an admitted socket (already answered with HELLO_ACK) and its verdict.
+  using Admit = std::function<void(const HelloBody& hello, const Verdict& verdict, Fd socket,
+                                   const std::string& peer)>;
 
   // `transportId` goes back in every HELLO_ACK.
   Acceptor(std::string address, std::string nicName, uint64_t transportId,

@@ -32,7 +32,8 @@ bool transient(int error) { return error == EAGAIN || error == EWOULDBLOCK || er
 
 std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndpoint& remote,
                                const std::vector<HelloBody>& hellos, Millis timeout,
-                               std::string* error, uint64_t* acceptorTransport) {
+                               std::string* error, uint64_t* acceptorTransport,
+                               bool* sameHostReads) {
   const Clock::time_point deadline = Clock::now() + timeout;
   auto fail = [&](const std::string& why) {
     *error = "handshake with " + remote.address + ": " + why;
@@ -99,6 +100,9 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
           throw ProtocolError("handshake not accepted");
         }
         if (acceptorTransport != nullptr) *acceptorTransport = ack.helloAcceptorTransport;
+        if (sameHostReads != nullptr && &shake == &shakes.front()) {
+          *sameHostReads = ack.helloSameHostReads;
+        }
       } catch (const ProtocolError& e) {
         return fail(e.what());
       }

@@ -40,7 +40,8 @@ class TcpPath::SocketIo : public IoHandler {
 
 TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic,
                  int healthId, std::string peer, std::shared_ptr<NicPairLiveness> pair,
-                 const Config& config)
+                 const Config& config, std::shared_ptr<SameHostWindow> window,
+                 std::shared_ptr<const PeerMemory> peerMemory)
     : role_(role),
       localNic_(localNic),
       remoteNic_(remoteNic),
@@ -50,7 +51,9 @@ TcpPath::TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int 
       heartbeat_(config.heartbeatMs),
       beatInterval_(std::max<int64_t>(5, config.heartbeatMs / 4)),
       dataStallLimit_(config.heartbeatMs * 4),
-      pair_(std::move(pair)) {
+      pair_(std::move(pair)),
+      window_(std::move(window)),
+      peerMemory_(std::move(peerMemory)) {
   sockets_.resize(1 + data.size());
   sockets_[kControl].fd = std::move(control);
   for (size_t i = 0; i < data.size(); ++i) sockets_[1 + i].fd = std::move(data[i]);
@@ -131,6 +134,9 @@ bool TcpPath::attachData(size_t slot, Fd fd) {
 }
 
 void TcpPath::shutdown() {
+  // Before any request of this path can fail and its buffer be reused: the
+  // receiver lands no payload it reads from here after this.
+  if (window_) window_->revoke();
   if (stop_.exchange(true)) return;
   {
     // A socket attached from now on is refused (attachData checks stop_ under this lock).
@@ -177,6 +183,7 @@ void TcpPath::stopAndJoin() {
 bool TcpPath::blackholed() const { return NicHealth::instance().blackholed(healthId_); }
 
 void TcpPath::fail(Reason reason, const std::string& detail) {
+  if (window_) window_->revoke();  // as in shutdown(): before the owner hears of it
   // A path we stopped on purpose has not failed; report a real failure once.
   if (stop_.load() || failed_.exchange(true)) return;
   owner_->onPathFailed(pathId_, reason, detail);
@@ -457,9 +464,20 @@ void TcpPath::writeData(Socket& socket) {
       }
       const DataChunk chunk = queue_.front();
       queue_.pop_front();
-      const FrameHeader frameHeader = dataFrameHeader();
-      std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
-      std::memcpy(socket.head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
+      if (window_ && chunk.header.bytes >= kSameHostMinBytes) {
+        const FrameHeader frameHeader = dataRefFrameHeader();
+        const DataRefBody body{chunk.header, reinterpret_cast<uint64_t>(chunk.payload)};
+        std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
+        std::memcpy(socket.head + sizeof(frameHeader), &body, sizeof(body));
+        socket.headBytes = kRefHeadBytes;
+        socket.wirePayload = 0;
+      } else {
+        const FrameHeader frameHeader = dataFrameHeader();
+        std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
+        std::memcpy(socket.head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
+        socket.headBytes = kDataHeadBytes;
+        socket.wirePayload = chunk.header.bytes;
+      }
       socket.header = chunk.header;
       socket.payload = chunk.payload;
       socket.moved = 0;
@@ -467,15 +485,15 @@ void TcpPath::writeData(Socket& socket) {
       socket.lastProgressNs = nowNs();
     }
     // Header and payload in one call: no corking, no extra segment.
-    const size_t total = kDataHeadBytes + socket.header.bytes;
+    const size_t total = socket.headBytes + socket.wirePayload;
     iovec parts[2];
     int count = 0;
-    if (socket.moved < kDataHeadBytes) {
-      parts[count++] = {socket.head + socket.moved, kDataHeadBytes - socket.moved};
+    if (socket.moved < socket.headBytes) {
+      parts[count++] = {socket.head + socket.moved, socket.headBytes - socket.moved};
     }
-    if (socket.header.bytes > 0) {
-      const size_t done = socket.moved > kDataHeadBytes ? socket.moved - kDataHeadBytes : 0;
-      parts[count++] = {const_cast<uint8_t*>(socket.payload) + done, socket.header.bytes - done};
+    if (socket.wirePayload > 0) {
+      const size_t done = socket.moved > socket.headBytes ? socket.moved - socket.headBytes : 0;
+      parts[count++] = {const_cast<uint8_t*>(socket.payload) + done, socket.wirePayload - done};
     }
     msghdr message{};
     message.msg_iov = parts;
@@ -497,7 +515,7 @@ void TcpPath::writeData(Socket& socket) {
     budget -= std::min(budget, static_cast<size_t>(sent));
     if (socket.moved == total) {
       socket.phase = DataPhase::kIdle;
-    } else if (socket.moved >= kDataHeadBytes) {
+    } else if (socket.moved >= socket.headBytes) {
       socket.phase = DataPhase::kPayload;
     }
   }
@@ -511,7 +529,7 @@ void TcpPath::readData(Socket& socket) {
     size_t want;
     if (socket.phase != DataPhase::kPayload) {
       into = socket.head + socket.moved;
-      want = kDataHeadBytes - socket.moved;
+      want = socket.headBytes - socket.moved;
     } else {
       const size_t left = socket.header.bytes - socket.moved;
       into = socket.target != nullptr ? socket.target + socket.moved : scratch;
@@ -521,6 +539,16 @@ void TcpPath::readData(Socket& socket) {
       ssize_t got = ::recv(fd, into, want, MSG_DONTWAIT);
       if (got == 0 || (got < 0 && !wouldBlock(errno))) {
         const std::string why = got == 0 ? "connection closed by peer" : std::strerror(errno);
+        if (!socket.carried && &socket != &sockets_[1]) {
+          // A late-joined socket that ends before its first frame: the sender's
+          // grow gave up half way and closed it unused. The path goes on; a
+          // dead NIC or peer fails it through its other sockets.
+          socket.loop->setEvents(socket.id, 0);
+          ::shutdown(fd, SHUT_RDWR);
+          RECCL_LOG(kInfo, "an unused data socket from " + peer_ + " closed (" + why +
+                               "); the path goes on without it");
+          return;
+        }
         finishReader(socket);
         socket.loop->setEvents(socket.id, 0);
         failIo("data read from", Reason::kError, why);
@@ -534,18 +562,29 @@ void TcpPath::readData(Socket& socket) {
       }
       const int64_t now = nowNs();
       socket.moved += static_cast<size_t>(got);
+      socket.carried = true;
       socket.lastProgressNs = now;
       pair_->heard(now);  // data arriving proves the peer alive
       budget -= std::min(budget, static_cast<size_t>(got));
       if (socket.phase == DataPhase::kIdle) socket.phase = DataPhase::kHead;
       if (static_cast<size_t>(got) < want) continue;
     }
+    if (socket.phase != DataPhase::kPayload && socket.headBytes == kRefHeadBytes) {
+      if (!readByReference(socket)) return;
+      if (stop_.load()) return;
+      continue;
+    }
     if (socket.phase != DataPhase::kPayload) {
       try {
         FrameHeader frameHeader = parseFrameHeader(socket.head, sizeof(FrameHeader));
+        if (frameHeader.type == static_cast<uint8_t>(FrameType::kDataRef) && peerMemory_) {
+          socket.headBytes = kRefHeadBytes;  // the payload's address follows
+          continue;
+        }
         if (frameHeader.type != static_cast<uint8_t>(FrameType::kData)) {
           throw ProtocolError(std::string(frameTypeName(static_cast<FrameType>(frameHeader.type))) +
-                              " frame on a data socket");
+                              " frame on a data socket" +
+                              (peerMemory_ ? "" : " of a path without same-host reads"));
         }
         std::memcpy(&socket.header, socket.head + sizeof(FrameHeader), sizeof(DataHeader));
         if (socket.header.bytes > kMaxChunkBytes) {
@@ -575,10 +614,44 @@ void TcpPath::readData(Socket& socket) {
   }
 }
 
+bool TcpPath::readByReference(Socket& socket) {
+  DataRefBody body{};
+  std::memcpy(&body, socket.head + sizeof(FrameHeader), sizeof(body));
+  socket.header = body.header;
+  socket.phase = DataPhase::kIdle;
+  socket.headBytes = kDataHeadBytes;
+  socket.moved = 0;
+  uint8_t* target = nullptr;
+  try {
+    if (body.header.bytes > kMaxChunkBytes) {
+      throw ProtocolError("DATA_REF chunk of " + std::to_string(body.header.bytes) +
+                          " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
+    }
+    target = owner_->beginData(pathId_, body.header, false);
+  } catch (const ProtocolError& error) {
+    RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
+    socket.loop->setEvents(socket.id, 0);
+    fail(Reason::kError, std::string("protocol error: ") + error.what());
+    return false;
+  }
+  if (target == nullptr) return true;  // stale or duplicate: nothing to read
+  std::string why;
+  const bool landed = peerMemory_->read(target, body.address, body.header.bytes, &why);
+  owner_->endData(pathId_, body.header, landed);
+  if (!landed) {
+    socket.loop->setEvents(socket.id, 0);
+    fail(Reason::kError, why);
+    return false;
+  }
+  NicHealth::instance().counters(healthId_).sameHostBytes.fetch_add(body.header.bytes);
+  return true;
+}
+
 void TcpPath::finishReader(Socket& socket) {
   uint8_t* target = socket.target;
   socket.target = nullptr;
   socket.phase = DataPhase::kIdle;
+  socket.headBytes = kDataHeadBytes;
   socket.moved = 0;
   if (target != nullptr) owner_->endData(pathId_, socket.header, false);
 }

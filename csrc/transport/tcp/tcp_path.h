@@ -10,6 +10,10 @@
 // chunks first queue behind every joined data socket at the sender (the grow
 // callback), so a connection that only carries small messages one at a time
 // costs two handshakes per path, not 1 + RECCL_NSOCKS (docs/scale.md, set-up).
+//
+// Between two processes of one host the path may carry large payloads by
+// reference: the data sockets carry DATA_REF frames and the receiver copies
+// each payload out of the sender's memory (transport/tcp/same_host.h).
 #pragma once
 
 #include <atomic>
@@ -22,6 +26,7 @@
 #include "core/path.h"
 #include "transport/event_loop.h"
 #include "transport/tcp/nic_pair_liveness.h"
+#include "transport/tcp/same_host.h"
 #include "transport/tcp/socket.h"
 
 namespace reccl {
@@ -32,8 +37,12 @@ class TcpPath : public Path {
   // `pair`: the liveness this path shares with every path between the same
   // two NICs of the same two transports. `data` has one entry per data socket
   // the path may have; entries not yet connected are invalid, except the first.
+  // Same-host reads (both null: none): a sender's `window` sends payloads of
+  // kSameHostMinBytes or more as DATA_REF; a receiver's `peerMemory` reads them.
   TcpPath(Role role, Fd control, std::vector<Fd> data, int localNic, int remoteNic, int healthId,
-          std::string peer, std::shared_ptr<NicPairLiveness> pair, const Config& config);
+          std::string peer, std::shared_ptr<NicPairLiveness> pair, const Config& config,
+          std::shared_ptr<SameHostWindow> window = nullptr,
+          std::shared_ptr<const PeerMemory> peerMemory = nullptr);
   ~TcpPath() override;
 
   void start(PathOwner* owner, uint64_t pathId) override;
@@ -60,6 +69,7 @@ class TcpPath : public Path {
   class SocketIo;
   static constexpr size_t kControl = 0;  // sockets_[0]; data sockets follow
   static constexpr size_t kDataHeadBytes = sizeof(FrameHeader) + sizeof(DataHeader);
+  static constexpr size_t kRefHeadBytes = sizeof(FrameHeader) + sizeof(DataRefBody);
 
   // Where a data socket is in its current frame.
   enum class DataPhase {
@@ -76,12 +86,15 @@ class TcpPath : public Path {
     // Data sockets; only the socket's loop thread touches these (stopAndJoin
     // after the loop let go of it).
     DataPhase phase = DataPhase::kIdle;
-    uint8_t head[kDataHeadBytes] = {};
+    uint8_t head[kRefHeadBytes] = {};
+    size_t headBytes = kDataHeadBytes;  // the current frame's head: DATA's, or DATA_REF's once seen
     size_t moved = 0;        // bytes of head, then of payload, moved so far
     DataHeader header{};
+    size_t wirePayload = 0;  // writer: payload bytes on the socket (0 for a DATA_REF)
     const uint8_t* payload = nullptr;  // writer: the chunk's bytes
     uint8_t* target = nullptr;         // reader: where the payload goes; null = drop
     int64_t lastProgressNs = 0;
+    bool carried = false;      // reader: some byte arrived on it
     bool writerArmed = false;  // writer: polled for EPOLLOUT (guarded by queueMutex_)
     bool joined = false;       // registered with its loop and usable (guarded by queueMutex_)
   };
@@ -96,6 +109,9 @@ class TcpPath : public Path {
   void readData(Socket& socket);
   // Releases a reader's half-read frame (endData(false)) once the path stops.
   void finishReader(Socket& socket);
+  // Reader: a whole DATA_REF head is in; reads its payload from the sender.
+  // False when the path failed.
+  bool readByReference(Socket& socket);
   // While the NIC is blackholed a socket is not polled; its deadline rechecks.
   bool pauseIfBlackholed(Socket& socket);
   void resume(Socket& socket);
@@ -129,6 +145,8 @@ class TcpPath : public Path {
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   const std::shared_ptr<NicPairLiveness> pair_;
+  const std::shared_ptr<SameHostWindow> window_;        // sender, same-host reads on
+  const std::shared_ptr<const PeerMemory> peerMemory_;  // receiver, same-host reads on
 
   // Control frames being read (the control socket's loop thread only).
   uint8_t controlHead_[sizeof(FrameHeader)] = {};

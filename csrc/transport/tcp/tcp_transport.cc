@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -47,8 +49,18 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   // when the path first has more to send than one socket takes (setGrow).
   std::vector<HelloBody> later(hellos.begin() + 2, hellos.end());
   hellos.resize(2);
+  std::shared_ptr<SameHostWindow> window;
+  if (config_.sameHostReads && sameHostKey() != 0) {
+    window = std::make_shared<SameHostWindow>();
+    hellos[0].hostKey = sameHostKey();
+    hellos[0].pid = static_cast<uint32_t>(::getpid());
+    hellos[0].refWord = window->tokenAddress();
+    hellos[0].refToken = window->token();
+  }
   uint64_t peerTransport = 0;
-  std::vector<Fd> sockets = dialWithHellos(local.address, remote, hellos, timeout, error, &peerTransport);
+  bool sameHostReads = false;
+  std::vector<Fd> sockets =
+      dialWithHellos(local.address, remote, hellos, timeout, error, &peerTransport, &sameHostReads);
   if (sockets.empty()) return nullptr;
   Fd control = std::move(sockets.front());
   std::vector<Fd> data(config_.socketsPerPath);
@@ -56,7 +68,8 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   auto path = std::make_shared<TcpPath>(
       TcpPath::Role::kSender, std::move(control), std::move(data), nics.localNic, nics.remoteNic,
       healthId(nics.localNic), remote.address,
-      pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic), config_);
+      pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic), config_,
+      sameHostReads ? window : nullptr);
   if (!later.empty()) {
     std::weak_ptr<TcpPath> weak = path;
     path->setGrow([this, weak, address = local.address, remote, later = std::move(later), timeout] {
@@ -99,9 +112,8 @@ TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
     acceptors_.push_back(std::make_unique<Acceptor>(
         nics_[i].address, nics_[i].name, transportId_, Millis(config_.connectTimeoutMs),
         [this, nic](const HelloBody& hello) { return authenticate(nic, hello); },
-        [this, nic](const HelloBody& hello, Fd socket, const std::string& peer) {
-          admit(nic, hello, std::move(socket), peer);
-        }));
+        [this, nic](const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
+                    const std::string& peer) { admit(nic, hello, verdict, std::move(socket), peer); }));
   }
   linkMonitor_ = std::make_unique<LinkMonitor>(std::move(watched));
   healthToken_ = forwardNicHealth(supervisor_.get(), healthIds_);
@@ -193,10 +205,29 @@ Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {
   NicHealth& health = NicHealth::instance();
   if (!health.usable(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is down"};
   if (health.blackholed(healthIds_.at(nic))) return {Verdict::kDecline, "NIC is blackholed"};
-  return {};
+  Verdict admitted;
+  admitted.sameHostReads = takeSameHostOffer(hello);
+  return admitted;
 }
 
-void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer) {
+bool TcpTransport::takeSameHostOffer(const HelloBody& hello) {
+  if (hello.socketKind != static_cast<uint8_t>(SocketKind::kControl) || hello.hostKey == 0 ||
+      !config_.sameHostReads || hello.hostKey != sameHostKey() || sameHostUnreadable_->load()) {
+    return false;
+  }
+  std::string why;
+  if (PeerMemory(static_cast<pid_t>(hello.pid), hello.refWord, hello.refToken, nullptr).tokenHolds(&why)) {
+    return true;
+  }
+  if (!sameHostRefusalLogged_.exchange(true)) {
+    RECCL_LOG(kInfo, "same-host reads unavailable (" + why +
+                         "); paths from this host's processes carry payloads over TCP");
+  }
+  return false;
+}
+
+void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
+                         const std::string& peer) {
   PartialPath complete;
   bool ready = false;
   Clock::time_point sweepBy = Clock::time_point::max();  // a new partial's deadline
@@ -251,6 +282,10 @@ void TcpTransport::admit(int nic, const HelloBody& hello, Fd socket, const std::
       }
       *slot = std::move(socket);
       ++partial.have;
+      if (verdict.sameHostReads) {
+        partial.peerMemory = std::make_shared<const PeerMemory>(
+            static_cast<pid_t>(hello.pid), hello.refWord, hello.refToken, sameHostUnreadable_);
+      }
       // At work once it has its control socket and first data socket; the
       // others join it as they come (growing_).
       if (partial.control.valid() && partial.data.at(0).valid()) {
@@ -282,7 +317,8 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
   auto path = std::make_shared<TcpPath>(
       TcpPath::Role::kReceiver, std::move(partial.control), std::move(partial.data), nic,
       hello.senderNic, healthIds_.at(nic), peerHost,
-      pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_);
+      pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_, nullptr,
+      std::move(partial.peerMemory));
   if (incomplete) {
     // Sockets still to come: they find the path here.
     std::lock_guard<std::mutex> lock(mutex_);

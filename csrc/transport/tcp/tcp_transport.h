@@ -23,6 +23,7 @@
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/nic_pair_liveness.h"
+#include "transport/tcp/same_host.h"
 #include "transport/tcp/tcp_path.h"
 #include "transport/transport.h"
 
@@ -51,6 +52,7 @@ class TcpTransport : public Transport {
     std::string peer;
     Fd control;
     std::vector<Fd> data;
+    std::shared_ptr<const PeerMemory> peerMemory;  // the control socket's offer was taken
     size_t have = 0;
     Clock::time_point deadline;
   };
@@ -70,7 +72,10 @@ class TcpTransport : public Transport {
   void checkNic(int nic) const;
   void dropExpiredPartials();
   Acceptor::Verdict authenticate(int nic, const HelloBody& hello);
-  void admit(int nic, const HelloBody& hello, Fd socket, const std::string& peer);
+  void admit(int nic, const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
+             const std::string& peer);
+  // Whether a control socket's same-host offer can be taken (the probe).
+  bool takeSameHostOffer(const HelloBody& hello);
   void deliver(PartialPath partial, int nic);
   // The dialing half of a path's setup, on a job thread; nullptr and `error` on failure.
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
@@ -99,6 +104,9 @@ class TcpTransport : public Transport {
   size_t growingSweepAt_ = 64;
   JobThreads dials_;
   bool stopping_ = false;
+  // Set once a peer's payload could not be read though its token could: offers are refused from then on.
+  const std::shared_ptr<std::atomic<bool>> sameHostUnreadable_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> sameHostRefusalLogged_{false};
 };
 
 }  // namespace reccl
