@@ -244,6 +244,12 @@ std::string hostIdentity(const std::string& override) {
   return readSysfs("/proc/sys/kernel/random/boot_id") + "/" + (got > 0 ? name : host);
 }
 
+uint64_t hostKeyOf(const std::string& identity) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : identity) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
 void checkNicIndex(int nic, size_t count, const std::string& kind) {
   if (nic < 0 || nic >= static_cast<int>(count)) {
     throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +

@@ -76,6 +76,8 @@ std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection);
 // namespace, so processes that share a network stack share a host (the fabric
 // emulator's namespaces are hosts of their own) whatever their NIC selection.
 std::string hostIdentity(const std::string& override);
+// A 64-bit key for a host identity (FNV-1a), to compare hosts in fixed-size fields.
+uint64_t hostKeyOf(const std::string& identity);
 
 // Throws ConfigError unless 0 <= nic < count; `kind` names what is counted
 // ("NICs", "RDMA devices").

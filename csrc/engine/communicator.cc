@@ -6,18 +6,9 @@
 #include "core/config.h"
 #include "core/health.h"
 #include "core/log.h"
+#include "core/topology.h"
 
 namespace reccl {
-
-namespace {
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
-  return hash;
-}
-
-}  // namespace
 
 CommOptions::CommOptions(const Config& config)
     : channels(config.channels),
@@ -205,7 +196,7 @@ std::vector<int> Communicator::agreementPartners() const {
 const Layout& Communicator::layoutLocked(OpKind kind, Millis timeout) {
   if (agreement_) return *layout_;
   std::vector<uint64_t> hosts(size_, 0);
-  hosts[rank_] = fnv1a(options_.host);
+  hosts[rank_] = hostKeyOf(options_.host);
   if (size_ > 1) {
     OpDescriptor desc;
     desc.kind = kind;

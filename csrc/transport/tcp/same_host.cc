@@ -1,30 +1,17 @@
 #include "transport/tcp/same_host.h"
 
-#include <sys/stat.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
+#include "core/topology.h"
 #include "transport/random_bytes.h"
 
 namespace reccl {
 
 namespace {
-
-uint64_t fnv1a(const std::string& text, uint64_t hash = 1469598103934665603ull) {
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-
-std::string namespaceInode(const char* path) {
-  struct stat info {};
-  return ::stat(path, &info) == 0 ? std::to_string(info.st_ino) : std::string("?");
-}
 
 uint64_t freshToken() {
   uint64_t token = 0;
@@ -36,11 +23,14 @@ uint64_t freshToken() {
 
 uint64_t sameHostKey() {
   static const uint64_t key = [] {
-    std::string boot;
-    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-    if (boot.empty()) return uint64_t{0};  // no /proc: no offers
-    const uint64_t hash = fnv1a(boot + "/" + namespaceInode("/proc/self/ns/net") + "/" +
-                                namespaceInode("/proc/self/ns/pid"));
+    // The kernel's own identity (boot id, network namespace), never
+    // RECCL_HOST_ID: only the kernel decides who can read whom. Plus the pid
+    // namespace, in which the HELLO's pid is read.
+    char pidNamespace[64] = {};
+    if (::readlink("/proc/self/ns/pid", pidNamespace, sizeof(pidNamespace) - 1) <= 0) {
+      return uint64_t{0};  // no /proc: no offers
+    }
+    const uint64_t hash = hostKeyOf(hostIdentity("") + "/" + pidNamespace);
     return hash == 0 ? uint64_t{1} : hash;
   }();
   return key;
