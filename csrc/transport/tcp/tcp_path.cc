@@ -464,20 +464,16 @@ void TcpPath::writeData(Socket& socket) {
       }
       const DataChunk chunk = queue_.front();
       queue_.pop_front();
-      if (window_ && chunk.header.bytes >= kSameHostMinBytes) {
-        const FrameHeader frameHeader = dataRefFrameHeader();
-        const DataRefBody body{chunk.header, reinterpret_cast<uint64_t>(chunk.payload)};
-        std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
-        std::memcpy(socket.head + sizeof(frameHeader), &body, sizeof(body));
-        socket.headBytes = kRefHeadBytes;
-        socket.wirePayload = 0;
-      } else {
-        const FrameHeader frameHeader = dataFrameHeader();
-        std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
-        std::memcpy(socket.head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
-        socket.headBytes = kDataHeadBytes;
-        socket.wirePayload = chunk.header.bytes;
+      // DATA_REF's body is DATA's header followed by the payload's address.
+      const bool byReference = window_ && chunk.header.bytes >= kSameHostMinBytes;
+      const FrameHeader frameHeader = byReference ? dataRefFrameHeader() : dataFrameHeader();
+      std::memcpy(socket.head, &frameHeader, sizeof(frameHeader));
+      std::memcpy(socket.head + sizeof(frameHeader), &chunk.header, sizeof(chunk.header));
+      if (byReference) {
+        const uint64_t address = reinterpret_cast<uint64_t>(chunk.payload);
+        std::memcpy(socket.head + kDataHeadBytes, &address, sizeof(address));
       }
+      socket.headBytes = byReference ? kRefHeadBytes : kDataHeadBytes;
       socket.header = chunk.header;
       socket.payload = chunk.payload;
       socket.moved = 0;
@@ -485,15 +481,16 @@ void TcpPath::writeData(Socket& socket) {
       socket.lastProgressNs = nowNs();
     }
     // Header and payload in one call: no corking, no extra segment.
-    const size_t total = socket.headBytes + socket.wirePayload;
+    const size_t wirePayload = socket.headBytes == kRefHeadBytes ? 0 : socket.header.bytes;
+    const size_t total = socket.headBytes + wirePayload;
     iovec parts[2];
     int count = 0;
     if (socket.moved < socket.headBytes) {
       parts[count++] = {socket.head + socket.moved, socket.headBytes - socket.moved};
     }
-    if (socket.wirePayload > 0) {
+    if (wirePayload > 0) {
       const size_t done = socket.moved > socket.headBytes ? socket.moved - socket.headBytes : 0;
-      parts[count++] = {const_cast<uint8_t*>(socket.payload) + done, socket.wirePayload - done};
+      parts[count++] = {const_cast<uint8_t*>(socket.payload) + done, wirePayload - done};
     }
     msghdr message{};
     message.msg_iov = parts;
@@ -587,16 +584,9 @@ void TcpPath::readData(Socket& socket) {
                               (peerMemory_ ? "" : " of a path without same-host reads"));
         }
         std::memcpy(&socket.header, socket.head + sizeof(FrameHeader), sizeof(DataHeader));
-        if (socket.header.bytes > kMaxChunkBytes) {
-          throw ProtocolError("DATA chunk of " + std::to_string(socket.header.bytes) +
-                              " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
-        }
-        socket.target = owner_->beginData(pathId_, socket.header, false);
+        socket.target = beginChunk(socket.header);
       } catch (const ProtocolError& error) {
-        RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
-        socket.phase = DataPhase::kIdle;
-        socket.loop->setEvents(socket.id, 0);
-        fail(Reason::kError, std::string("protocol error: ") + error.what());
+        failProtocol(socket, error);
         return;
       }
       socket.phase = DataPhase::kPayload;
@@ -614,6 +604,21 @@ void TcpPath::readData(Socket& socket) {
   }
 }
 
+uint8_t* TcpPath::beginChunk(const DataHeader& header) {
+  if (header.bytes > kMaxChunkBytes) {
+    throw ProtocolError("DATA chunk of " + std::to_string(header.bytes) +
+                        " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
+  }
+  return owner_->beginData(pathId_, header, false);
+}
+
+void TcpPath::failProtocol(Socket& socket, const ProtocolError& error) {
+  RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
+  socket.phase = DataPhase::kIdle;
+  socket.loop->setEvents(socket.id, 0);
+  fail(Reason::kError, std::string("protocol error: ") + error.what());
+}
+
 bool TcpPath::readByReference(Socket& socket) {
   DataRefBody body{};
   std::memcpy(&body, socket.head + sizeof(FrameHeader), sizeof(body));
@@ -623,15 +628,9 @@ bool TcpPath::readByReference(Socket& socket) {
   socket.moved = 0;
   uint8_t* target = nullptr;
   try {
-    if (body.header.bytes > kMaxChunkBytes) {
-      throw ProtocolError("DATA_REF chunk of " + std::to_string(body.header.bytes) +
-                          " bytes; chunks are at most " + std::to_string(kMaxChunkBytes));
-    }
-    target = owner_->beginData(pathId_, body.header, false);
+    target = beginChunk(body.header);
   } catch (const ProtocolError& error) {
-    RECCL_LOG(kWarn, std::string("protocol error from ") + peer_ + ": " + error.what());
-    socket.loop->setEvents(socket.id, 0);
-    fail(Reason::kError, std::string("protocol error: ") + error.what());
+    failProtocol(socket, error);
     return false;
   }
   if (target == nullptr) return true;  // stale or duplicate: nothing to read

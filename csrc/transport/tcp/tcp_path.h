@@ -17,12 +17,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <vector>
 
 #include "core/config.h"
+#include "core/error.h"
 #include "core/path.h"
 #include "transport/event_loop.h"
 #include "transport/tcp/nic_pair_liveness.h"
@@ -70,6 +72,7 @@ class TcpPath : public Path {
   static constexpr size_t kControl = 0;  // sockets_[0]; data sockets follow
   static constexpr size_t kDataHeadBytes = sizeof(FrameHeader) + sizeof(DataHeader);
   static constexpr size_t kRefHeadBytes = sizeof(FrameHeader) + sizeof(DataRefBody);
+  static_assert(offsetof(DataRefBody, address) == sizeof(DataHeader), "DATA_REF extends DATA's header");
 
   // Where a data socket is in its current frame.
   enum class DataPhase {
@@ -90,7 +93,6 @@ class TcpPath : public Path {
     size_t headBytes = kDataHeadBytes;  // the current frame's head: DATA's, or DATA_REF's once seen
     size_t moved = 0;        // bytes of head, then of payload, moved so far
     DataHeader header{};
-    size_t wirePayload = 0;  // writer: payload bytes on the socket (0 for a DATA_REF)
     const uint8_t* payload = nullptr;  // writer: the chunk's bytes
     uint8_t* target = nullptr;         // reader: where the payload goes; null = drop
     int64_t lastProgressNs = 0;
@@ -109,6 +111,11 @@ class TcpPath : public Path {
   void readData(Socket& socket);
   // Releases a reader's half-read frame (endData(false)) once the path stops.
   void finishReader(Socket& socket);
+  // Reader: checks a chunk's header from the wire (ProtocolError) and asks the
+  // owner where its payload goes (nullptr: dropped).
+  uint8_t* beginChunk(const DataHeader& header);
+  // Reader: a frame broke the protocol; the socket stops and the path fails.
+  void failProtocol(Socket& socket, const ProtocolError& error);
   // Reader: a whole DATA_REF head is in; reads its payload from the sender.
   // False when the path failed.
   bool readByReference(Socket& socket);
