@@ -576,6 +576,29 @@ def test_attach_shares_state(make_fabric):
     fab.nic_up(0, 1)  # the attached object sees the change too
     assert other.faults()["nic_down"] == []
     assert carrier(fab, 0, 1) == (1, "up")
+    assert Fabric.builder_pid(fab.name) == os.getpid()
+    assert Fabric.builder_pid(_unique_name("n")) is None  # no such fabric
+
+
+def test_stale_fabric_of_a_dead_run_is_reclaimed(make_fabric):
+    """A test-owned fabric name left by a run that died is taken down before
+    the module builds it again; one whose builder is alive is left alone."""
+    from test_training_fabric import reclaim_stale
+    fab = make_fabric("st")
+    reclaim_stale(fab.name)  # built by this live process: untouched
+    assert carrier(fab, 0, 0) == (1, "up")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    path = os.path.join(fabric_mod.STATE_DIR, f"{fab.name}.json")
+    with open(path) as f:
+        state = json.load(f)
+    state["pid"] = int(dead.stdout)
+    with open(path, "w") as f:
+        json.dump(state, f)
+    reclaim_stale(fab.name)
+    assert fab.name not in fabric_mod.list_fabrics()
+    assert _leftovers(fab.name) == ([], [])
+    Fabric(hosts=2, rails=2, name=fab.name).up().down()  # the name is free again
 
 
 # --------------------------------------------------------------- CLI

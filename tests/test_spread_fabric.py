@@ -92,7 +92,9 @@ def check_spread_phases(results) -> None:
 
     two = shares(phases["down2"])
     assert two["eth0"] == 0 and two["eth2"] == 0, two
-    assert all(0.4 <= two[nic] <= 0.6 for nic in ("eth1", "eth3")), two
+    # Half each, give or take the scheduling noise of a loaded 2-core machine
+    # (CI once saw 0.38/0.62): not spreading would leave one NIC near 0 or 1.
+    assert all(0.35 <= two[nic] <= 0.65 for nic in ("eth1", "eth3")), two
     assert lanes(phases["down2"]) == [["eth1", "eth3"], ["eth1", "eth3"]], phases["down2"]["spreading"]
 
     healed = shares(phases["heal"])

@@ -29,12 +29,23 @@ ENV = {"RECCL_HEARTBEAT_MS": "300", "RECCL_CONNECT_TIMEOUT_MS": "1000",
        "RECCL_NICS": "eth0,eth1"}
 
 
+def reclaim_stale(name: str) -> None:
+    """Tear down a fabric of this test-owned name left by a run that died
+    (its owner process is gone); one whose owner still runs is left alone, and
+    up() then says so."""
+    owner = Fabric.builder_pid(name)
+    if owner and os.path.exists(f"/proc/{owner}"):
+        return
+    Fabric.cleanup(name)  # idempotent: nothing left, nothing done
+
+
 def emulated_fabric(hosts: int, name: str):
     """A module-scoped `fabric` fixture: `hosts` emulated hosts with two rails
     of 2 Gbit/s, up for the module's tests and torn down after."""
 
     @pytest.fixture(scope="module")
     def fabric():
+        reclaim_stale(name)
         fab = Fabric(hosts=hosts, rails=2, rate_mbit=2000, name=name)
         fab.up()
         try:

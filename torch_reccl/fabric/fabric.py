@@ -391,6 +391,13 @@ class Fabric:
         }
 
     @classmethod
+    def builder_pid(cls, name: str) -> Optional[int]:
+        """The pid of the process that built fabric ``name``, from its state
+        file; None when there is no state file."""
+        st = cls._read_state(check_name(name))
+        return None if st is None else st.get("pid")
+
+    @classmethod
     def attach(cls, name: str) -> "Fabric":
         """The fabric ``name`` built earlier (maybe by another process), from its
         state file."""
