@@ -580,18 +580,23 @@ def _first_wrong(segments) -> Optional[Tuple[int, float, float]]:
 
 def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size: int, errors: List[str],
                   progress=None) -> dict:
-    """``warm`` untimed then ``iters`` timed ``op``s on the world group, each checked bit for bit.
+    """``warm`` untimed ops, each checked bit for bit, then ``iters`` back-to-back timed
+    ops, then one more checked op; as nccl-tests, which time a loop and check apart.
 
     Shapes as nccl-tests (shape_for): ``nominal`` bytes is the largest buffer, the
     all_reduce buffer, the all_gather output, the reduce_scatter input; all_gather's
     input and reduce_scatter's output are 1/N of it. So a rank holds about 1.25 x
     the size (the buffer(s) plus a uint8 copy of the pattern), whatever N.
-    Before every op the input is refilled and an all_gather/reduce_scatter output
-    set to -1 (never a right value), so a result the op did not write is caught.
-    Every op is timed alone (perf_counter around the call); returns the mean of
-    the timed ones, the shapes and every time.
+    Before every checked op the input is refilled and an all_gather/reduce_scatter
+    output set to -1 (never a right value), so a result the op did not write is caught.
+    The timed ops run back to back on the buffers as they are (an in-place all_reduce
+    keeps summing), after a barrier so every rank starts the loop together: timing
+    each op alone, with a refill and a check between, measured the ranks' skew as
+    much as the op (sessions before 14). Returns the mean time per timed op, its CPU
+    (this process, every thread) and the shapes.
     """
     import torch
+    import torch.distributed as dist
 
     count, nbytes, n_in, n_out = shape_for(op, nominal, size, "float32")
     chunk = count // size
@@ -611,29 +616,36 @@ def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size:
         mine = base
         segments = [(out, 0, base[rank * chunk:(rank + 1) * chunk], float(size), total)]
     found = 0
-    times = []
-    cpu = 0.0
-    for i in range(warm + iters):
+
+    def checked(i: int) -> None:
+        nonlocal found
         inp.copy_(mine).add_(rank)
         if out is not inp:
             out.fill_(-1.0)
-        c0 = time.process_time()
-        t0 = time.perf_counter()
         run_collective(op, out, inp)
-        dt = time.perf_counter() - t0
-        dc = time.process_time() - c0
         wrong = _first_wrong(segments)
         if wrong is not None and found < 5 and len(errors) < 20:
             found += 1
             errors.append(f"{op} of {nbytes} bytes, op {i}: output element {wrong[0]} is {wrong[1]}, "
                           f"expected {wrong[2]}")
-        if i >= warm:
-            times.append(dt)
-            cpu += dc
         if progress:
-            progress(f"{op} {nbytes} B op {i} done")
+            progress(f"{op} {nbytes} B op {i} checked")
+
+    for i in range(warm):
+        checked(i)
+    if dist.is_initialized():
+        dist.barrier()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run_collective(op, out, inp)
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    if progress:
+        progress(f"{op} {nbytes} B: {iters} timed ops done")
+    checked(warm + iters)
     return {"op": op, "size_bytes": nominal, "bytes": nbytes, "in_count": n_in, "out_count": n_out,
-            "mean_s": sum(times) / len(times), "times": times, "cpu_s_per_op": cpu / len(times)}
+            "mean_s": elapsed / iters, "cpu_s_per_op": cpu / iters}
 
 
 def rank_main(argv: List[str]) -> int:
