@@ -19,6 +19,7 @@
 #include "pg/shared_transport.h"
 #include "pg/store_rendezvous.h"
 #include "pg/tensor_args.h"
+#include "transport/descriptor_table.h"
 
 namespace reccl {
 
@@ -87,6 +88,9 @@ ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& stor
               "reccl: process group '", options_.group, "' names ", options_.globalRanks.size(),
               " global ranks for ", size, " members");
   const int globalRank = options_.globalRanks.empty() ? rank : options_.globalRanks[rank];
+  // The first group of the process starts growing the fd table, so its engine's
+  // sockets, opened at first use, find the room there (transport/descriptor_table.h).
+  reserveDescriptorTable();
   try {
     board_ = FaultBoard::join(store, globalRank, Config::fromProcessEnv().dcrPeriodMs);
   } catch (const Error& e) {

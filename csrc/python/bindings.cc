@@ -14,6 +14,7 @@
 #include "core/spread.h"
 #include "core/topology.h"
 #include "python/registered_buffer.h"
+#include "transport/descriptor_table.h"
 #include "transport/event_loop.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/tcp_transport.h"
@@ -189,6 +190,7 @@ void bindExecutor(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_reccl native core: bonded connections with failover";
+  reserveDescriptorTable();  // long before a group's sockets need the room
 
   static py::exception<Error> recclError(m, "RecclError", PyExc_RuntimeError);
   static py::exception<ConfigError> configError(m, "ConfigError", PyExc_ValueError);

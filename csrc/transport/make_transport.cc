@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/topology.h"
+#include "transport/descriptor_table.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/verbs_library.h"
 #include "transport/tcp/tcp_transport.h"
@@ -49,6 +50,7 @@ std::string ibBootstrapAddress(const Config& config) {
 }
 
 std::unique_ptr<Transport> makeTransport(const Config& config, std::shared_ptr<VerbsApi> verbs) {
+  reserveDescriptorTable();  // before the transport's sockets need the room
   TransportChoice choice = chooseTransport(config, std::move(verbs));
   RECCL_LOG(kInfo, "transport " + choice.kind + ": " + choice.reason);
   if (choice.kind == "tcp") return std::make_unique<TcpTransport>(config);
