@@ -27,9 +27,10 @@ them per phase. The phases are driven by the launcher over each rank's stdin
                  --small-iters timed ops after --warmup; reported: the max over ranks
                  of the per-rank medians)
     busbw        one phase per (op, size) of --busbw-ops x --busbw-sizes-mib (default:
-                 all_reduce of 16 MiB), on the world group: per rank, the mean of
-                 the timed ops (each timed alone); t = the max over ranks of those
-                 means; busbw as nccl-tests: algbw = bytes / t, busbw = algbw x
+                 all_reduce of 16 MiB), on the world group: per rank, the untimed
+                 ops, each checked, a barrier, the timed ops back to back (as
+                 nccl-tests), then one more checked op; per rank the loop's time
+                 per op; t = the max over ranks of those; busbw as nccl-tests: algbw = bytes / t, busbw = algbw x
                  2(N-1)/N (all_reduce) or (N-1)/N (all_gather, reduce_scatter).
                  "bytes" is the size given, as in nccl-tests the largest buffer of
                  the op (rounded down to a multiple of 4N for the last two):
@@ -45,9 +46,11 @@ them per phase. The phases are driven by the launcher over each rank's stdin
                  timed ops, per op, and "cores kept busy" = that / t: when it
                  is near the machine's cores, the CPUs are the limit.
 
-Every result of every op is checked bit for bit (inputs are integer-valued floats:
-(element index % 251) + rank, so every sum is exact in float32; all_gather and
-reduce_scatter outputs are set to -1 before each op, so an unwritten output fails).
+Every result of every checked op is compared bit for bit (the 4-byte all_reduces
+and, per busbw phase, the untimed ops and one after the timed loop; inputs are
+integer-valued floats: (element index % 251) + rank, so every sum is exact in
+float32; all_gather and reduce_scatter outputs are set to -1 before each checked
+op, so an unwritten output fails).
 The shapes, bus factors and collective calls are those of torch_reccl/bench_rank.py
 (``reccl bench``), loaded by path.
 

@@ -314,3 +314,20 @@ def test_memory_ceiling_copies_in_every_process():
     assert run["traffic_GBps"] == pytest.approx(2 * run["copy_GBps"])
     bad = subprocess.run([sys.executable, path, "--procs", "0"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--procs" in bad.stderr, bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_thread_cpu_reports_both_backends(tmp_path):
+    """bench/thread_cpu.py: a 2-rank job per backend, a positive busbw for each and
+    rank 0's threads by name; bad arguments are refused by name."""
+    path = os.path.join(REPO, "bench", "thread_cpu.py")
+    out = subprocess.run([sys.executable, path, "--ranks", "2", "--mib", "1", "--iters", "5",
+                          "--timeout", "90", "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = json.loads((tmp_path / "t.json").read_text())["runs"]
+    assert [r["backend"] for r in runs] == ["reccl", "gloo"]
+    assert all(r["busbw_GBps"] > 0 and r["rank0_cpu_ms_per_op"] for r in runs), runs
+    assert any(name.startswith("reccl-") for name in runs[0]["rank0_cpu_ms_per_op"]), runs[0]
+    bad = subprocess.run([sys.executable, path, "--ranks", "1"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--ranks" in bad.stderr, bad.stderr
