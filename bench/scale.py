@@ -638,17 +638,20 @@ def measure_busbw(op: str, nominal: int, warm: int, iters: int, rank: int, size:
         checked(i)
     if dist.is_initialized():
         dist.barrier()
+    threads_before = procstat.threads()
     c0 = time.process_time()
     t0 = time.perf_counter()
     for _ in range(iters):
         run_collective(op, out, inp)
     elapsed = time.perf_counter() - t0
     cpu = time.process_time() - c0
+    by_thread = procstat.cpu_ms_by_name(threads_before, procstat.threads(), iters)
     if progress:
         progress(f"{op} {nbytes} B: {iters} timed ops done")
     checked(warm + iters)
     return {"op": op, "size_bytes": nominal, "bytes": nbytes, "in_count": n_in, "out_count": n_out,
-            "mean_s": elapsed / iters, "cpu_s_per_op": cpu / iters}
+            "mean_s": elapsed / iters, "cpu_s_per_op": cpu / iters,
+            "cpu_ms_per_op_by_thread": {name: ms for name, ms in by_thread.items() if ms[0] + ms[1] > 0}}
 
 
 def rank_main(argv: List[str]) -> int:
@@ -1230,7 +1233,9 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
                     "cpu_s_per_op": cpu_per_op, "cores_busy": cpu_per_op / slowest,
                     **entry, "bytes": nbytes, "in_count": replies[0]["in_count"],
                     "out_count": replies[0]["out_count"], "time_s": slowest, "mean_s_per_rank": per_rank,
-                    "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(entry["op"], size)})
+                    "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(entry["op"], size),
+                    # Where rank 0's CPU went: [user, system] ms per op by thread name.
+                    "rank0_cpu_ms_per_op_by_thread": replies[0].get("cpu_ms_per_op_by_thread", {})})
                 result["errors"] += [f"rank {r}: {e}" for r, m in sorted(replies.items()) for e in m["errors"]]
         enter("done")
         ranks.send("exit")

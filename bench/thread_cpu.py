@@ -17,40 +17,25 @@ each thread's share is many ticks.
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import json
 import os
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import List
 
-TICK = os.sysconf("SC_CLK_TCK")
+def _load_procstat():
+    """torch_reccl/procstat.py by path: Gloo's ranks must not import torch_reccl."""
+    import importlib.util
 
-
-def thread_times() -> Dict[str, Tuple[str, float, float]]:
-    """tid -> (name, user s, system s) of this process's threads."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:  # the thread ended meanwhile
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[tid] = (name, int(fields[11]) / TICK, int(fields[12]) / TICK)
-    return out
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch_reccl", "procstat.py")
+    spec = importlib.util.spec_from_file_location("reccl_procstat_standalone", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def by_name(before, after, ops: int) -> Dict[str, List[float]]:
-    """name -> [user ms, system ms] per op, over the threads alive at the end."""
-    acc = collections.defaultdict(lambda: [0.0, 0.0])
-    for tid, (name, user, system) in after.items():
-        _, user0, system0 = before.get(tid, (name, 0.0, 0.0))
-        acc[name][0] += (user - user0) / ops * 1e3
-        acc[name][1] += (system - system0) / ops * 1e3
-    return dict(acc)
+procstat = _load_procstat()
 
 
 def rank_main(rank: int, size: int, port: int, backend: str, mib: int, warmup: int, iters: int,
@@ -68,13 +53,13 @@ def rank_main(rank: int, size: int, port: int, backend: str, mib: int, warmup: i
     for _ in range(warmup):
         dist.all_reduce(x)
     dist.barrier()
-    before, t0 = thread_times(), time.perf_counter()
+    before, t0 = procstat.threads(), time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(x)
     per_op = (time.perf_counter() - t0) / iters
-    after = thread_times()
+    after = procstat.threads()
     dist.destroy_process_group()
-    results.put((rank, per_op, by_name(before, after, iters)))
+    results.put((rank, per_op, procstat.cpu_ms_by_name(before, after, iters)))
 
 
 def run(backend: str, size: int, mib: int, warmup: int, iters: int, timeout_s: float) -> dict:

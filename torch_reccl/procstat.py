@@ -7,7 +7,7 @@ Threads come and go while /proc is read; those gone meanwhile are left out.
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Tuple, Union
+from typing import Dict, List, NamedTuple, Tuple, Union
 
 
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -17,11 +17,17 @@ class ThreadStat(NamedTuple):
     name: str          # the thread's name (comm, at most 15 characters)
     voluntary: int     # context switches where the thread blocked: one per sleep
     involuntary: int   # preemptions
-    cpu_seconds: float  # user + system time so far (a thread that spins shows here, not in switches)
+    user_seconds: float    # CPU time so far in user mode
+    system_seconds: float  # ... and in the kernel (system calls: socket I/O, process_vm_readv)
 
     @property
     def switches(self) -> int:
         return self.voluntary + self.involuntary
+
+    @property
+    def cpu_seconds(self) -> float:
+        """User + system time so far (a thread that spins shows here, not in switches)."""
+        return self.user_seconds + self.system_seconds
 
 
 def threads(pid: Union[int, str] = "self") -> Dict[str, ThreadStat]:
@@ -39,8 +45,21 @@ def threads(pid: Union[int, str] = "self") -> Dict[str, ThreadStat]:
             continue  # exited meanwhile
         out[tid] = ThreadStat(fields["Name"].strip(), int(fields["voluntary_ctxt_switches"]),
                               int(fields["nonvoluntary_ctxt_switches"]),
-                              (int(times[11]) + int(times[12])) / _TICKS_PER_SECOND)
+                              int(times[11]) / _TICKS_PER_SECOND, int(times[12]) / _TICKS_PER_SECOND)
     return out
+
+
+def cpu_ms_by_name(before: Dict[str, ThreadStat], after: Dict[str, ThreadStat],
+                   ops: int = 1) -> Dict[str, List[float]]:
+    """Thread name -> [user ms, system ms] spent between two `threads()` snapshots,
+    divided by `ops`; over the threads alive at the second one."""
+    acc: Dict[str, List[float]] = {}
+    for tid, now in after.items():
+        then = before.get(tid)
+        entry = acc.setdefault(now.name, [0.0, 0.0])
+        entry[0] += (now.user_seconds - (then.user_seconds if then else 0.0)) / ops * 1e3
+        entry[1] += (now.system_seconds - (then.system_seconds if then else 0.0)) / ops * 1e3
+    return acc
 
 
 def fds(pid: Union[int, str] = "self") -> Tuple[int, int]:
