@@ -33,9 +33,16 @@ struct MemoryRegion {
   std::unique_ptr<Nvl::Region> gpu;                   // NVL only
   std::unique_ptr<MemoryRegistration> registration;  // host, peer-memory or dma-buf
 };
+// Where a request NCCL holds stands; test() moves it forward, never back.
+enum class RequestPhase {
+  kStagingToHost,    // a GPU send: its copy to the host mirror runs; the connection has nothing yet
+  kOnTransport,      // the connection moves the bytes
+  kDeliveringToGpu,  // a GPU receive: the bytes are in the mirror; their copy to the GPU buffer runs
+};
+
 struct PluginRequest {
-  std::shared_ptr<Request> request;  // the connection's; null while a staged send waits for its copy
-  bool transportDone = false;
+  RequestPhase phase = RequestPhase::kOnTransport;
+  std::shared_ptr<Request> request;  // the connection's; a staged send gets it when postStagedSends hands it over
   uint64_t bytes = 0;
   // NVL: the region and its copy between the GPU buffer and the host mirror.
   Nvl::Region* region = nullptr;
@@ -376,6 +383,7 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
           region->startSend(bytes, size, comm->connection->activeLocalNic());
       if (!copy) return ncclSuccess;  // every copy slot busy: NCCL retries
       auto* pending = new PluginRequest();
+      pending->phase = RequestPhase::kStagingToHost;
       pending->region = region;
       pending->copy = *copy;
       pending->sendComm = comm;
@@ -469,11 +477,12 @@ ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
   return guard("test", [&] {
     auto* pending = static_cast<PluginRequest*>(request);
     *done = 0;
-    if (pending->request == nullptr) {  // a staged send still waiting for its copy
-      postStagedSends(*pending->sendComm);
-      if (pending->request == nullptr) return ncclSuccess;
+    if (pending->phase == RequestPhase::kStagingToHost) {
+      if (pending->request == nullptr) postStagedSends(*pending->sendComm);
+      if (pending->request == nullptr) return ncclSuccess;  // its copy, or an earlier one, still runs
+      pending->phase = RequestPhase::kOnTransport;
     }
-    if (!pending->transportDone) {
+    if (pending->phase == RequestPhase::kOnTransport) {
       std::string error;
       if (!pending->request->test(&pending->bytes, &error)) return ncclSuccess;
       if (!error.empty()) {
@@ -481,9 +490,9 @@ ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
         warn("operation failed: " + error);
         return ncclRemoteError;
       }
-      pending->transportDone = true;
+      if (pending->deviceData != nullptr) pending->phase = RequestPhase::kDeliveringToGpu;
     }
-    if (pending->deviceData != nullptr) {  // a staged receive: its copy into the GPU buffer
+    if (pending->phase == RequestPhase::kDeliveringToGpu) {
       if (!pending->copy) {
         pending->copy = pending->region->startDeliver(pending->deviceData, pending->bytes,
                                                       pending->connection->activeLocalNic());
