@@ -76,6 +76,7 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
   pathId_ = pathId;
   nextBeat_ = nextBeatAfter(Clock::now(), beatInterval_);
   const int64_t now = nowNs();
+  lastControlCheckNs_ = now;  // before the loops know the path: its timer runs there
   try {
     std::lock_guard<std::mutex> lock(attachMutex_);
     for (size_t i = 0; i < sockets_.size(); ++i) {
@@ -378,11 +379,26 @@ void TcpPath::readControl() {
 void TcpPath::controlTimer() {
   Socket& control = sockets_[kControl];
   const int64_t now = nowNs();
-  const int64_t silentNs = now - pair_->lastHeardNs();
+  const int64_t beatNs = beatInterval_.count() * 1000000LL;
+  const bool late = now - lastControlCheckNs_ > 2 * beatNs;
+  lastControlCheckNs_ = now;
+  const int64_t heardNs = pair_->lastHeardNs();
+  const int64_t silentNs = now - heardNs;
+  Clock::time_point silenceDeadline = atNs(heardNs) + heartbeat_ + Millis(1);
   if (silentNs > heartbeat_.count() * 1000000LL) {
-    fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
-                               std::to_string(silentNs / 1000000) + " ms");
-    return;
+    // The timer is never set more than a beat interval ahead, so a run this late
+    // means this process did not run (descheduled, a paused VM, a stop signal):
+    // the peer's beats may be sitting unread in our sockets. One beat interval
+    // of grace lets the loop read them, and our own beat go out, first.
+    if (late && silenceGraceUntilNs_ == 0) silenceGraceUntilNs_ = now + beatNs;
+    if (silenceGraceUntilNs_ == 0 || now >= silenceGraceUntilNs_) {
+      fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
+                                 std::to_string(silentNs / 1000000) + " ms");
+      return;
+    }
+    silenceDeadline = atNs(silenceGraceUntilNs_);
+  } else {
+    silenceGraceUntilNs_ = 0;
   }
   int64_t writeStuckSinceNs = 0;
   {
@@ -409,7 +425,7 @@ void TcpPath::controlTimer() {
     nextBeat_ = nextBeatAfter(clockNow, beatInterval_);
   }
   // Next: the beat, or the moment the pair's silence would fail the path.
-  Clock::time_point next = std::min(nextBeat_, atNs(pair_->lastHeardNs()) + heartbeat_ + Millis(1));
+  Clock::time_point next = std::min(nextBeat_, silenceDeadline);
   if (writeStuckSinceNs != 0) next = std::min(next, atNs(writeStuckSinceNs) + heartbeat_ + Millis(1));
   control.loop->setDeadline(control.id, next, dark);
 }
