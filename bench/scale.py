@@ -30,8 +30,9 @@ them per phase. The phases are driven by the launcher over each rank's stdin
                  all_reduce of 16 MiB), on the world group: per rank, the untimed
                  ops, each checked, a barrier, the timed ops back to back (as
                  nccl-tests), then one more checked op; per rank the loop's time
-                 per op; t = the max over ranks of those; busbw as nccl-tests: algbw = bytes / t, busbw = algbw x
-                 2(N-1)/N (all_reduce) or (N-1)/N (all_gather, reduce_scatter).
+                 per op; t = the max over ranks of those; busbw as nccl-tests:
+                 algbw = bytes / t, busbw = algbw x 2(N-1)/N (all_reduce) or
+                 (N-1)/N (all_gather, reduce_scatter).
                  "bytes" is the size given, as in nccl-tests the largest buffer of
                  the op (rounded down to a multiple of 4N for the last two):
                    all_reduce      the buffer each rank reduces (input = output)

@@ -13,6 +13,17 @@ namespace reccl {
 
 namespace {
 
+constexpr int kReservedDescriptors = 4096;
+
+// min(kReservedDescriptors, the soft RLIMIT_NOFILE).
+int descriptorTableTarget() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return kReservedDescriptors;
+  }
+  return static_cast<int>(std::min<rlim_t>(kReservedDescriptors, limit.rlim_cur));
+}
+
 // Opens an fd numbered target - 1 (F_DUPFD takes the lowest free one at or
 // above it), which makes the kernel size the table for it, then closes it.
 void growTo(int target) {
@@ -24,14 +35,6 @@ void growTo(int target) {
 }
 
 }  // namespace
-
-int descriptorTableTarget() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
-    return kReservedDescriptors;
-  }
-  return static_cast<int>(std::min<rlim_t>(kReservedDescriptors, limit.rlim_cur));
-}
 
 void reserveDescriptorTable() {
   // Once per process: a child forked after the parent's call starts with a

@@ -3,22 +3,16 @@
 // beyond it is opened, and in a multi-threaded process each growth waits for
 // an RCU grace period: 10-45 ms measured on our VMs, stalling whichever dial
 // or accept opened that fd (docs/scale.md, session 14). Growing it once to
-// kReservedDescriptors (or the RLIMIT_NOFILE soft limit, if lower) takes that
-// wait on a thread of its own, before the sockets need it.
+// 4096 entries (or the RLIMIT_NOFILE soft limit, if lower) takes that wait on
+// a thread of its own, before the sockets need it.
 #pragma once
 
 namespace reccl {
-
-inline constexpr int kReservedDescriptors = 4096;
 
 // Starts growing the table, once per process (pid): `import torch_reccl` does,
 // long before the sockets come, and the first group's creation again in a
 // process forked after the import. Never blocks the caller and never throws; a
 // failure leaves the table to grow as before.
 void reserveDescriptorTable();
-
-// The table size reserveDescriptorTable aims at: min(kReservedDescriptors,
-// the soft RLIMIT_NOFILE).
-int descriptorTableTarget();
 
 }  // namespace reccl
