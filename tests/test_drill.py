@@ -304,12 +304,12 @@ def test_slow_nic_in_the_fabric_is_degraded_and_training_stays_exact(tmp_path, m
     """A drill's slow= fault end to end: host 0's eth1 cut to 10% by tbf under the
     drill's training load is named degraded (reason slow) and traffic fails over
     off it, while every step's loss and the final parameters match the fault-free
-    run. The heartbeat at 4 s, as in test_grey_fabric: this checks the detector,
+    run. The heartbeat at 8 s, as in test_grey_fabric: this checks the detector,
     not the race with a TCP collapse (docs/grey_failures.md)."""
     from torch_reccl.fabric import require_root
 
     require_root()
-    monkeypatch.setenv("RECCL_HEARTBEAT_MS", "4000")
+    monkeypatch.setenv("RECCL_HEARTBEAT_MS", "8000")
     out = tmp_path / "drill.json"
     done = drill("--hosts", "2", "--rails", "2", "--rate-mbit", "1000", "--duration", "14s",
                  "--fault", "h0nic1:slow=10%@2s,h0nic1:heal@12s", "--verify", "--name", "tdsl",

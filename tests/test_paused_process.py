@@ -1,7 +1,7 @@
 """A process that did not run for longer than the heartbeat (stopped, descheduled,
 a paused VM) does not take its own absence for its peers' silence: on waking, a
-late heartbeat check gives the pair one beat interval to be heard before it fails
-the path (transport/tcp/tcp_path.cc, controlTimer). Both ends of the connection
+late heartbeat check fails the path only after a whole heartbeat of silence that
+it watched (transport/tcp/tcp_path.cc, controlTimer). Both ends of the connection
 live in one child process, which the test stops with SIGSTOP and resumes: nobody
 was silent but the process itself."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(f"""
     assert exchange(1 << 16)
     print("ready", flush=True)
     sys.stdin.readline()  # the parent stops us, waits, resumes us, then says go
-    time.sleep(3 * {HEARTBEAT_MS} / 1000)  # past any grace: a failover would have come
+    time.sleep(3 * {HEARTBEAT_MS} / 1000)  # past the grace (one heartbeat): a failover would have come
     ok = exchange(1 << 16)
     time.sleep(0.2)  # events are delivered on a background thread
     print(json.dumps({{"ok": ok, "failovers": failovers}}), flush=True)

@@ -388,9 +388,11 @@ void TcpPath::controlTimer() {
   if (silentNs > heartbeat_.count() * 1000000LL) {
     // The timer is never set more than a beat interval ahead, so a run this late
     // means this process did not run (descheduled, a paused VM, a stop signal):
-    // the peer's beats may be sitting unread in our sockets. One beat interval
-    // of grace lets the loop read them, and our own beat go out, first.
-    if (late && silenceGraceUntilNs_ == 0) silenceGraceUntilNs_ = now + beatNs;
+    // silence it did not watch is no evidence. The pair must then stay silent
+    // for a whole heartbeat this process watches: one beat interval was not
+    // enough after a paused VM resumed with a slowed NIC (TCP restarting from
+    // its retransmission timers, both ends failed a live pair a beat later).
+    if (late && silenceGraceUntilNs_ == 0) silenceGraceUntilNs_ = now + heartbeat_.count() * 1000000LL;
     if (silenceGraceUntilNs_ == 0 || now >= silenceGraceUntilNs_) {
       fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
                                  std::to_string(silentNs / 1000000) + " ms");
