@@ -316,6 +316,31 @@ def test_memory_ceiling_copies_in_every_process():
     assert bad.returncode == 2 and "--procs" in bad.stderr, bad.stderr
 
 
+@pytest.mark.timeout(60)
+def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code():
+    """bench/fresh_fd_table.py: the command runs with the kernel's initial 64-entry
+    fd table even when the caller holds a high fd, its exit code comes back, and a
+    missing command or none is refused by name."""
+    path = os.path.join(REPO, "bench", "fresh_fd_table.py")
+    probe = ("import sys; sizes = [l.split()[1] for l in open('/proc/self/status') "
+             "if l.startswith('FDSize')]; print(sizes[0]); sys.exit(7)")
+    high = os.dup2(0, 300)  # the caller's table is then at least 512 entries
+    try:
+        out = subprocess.run([sys.executable, path, sys.executable, "-c", probe], capture_output=True,
+                             text=True, timeout=30, close_fds=False)
+        plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                               timeout=30, close_fds=False)
+    finally:
+        os.close(high)
+    assert out.returncode == 7 and out.stdout.strip() == "64", (out.stdout, out.stderr)
+    assert int(plain.stdout.strip()) > 64  # without it the table would start larger
+    missing = subprocess.run([sys.executable, path, "no-such-command-reccl"], capture_output=True,
+                             text=True, timeout=30)
+    assert missing.returncode == 127 and "no-such-command-reccl" in missing.stderr
+    none = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=30)
+    assert none.returncode == 2 and "usage" in none.stderr
+
+
 @pytest.mark.timeout(120)
 def test_thread_cpu_reports_both_backends(tmp_path):
     """bench/thread_cpu.py: a 2-rank job per backend, a positive busbw for each and
