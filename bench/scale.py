@@ -556,6 +556,17 @@ def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _fd_table_entries() -> int:
+    """This process's fd table size (FDSize): a rank that starts at 64 pays for the
+    doublings to 128 and 256 unless they happen off its critical path (docs/scale.md,
+    session 14)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("FDSize:"):
+                return int(line.split()[1])
+    return -1
+
+
 PATTERN = 251       # inputs: (global element index % 251) + rank; every sum is an exact float32 integer
 CHECK_CHUNK = 1 << 20  # elements compared per step: the check's temporaries stay 8 MiB whatever the size
 
@@ -688,6 +699,7 @@ def rank_main(argv: List[str]) -> int:
             emit("error", error=f"expected command {expected!r}, got {line.strip()!r}")
             os._exit(4)
 
+    fd_table_at_start = _fd_table_entries()
     import torch
     import torch.distributed as dist
 
@@ -696,7 +708,8 @@ def rank_main(argv: List[str]) -> int:
     threads_torch = _thread_count()
     if args.backend == "reccl":
         import torch_reccl  # noqa: F401 - registers the backend
-    emit("start", pid=os.getpid(), threads_torch=threads_torch, threads_imported=_thread_count())
+    emit("start", pid=os.getpid(), threads_torch=threads_torch, threads_imported=_thread_count(),
+         fd_table_at_start=fd_table_at_start)
     timeout = datetime.timedelta(seconds=args.timeout)
     errors: List[str] = []
 
@@ -1125,6 +1138,7 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
         pids = [started[r]["pid"] for r in range(size)]
         result["threads_torch"] = max(m["threads_torch"] for m in started.values())
         result["threads_imported"] = max(m["threads_imported"] for m in started.values())
+        result["fd_table_at_start"] = min(m["fd_table_at_start"] for m in started.values())
 
         enter("init")
         t0 = time.monotonic()
@@ -1342,6 +1356,10 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
         lines[2] += (f" Before each job (none of ours running): 1-min load average {min(load):.1f}–{max(load):.1f}, "
                      f"other runnable threads {min(runnable):.1f}–{max(runnable):.1f} "
                      f"({machine['cores']} cores: more means other work competed).")
+    tables = sorted({r["fd_table_at_start"] for r in runs if "fd_table_at_start" in r})
+    if tables:
+        lines[2] += (f" Ranks started with a {'/'.join(map(str, tables))}-entry fd table "
+                     "(64: growing it is a set-up cost; docs/scale.md, session 14).")
     by_n: Dict[int, Dict[str, dict]] = collections.defaultdict(dict)
     for run in runs:
         by_n[run["ranks"]][run["backend"]] = run
