@@ -162,10 +162,11 @@ class TcpPath : public Path {
   size_t controlMoved_ = 0;  // bytes of header, then of body
   bool controlInBody_ = false;
   Clock::time_point nextBeat_;
-  // The control timer's previous run, and the end of the grace a late run gives
-  // a silent pair before failing it (0: none); the control loop thread only.
+  // The control timer's previous run, and its last run that came late (this
+  // process had not run): silence and stuck writes count only from there. The
+  // control loop thread only.
   int64_t lastControlCheckNs_ = 0;
-  int64_t silenceGraceUntilNs_ = 0;
+  int64_t watchedSinceNs_ = 0;
 
   // Control frames being written, from any thread; what the socket does not
   // take at once waits here for the loop.
