@@ -1,0 +1,175 @@
+"""What a ring reduce-scatter among the processes of one host costs when a rank
+reads its predecessor's chunk with process_vm_readv (reccl's same-host reads
+today) against reading it straight from memory both processes map, with no
+collective library, no sockets and no engine around it.
+
+P processes each hold --mib MiB of float32 cut into P segments; at step s every
+rank adds the segment its predecessor just finished into its own copy of that
+segment, and all ranks meet at a barrier; after P - 1 steps each holds the sum
+of one segment over all ranks (checked bit for bit: inputs are small integers).
+
+* ``read``: a rank's buffer is private; the predecessor's segment is copied
+  into a slot with ``process_vm_readv`` and the slot is added into ours (one
+  kernel copy, pinning the peer's pages, then a reduction).
+* ``shared``: every rank's buffer lies in one shared mapping; the
+  predecessor's segment is added straight into ours (a reduction only).
+
+The ratio bounds what a same-host path through shared memory could gain in the
+reduce-scatter half of an all_reduce over reccl's same-host reads on this
+machine (docs/benchmarks.md, session 15). The barrier per step (a semaphore
+handshake) is part of both.
+
+    python bench/same_host_ring.py --procs 2 8 16 --json ring.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from typing import List
+
+MODES = ("read", "shared")
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.process_vm_readv.restype = ctypes.c_ssize_t
+    libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                                      ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    return libc
+
+
+def _rank(rank: int, procs: int, mode: str, mib: int, reps: int, shared, addresses, pids, barrier,
+          results) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    count = (mib << 20) // 4 // procs * procs
+    seg = count // procs
+    if mode == "shared":
+        buffer = shared[rank]
+    else:
+        buffer = torch.empty(count, dtype=torch.float32)
+    slot = torch.empty(seg, dtype=torch.float32)
+    addresses[rank] = buffer.data_ptr()
+    pids[rank] = os.getpid()
+    libc = _libc()
+    prev = (rank - 1) % procs
+
+    def fill() -> None:
+        buffer.fill_(float(rank + 1))
+
+    def step(s: int) -> None:
+        j = (rank - 1 - s) % procs  # the segment the predecessor finished at step s - 1
+        mine = buffer[j * seg:(j + 1) * seg]
+        if mode == "shared":
+            mine.add_(shared[prev][j * seg:(j + 1) * seg])
+        else:
+            local = _IoVec(slot.data_ptr(), seg * 4)
+            remote = _IoVec(addresses[prev] + j * seg * 4, seg * 4)
+            got = libc.process_vm_readv(pids[prev], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            if got != seg * 4:
+                raise OSError(ctypes.get_errno(), f"process_vm_readv from rank {prev}: {os.strerror(ctypes.get_errno())}")
+            mine.add_(slot)
+        barrier.wait(60)
+
+    try:
+        barrier.wait(60)  # every address and pid published
+        fill()
+        barrier.wait(60)
+        for s in range(procs - 1):  # warm-up pass, then checked
+            step(s)
+        final = (rank + 1) % procs  # the segment added into at step P - 2: every rank's sum
+        expected = float(procs * (procs + 1) // 2)
+        wrong = int((buffer[final * seg:(final + 1) * seg] != expected).sum())
+        elapsed = 0.0
+        for _ in range(reps):
+            fill()
+            barrier.wait(60)
+            start = time.perf_counter()
+            for s in range(procs - 1):
+                step(s)
+            elapsed += time.perf_counter() - start
+        results.put((rank, elapsed / reps, wrong, None))
+    except Exception as e:  # reported, not hung on: the parent bounds every wait
+        barrier.abort()
+        results.put((rank, 0.0, 0, f"{type(e).__name__}: {e}"))
+
+
+def measure(procs: int, mode: str, mib: int, reps: int) -> dict:
+    """One ring reduce-scatter of ``mib`` MiB per rank among ``procs`` processes, ``reps`` times."""
+    import torch
+
+    ctx = mp.get_context("fork")
+    count = (mib << 20) // 4 // procs * procs
+    shared = [torch.empty(count, dtype=torch.float32).share_memory_() for _ in range(procs)] \
+        if mode == "shared" else None
+    addresses, pids = ctx.Array(ctypes.c_uint64, procs, lock=False), ctx.Array(ctypes.c_int, procs, lock=False)
+    barrier, results = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_rank, args=(r, procs, mode, mib, reps, shared, addresses, pids, barrier,
+                                               results)) for r in range(procs)]
+    for w in workers:
+        w.start()
+    try:
+        got = [results.get(timeout=120 + 2.0 * reps * procs) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(10)
+            if w.is_alive():
+                w.kill()
+    errors = [f"rank {r}: {e}" for r, _, _, e in got if e]
+    if errors:
+        raise RuntimeError(f"{mode} with {procs} processes failed: " + "; ".join(errors))
+    t = max(seconds for _, seconds, _, _ in got)
+    nbytes = count * 4
+    return {"procs": procs, "mode": mode, "bytes_per_rank": nbytes, "reps": reps, "t_s": t,
+            "busbw_GBps": nbytes * (procs - 1) / procs / t / 1e9,
+            "wrong": sum(w for _, _, w, _ in got)}
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--procs", type=int, nargs="+", default=[2, 8, 16], help="processes in the ring (2 or more)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--mib", type=int, default=16, help="float32 buffer per rank, MiB")
+    p.add_argument("--reps", type=int, default=10, help="timed reduce-scatters")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    if any(n < 2 for n in args.procs):
+        p.error(f"--procs: every value must be 2 or more, got {args.procs}")
+    if args.mib < 1 or args.reps < 1:
+        p.error(f"--mib and --reps must be 1 or more, got --mib {args.mib} --reps {args.reps}")
+    runs = []
+    print(f"{os.cpu_count()} cores; ring reduce-scatter of {args.mib} MiB float32 per rank, {args.reps} timed")
+    for procs in args.procs:
+        row = {}
+        for mode in args.modes:
+            run = measure(procs, mode, args.mib, args.reps)
+            runs.append(run)
+            row[mode] = run
+            print(f"  P={procs:3d} {mode:6s}: {run['t_s'] * 1e3:8.2f} ms, busbw {run['busbw_GBps']:6.2f} GB/s, "
+                  f"wrong {run['wrong']}")
+        if len(row) == 2:
+            print(f"  P={procs:3d} shared/read: {row['shared']['busbw_GBps'] / row['read']['busbw_GBps']:.2f}x")
+    if args.json:
+        record = {"machine": {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "args": vars(args), "runs": runs}
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 1 if any(r["wrong"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
