@@ -317,7 +317,7 @@ def test_memory_ceiling_copies_in_every_process():
 
 
 @pytest.mark.timeout(60)
-def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code():
+def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code(tmp_path):
     """bench/fresh_fd_table.py: the command runs with the kernel's initial 64-entry
     fd table even when the caller holds a high fd, its exit code comes back, and a
     missing command or none is refused by name."""
@@ -325,14 +325,18 @@ def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code(
     probe = ("import sys; sizes = [l.split()[1] for l in open('/proc/self/status') "
              "if l.startswith('FDSize')]; print(sizes[0]); sys.exit(7)")
     high = os.dup2(0, 300)  # the caller's table is then at least 512 entries
+    record = tmp_path / "fresh.json"
     try:
-        out = subprocess.run([sys.executable, path, sys.executable, "-c", probe], capture_output=True,
-                             text=True, timeout=30, close_fds=False)
+        out = subprocess.run([sys.executable, path, "--json", str(record), "--", sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=30, close_fds=False)
         plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                timeout=30, close_fds=False)
     finally:
         os.close(high)
     assert out.returncode == 7 and out.stdout.strip() == "64", (out.stdout, out.stderr)
+    written = json.loads(record.read_text())
+    assert written["fd_table_at_start"] == 64 and written["exit_code"] == 7
+    assert written["command"][:2] == [sys.executable, "-c"]
     assert int(plain.stdout.strip()) > 64  # without it the table would start larger
     missing = subprocess.run([sys.executable, path, "no-such-command-reccl"], capture_output=True,
                              text=True, timeout=30)
