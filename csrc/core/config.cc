@@ -84,7 +84,9 @@ constexpr SettingSpec kSettings[] = {
           "comma list of interface names or local IPv4 addresses; the order is the rail order. "
           "Addresses in 127.0.0.0/8 may be listed to play several NICs on one host"),
     integer("RECCL_HEARTBEAT_MS", "1000", 10, 60000, storeNumber<&Config::heartbeatMs>,
-            "silence on a path (ms) after which it is declared dead (catches silent drops)"),
+            "silence (ms) between two NICs, while this process runs, after which every path "
+            "between them is declared dead (catches silent drops); one beat per NIC pair every "
+            "quarter of it when nothing else crosses"),
     integer("RECCL_NO_PATH_TIMEOUT_MS", "10000", 100, 600000, storeNumber<&Config::noPathTimeoutMs>,
             "how long a connection with no usable path waits for one before its operations fail "
             "with an error naming every path and why it is down (ms)"),
