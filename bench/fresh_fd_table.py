@@ -13,18 +13,13 @@ with, its exit code and wall time.
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
 
+from reccl_bench_runs import load_standalone, write_json  # beside this file
 
-def _fd_table_entries() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("FDSize:"):
-                return int(line.split()[1])
-    return -1
+procstat = load_standalone("procstat")
 
 
 def main(argv) -> int:
@@ -36,36 +31,27 @@ def main(argv) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command given: expected e.g. `-- python bench/scale.py --ranks 4`")
-    out = open(args.json, "w") if args.json else None  # opened before the fds above 2 are closed
-    keep = [out.fileno()] if out else []
-    os.closerange(3, min(keep) if keep else os.sysconf("SC_OPEN_MAX"))
-    if keep:
-        os.closerange(max(keep) + 1, os.sysconf("SC_OPEN_MAX"))
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     report_read, report_write = os.pipe()
     start = time.monotonic()
     pid = os.fork()
-    if pid == 0:
-        os.close(report_read)
-        if out:
-            os.close(out.fileno())  # the child's table then holds fds 0-2 and the pipe only
-        os.write(report_write, str(_fd_table_entries()).encode())
-        os.close(report_write)
+    if pid == 0:  # the child never returns into main: it execs or exits
         try:
+            os.close(report_read)
+            os.write(report_write, str(procstat.fd_table_entries()).encode())
+            os.close(report_write)
             os.execvp(command[0], command)
-        except OSError as e:
+        except Exception as e:
             print(f"fresh_fd_table: cannot run {command[0]!r}: {e}", file=sys.stderr)
-            os._exit(127)
+        os._exit(127)
     os.close(report_write)
     with os.fdopen(report_read) as report:
         started_with = int(report.read() or -1)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    if out:
-        json.dump({"command": command, "fd_table_at_start": started_with, "exit_code": code,
-                   "wall_s": time.monotonic() - start,
-                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-                  out, indent=1)
-        out.close()
+    write_json(args.json, {"command": command, "fd_table_at_start": started_with, "exit_code": code,
+                           "wall_s": time.monotonic() - start,
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
     return code
 
 

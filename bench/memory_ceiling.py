@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import platform
 import sys
 import time
 from typing import List
+
+from reccl_bench_runs import write_json  # beside this file
 
 
 def _copier(mib: int, seconds: float, ready, go, results) -> None:
@@ -77,9 +78,7 @@ def main(argv: List[str]) -> int:
     for r in runs:
         print(f"  {r['procs']:3d} processes: copy {r['copy_GBps']:6.1f} GB/s "
               f"(memory traffic {r['traffic_GBps']:6.1f} GB/s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cores": os.cpu_count(), "runs": runs}, f, indent=1)
+    write_json(args.json, {"cores": os.cpu_count(), "runs": runs})
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Runs `reccl bench` as a subprocess with extra RECCL_* settings and reads back
-its JSON record; shared by the benchmark drivers that compare settings."""
+"""Helpers shared by the bench scripts: `reccl bench` run as a subprocess with extra
+RECCL_* settings and its JSON record read back (the drivers that compare
+settings), a torch_reccl module loaded by path, and the --json write."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,20 @@ def run_bench(argv: List[str], extra_env: dict, path: str, timeout: float) -> di
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, timeout=timeout)
     with open(path) as f:
         return json.load(f)
+
+
+def load_standalone(module: str):
+    """torch_reccl/<module>.py by path. Importing it as torch_reccl.<module> would import
+    the torch_reccl package (and load the extension) in a launcher or a Gloo rank."""
+    import importlib.util
+
+    name = f"reccl_{module}_standalone"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", f"{module}.py"))
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+    return sys.modules[name]
 
 
 def write_json(path, result) -> None:

@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import json
 import multiprocessing as mp
 import os
 import platform
 import sys
 import time
 from typing import List
+
+from reccl_bench_runs import write_json  # beside this file
 
 MODES = ("read", "shared")
 
@@ -162,12 +163,9 @@ def main(argv: List[str]) -> int:
                   f"wrong {run['wrong']}")
         if len(row) == 2:
             print(f"  P={procs:3d} shared/read: {row['shared']['busbw_GBps'] / row['read']['busbw_GBps']:.2f}x")
-    if args.json:
-        record = {"machine": {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "args": vars(args), "runs": runs}
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+    write_json(args.json, {"machine": {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           "args": vars(args), "runs": runs})
     return 1 if any(r["wrong"] for r in runs) else 0
 
 

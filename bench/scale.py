@@ -108,25 +108,13 @@ PHASES = ("start", "init", "create", "first_use", "settle", "idle", "collectives
 TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
 
 
-def _load_standalone(module: str):
-    """torch_reccl/<module>.py by path. Importing it as torch_reccl.<module> would import
-    the torch_reccl package (and load the extension) in the launcher and in every Gloo rank."""
-    import importlib.util
-
-    name = f"reccl_{module}_standalone"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", f"{module}.py"))
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
-    return sys.modules[name]
-
-
-# bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
-_bench_rank = _load_standalone("bench_rank")
-procstat = _load_standalone("procstat")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wire_ceiling  # noqa: E402 - bench/wire_ceiling.py, beside this file
+from reccl_bench_runs import load_standalone  # noqa: E402 - beside this file too
+
+# bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
+_bench_rank = load_standalone("bench_rank")
+procstat = load_standalone("procstat")
 OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
 shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
 bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N
@@ -556,17 +544,6 @@ def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _fd_table_entries() -> int:
-    """This process's fd table size (FDSize): a rank that starts at 64 pays for the
-    doublings to 128 and 256 unless they happen off its critical path (docs/scale.md,
-    session 14)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("FDSize:"):
-                return int(line.split()[1])
-    return -1
-
-
 PATTERN = 251       # inputs: (global element index % 251) + rank; every sum is an exact float32 integer
 CHECK_CHUNK = 1 << 20  # elements compared per step: the check's temporaries stay 8 MiB whatever the size
 
@@ -699,7 +676,7 @@ def rank_main(argv: List[str]) -> int:
             emit("error", error=f"expected command {expected!r}, got {line.strip()!r}")
             os._exit(4)
 
-    fd_table_at_start = _fd_table_entries()
+    fd_table_at_start = procstat.fd_table_entries()
     import torch
     import torch.distributed as dist
 

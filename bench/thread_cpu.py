@@ -18,24 +18,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
 from typing import List
 
-def _load_procstat():
-    """torch_reccl/procstat.py by path: Gloo's ranks must not import torch_reccl."""
-    import importlib.util
+from reccl_bench_runs import load_standalone, write_json  # beside this file
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch_reccl", "procstat.py")
-    spec = importlib.util.spec_from_file_location("reccl_procstat_standalone", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-procstat = _load_procstat()
+procstat = load_standalone("procstat")  # by path: Gloo's ranks must not import torch_reccl
 
 
 def rank_main(rank: int, size: int, port: int, backend: str, mib: int, warmup: int, iters: int,
@@ -110,9 +100,7 @@ def main(argv: List[str]) -> int:
             for name, (user, system) in sorted(r["rank0_cpu_ms_per_op"].items(), key=lambda kv: -sum(kv[1])):
                 if user + system > 0:
                     print(f"    {name:20s} {user + system:7.2f} ms (user {user:.2f}, system {system:.2f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cores": os.cpu_count(), "runs": runs}, f, indent=1)
+    write_json(args.json, {"cores": os.cpu_count(), "runs": runs})
     return 0
 
 

@@ -62,6 +62,18 @@ def cpu_ms_by_name(before: Dict[str, ThreadStat], after: Dict[str, ThreadStat],
     return acc
 
 
+def fd_table_entries(pid: Union[int, str] = "self") -> int:
+    """The size of `pid`'s fd table (FDSize; default: this process). A process that
+    starts at the kernel's initial 64 grows it by doubling as fds are opened, and in
+    a threaded process each doubling waits for an RCU grace period (docs/scale.md,
+    session 14)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("FDSize:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no FDSize line")
+
+
 def fds(pid: Union[int, str] = "self") -> Tuple[int, int]:
     """(open fds, of which sockets) of `pid` (default: this process)."""
     count = sockets = 0
