@@ -348,18 +348,21 @@ def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code(
 @pytest.mark.timeout(120)
 def test_same_host_ring_sums_exactly_in_both_modes(tmp_path):
     """bench/same_host_ring.py: with 3 processes (odd: segments rotate the whole
-    ring) both the process_vm_readv ring and the shared-mapping ring leave every
+    ring) the process_vm_readv ring, read whole or piece by piece (a piece that
+    does not divide the segment), the direct reduce-scatter and the
+    shared-mapping ring leave every
     rank with the exact sum of its final segment, the record has both, and bad
     arguments are refused by name."""
     path = os.path.join(REPO, "bench", "same_host_ring.py")
     out = tmp_path / "ring.json"
-    done = subprocess.run([sys.executable, path, "--procs", "3", "--mib", "1", "--reps", "2", "--json", str(out)],
+    done = subprocess.run([sys.executable, path, "--procs", "3", "--mib", "1", "--reps", "2", "--piece-kib", "40",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = json.loads(out.read_text())["runs"]
-    assert sorted(r["mode"] for r in runs) == ["read", "shared"]
+    assert sorted(r["mode"] for r in runs) == ["direct", "fused", "read", "shared"]
     assert all(r["procs"] == 3 and r["wrong"] == 0 and r["busbw_GBps"] > 0 for r in runs), runs
-    assert "shared/read" in done.stdout
+    assert all(f"{m}/read" in done.stdout for m in ("fused", "direct", "shared")), done.stdout
     bad = subprocess.run([sys.executable, path, "--procs", "1"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--procs" in bad.stderr, bad.stderr
 
