@@ -11,8 +11,6 @@
 #include "transport/ib/ib_path.h"
 #include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
-#include "transport/job_dialer.h"
-#include "transport/path_plan.h"
 #include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
 
@@ -68,7 +66,7 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 }  // namespace
 
 IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
-    : config_(std::move(config)),
+    : BondedTransport(std::move(config), "RDMA devices"),
       gidPolicy_{config_.ibGidIndex, config_.ibAddressRange.empty()
                                          ? std::nullopt
                                          : std::optional<AddressRange>(AddressRange::parse(config_.ibAddressRange))},
@@ -245,44 +243,6 @@ std::shared_ptr<VerbsDevice> IbTransport::device(int nic) const {
 std::vector<std::shared_ptr<VerbsDevice>> IbTransport::devices() const {
   std::lock_guard<std::mutex> lock(devicesMutex_);
   return devices_;
-}
-
-void IbTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "RDMA devices"); }
-
-ConnectionEnv IbTransport::connectionEnv(const std::string& peer) {
-  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
-}
-
-std::shared_ptr<Listener> IbTransport::listen(int nic) {
-  checkNic(nic);
-  // Every device is reached through the one bootstrap endpoint; the HELLO
-  // names the device (receiverNic).
-  std::vector<HandleEndpoint> endpoints(nics_.size(), {bootstrapAddress_, acceptor_->port()});
-  return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
-                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
-}
-
-std::shared_ptr<SendConnection> IbTransport::connect(int nic, const std::vector<uint8_t>& bytes,
-                                                   uint64_t tag) {
-  checkNic(nic);
-  ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
-  handle.dialerTag = tag;
-  std::vector<PathCandidate> candidates = planPaths(
-      nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
-  uint64_t id = ids_.next();
-  ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
-  for (size_t i = 0; i < handle.nics.size(); ++i) {
-    env.remoteNicAddresses.push_back(handle.nics[i].address + "#" + std::to_string(i));
-  }
-  auto connection = std::make_shared<SendConnection>(
-      std::move(env), id, candidates, std::make_unique<JobDialer>(
-          [this](std::function<void()> job) { jobs_.run(std::move(job)); },
-          [this](const ListenHandle& h, uint64_t connectionId, int pathIndex, PathCandidate nics,
-                 std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
-          handle, id), handle.chunkBytes);
-  supervisor_->add(connection);
-  connection->dialNow();
-  return connection;
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {

@@ -27,11 +27,11 @@
 #include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/nic_pair_liveness.h"
-#include "transport/transport.h"
+#include "transport/bonded_transport.h"
 
 namespace reccl {
 
-class IbTransport : public Transport {
+class IbTransport : public BondedTransport {
  public:
   // `verbs`: the system library or an emulation. Devices: RECCL_IB_HCA, else
   // every device `verbs` lists; their order is the rail order. The bootstrap
@@ -43,17 +43,9 @@ class IbTransport : public Transport {
   IbTransport& operator=(const IbTransport&) = delete;
 
   const char* kind() const override { return "ib"; }
-  const Config& config() const override { return config_; }
-  // One entry per device: name (the NIC name in health, stats and events),
-  // backup, link state, port speed, sysfs PCI path where there is one.
-  const std::vector<NicInfo>& nics() const override { return nics_; }
-  int healthId(int nic) const override { return healthIds_.at(nic); }
+  // nics(): one entry per device: name (the NIC name in health, stats and
+  // events), backup, link state, port speed, sysfs PCI path where there is one.
   const std::string& bootstrapAddress() const { return bootstrapAddress_; }
-
-  std::shared_ptr<Listener> listen(int nic) override;
-  using Transport::connect;
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle,
-                                          uint64_t tag) override;
   // Memory regions on every device (RECCL_IB_ZERO_COPY=on; nullptr when off).
   std::unique_ptr<MemoryRegistration> registerMemory(void* base, uint64_t bytes) override;
   std::unique_ptr<MemoryRegistration> registerDeviceMemory(void* address, uint64_t bytes) override;
@@ -67,13 +59,21 @@ class IbTransport : public Transport {
                                                      uint64_t address) override;
 
  private:
-  void checkNic(int nic) const;
+  // Every device is reached through the one bootstrap endpoint; the HELLO
+  // names the device (receiverNic).
+  std::vector<HandleEndpoint> listenEndpoints() const override {
+    return std::vector<HandleEndpoint>(nics_.size(), {bootstrapAddress_, acceptor_->port()});
+  }
+  // The handle lists one bootstrap address for every device: the index tells them apart.
+  std::string remoteNicAddress(const ListenHandle& handle, size_t index) const override {
+    return handle.nics[index].address + "#" + std::to_string(index);
+  }
+  void runDialJob(std::function<void()> job) override { jobs_.run(std::move(job)); }
   Acceptor::Verdict authenticate(const HelloBody& hello);
   // The receiving half of a path's setup, on a job thread.
   void acceptPath(const HelloBody& hello, Fd socket, const std::string& peer);
-  // The dialing half; nullptr and `error` on failure.
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
-                                 PathCandidate nics, std::string* error);
+                                 PathCandidate nics, std::string* error) override;
   void watchEvents(int nic);
   // After IBV_EVENT_DEVICE_FATAL: the context is dead for good. Opens the
   // device again once it is back (retrying with backoff until the transport
@@ -83,9 +83,7 @@ class IbTransport : public Transport {
   // The device of NIC `nic` now (reopen() replaces a dead one).
   std::shared_ptr<VerbsDevice> device(int nic) const;
   std::vector<std::shared_ptr<VerbsDevice>> devices() const;
-  ConnectionEnv connectionEnv(const std::string& peer);
 
-  const Config config_;
   // RECCL_IB_TC / RECCL_IB_SL, for every QP this transport connects.
   QpRoute route() const {
     return {static_cast<uint8_t>(config_.ibTrafficClass), static_cast<uint8_t>(config_.ibServiceLevel)};
@@ -93,7 +91,6 @@ class IbTransport : public Transport {
   const GidPolicy gidPolicy_;  // RECCL_IB_GID_INDEX, RECCL_IB_ADDR_RANGE
   const std::shared_ptr<VerbsApi> verbs_;
   const std::string bootstrapAddress_;
-  std::vector<NicInfo> nics_;
   mutable std::mutex devicesMutex_;  // guards devices_ and, with stopping_, a reopen's wait
   std::condition_variable stopWait_;
   std::vector<std::shared_ptr<VerbsDevice>> devices_;
@@ -101,8 +98,6 @@ class IbTransport : public Transport {
   // again, so no registration misses the reopened device.
   std::mutex registerMutex_;
   const std::shared_ptr<IbRegistrationTable> registrations_ = std::make_shared<IbRegistrationTable>();
-  std::vector<int> healthIds_;
-  std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<Acceptor> acceptor_;
   uint64_t healthToken_ = 0;
   std::atomic<bool> stopping_{false};
@@ -111,10 +106,8 @@ class IbTransport : public Transport {
   std::mutex flushMutex_;
   std::vector<std::unique_ptr<IbFlusher>> flushers_;  // by NIC, made on first use
 
-  RandomIds ids_;
   uint64_t transportId_ = 0;  // names this transport in HELLOs, for its peers' NIC pairs
   NicPairTable pairs_;
-  ListenerTable listeners_;
 };
 
 }  // namespace reccl

@@ -8,8 +8,6 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
-#include "transport/job_dialer.h"
-#include "transport/path_plan.h"
 #include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
 #include "transport/tcp/tcp_path.h"
@@ -90,7 +88,7 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   return path;
 }
 
-TcpTransport::TcpTransport(Config config) : config_(std::move(config)) {
+TcpTransport::TcpTransport(Config config) : BondedTransport(std::move(config), "NICs") {
   nics_ = discoverNics(config_.nics);
   if (nics_.size() > kMaxHandleNics) {
     throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
@@ -132,8 +130,6 @@ TcpTransport::~TcpTransport() {
   supervisor_.reset();
 }
 
-void TcpTransport::checkNic(int nic) const { checkNicIndex(nic, nics_.size(), "NICs"); }
-
 void TcpTransport::dropExpiredPartials() {
   std::vector<PartialPath> expired;  // their sockets close after the lock is let go
   Clock::time_point next = Clock::time_point::max();
@@ -158,38 +154,10 @@ void TcpTransport::dropExpiredPartials() {
   }
 }
 
-ConnectionEnv TcpTransport::connectionEnv(const std::string& peer) {
-  return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
-}
-
-std::shared_ptr<Listener> TcpTransport::listen(int nic) {
-  checkNic(nic);
+std::vector<HandleEndpoint> TcpTransport::listenEndpoints() const {
   std::vector<HandleEndpoint> endpoints;
   for (size_t i = 0; i < nics_.size(); ++i) endpoints.push_back({nics_[i].address, acceptors_[i]->port()});
-  return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
-                           static_cast<uint32_t>(config_.chunkBytes), std::move(endpoints), ids_.next());
-}
-
-std::shared_ptr<SendConnection> TcpTransport::connect(int nic, const std::vector<uint8_t>& bytes,
-                                                   uint64_t tag) {
-  checkNic(nic);
-  ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
-  handle.dialerTag = tag;
-  std::vector<PathCandidate> candidates = planPaths(
-      nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
-  uint64_t id = ids_.next();
-  ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
-  for (const auto& endpoint : handle.nics) env.remoteNicAddresses.push_back(endpoint.address);
-  auto connection = std::make_shared<SendConnection>(
-      std::move(env), id, candidates, std::make_unique<JobDialer>(
-          [this](std::function<void()> job) { dials_.run(std::move(job)); },
-          [this](const ListenHandle& h, uint64_t connectionId, int pathIndex, PathCandidate nics,
-                 std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
-          handle, id),
-      handle.chunkBytes);
-  supervisor_->add(connection);
-  connection->dialNow();
-  return connection;
+  return endpoints;
 }
 
 Acceptor::Verdict TcpTransport::authenticate(int nic, const HelloBody& hello) {

@@ -25,11 +25,11 @@
 #include "transport/tcp/nic_pair_liveness.h"
 #include "transport/tcp/same_host.h"
 #include "transport/tcp/tcp_path.h"
-#include "transport/transport.h"
+#include "transport/bonded_transport.h"
 
 namespace reccl {
 
-class TcpTransport : public Transport {
+class TcpTransport : public BondedTransport {
  public:
   explicit TcpTransport(Config config);
   ~TcpTransport() override;
@@ -37,14 +37,6 @@ class TcpTransport : public Transport {
   TcpTransport& operator=(const TcpTransport&) = delete;
 
   const char* kind() const override { return "tcp"; }
-  const Config& config() const override { return config_; }
-  const std::vector<NicInfo>& nics() const override { return nics_; }
-  int healthId(int nic) const override { return healthIds_.at(nic); }
-
-  std::shared_ptr<Listener> listen(int nic) override;
-  using Transport::connect;
-  std::shared_ptr<SendConnection> connect(int nic, const std::vector<uint8_t>& handle,
-                                          uint64_t tag) override;
 
  private:
   struct PartialPath {
@@ -69,7 +61,12 @@ class TcpTransport : public Transport {
     TcpTransport* const transport_;
   };
 
-  void checkNic(int nic) const;
+  // Each NIC's own address and acceptor port.
+  std::vector<HandleEndpoint> listenEndpoints() const override;
+  std::string remoteNicAddress(const ListenHandle& handle, size_t index) const override {
+    return handle.nics[index].address;
+  }
+  void runDialJob(std::function<void()> job) override { dials_.run(std::move(job)); }
   void dropExpiredPartials();
   Acceptor::Verdict authenticate(int nic, const HelloBody& hello);
   void admit(int nic, const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
@@ -77,26 +74,18 @@ class TcpTransport : public Transport {
   // Whether a control socket's same-host offer can be taken (the probe).
   bool takeSameHostOffer(const HelloBody& hello);
   void deliver(PartialPath partial, int nic);
-  // The dialing half of a path's setup, on a job thread; nullptr and `error` on failure.
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
-                                 PathCandidate nics, std::string* error);
-  ConnectionEnv connectionEnv(const std::string& peer);
+                                 PathCandidate nics, std::string* error) override;
 
-  const Config config_;
-  std::vector<NicInfo> nics_;
-  std::vector<int> healthIds_;
-  std::unique_ptr<Supervisor> supervisor_;
   std::shared_ptr<PartialSweep> partialSweep_;  // serviced by supervisor_ (it holds a weak_ptr)
   std::vector<std::unique_ptr<Acceptor>> acceptors_;
   std::unique_ptr<LinkMonitor> linkMonitor_;
   uint64_t healthToken_ = 0;
 
-  RandomIds ids_;
   // Names this transport in handshakes, so both ends group their paths by NIC pair.
   uint64_t transportId_ = 0;
   NicPairTable pairs_;
   std::mutex mutex_;
-  ListenerTable listeners_;
   using PathKey = std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
   std::map<PathKey, PartialPath> partial_;  // dropped at their deadline by partialSweep_
   // Receiving paths that started before all their data sockets arrived.
