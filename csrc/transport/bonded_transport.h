@@ -39,11 +39,10 @@ class BondedTransport : public Transport {
 
  protected:
   // `nicNoun` names the NICs in errors ("NICs", "RDMA devices"). The derived
-  // constructor fills nics_ and healthIds_ and creates supervisor_; its
-  // destructor stops its dial jobs and resets supervisor_ before its own
-  // members go.
+  // constructor fills nics_ and healthIds_; its destructor stops its dial
+  // jobs and resets supervisor_ before its own members go.
   BondedTransport(Config config, std::string nicNoun)
-      : config_(std::move(config)), nicNoun_(std::move(nicNoun)) {}
+      : config_(std::move(config)), supervisor_(std::make_unique<Supervisor>()), nicNoun_(std::move(nicNoun)) {}
 
   // Throws ConfigError unless `nic` is one of ours.
   void checkNic(int nic) const { checkNicIndex(nic, nics_.size(), nicNoun_); }

@@ -11,7 +11,6 @@
 #include "transport/ib/ib_path.h"
 #include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
-#include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
 
 namespace reccl {
@@ -119,7 +118,6 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     nics_.push_back(std::move(nic));
   }
   chooseBackups(nics_);
-  supervisor_ = std::make_unique<Supervisor>();
   transportId_ = ids_.next();
   acceptor_ = std::make_unique<Acceptor>(
       bootstrapAddress_, "ib-bootstrap", transportId_, Millis(config_.connectTimeoutMs),

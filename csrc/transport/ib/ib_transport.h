@@ -24,7 +24,6 @@
 #include "transport/ib/verbs_api.h"
 #include "transport/job_threads.h"
 #include "transport/listener.h"
-#include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/nic_pair_liveness.h"
 #include "transport/bonded_transport.h"

@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
-#include "transport/random_bytes.h"
 #include "transport/tcp/hello_dial.h"
 #include "transport/tcp/tcp_path.h"
 
@@ -101,7 +100,6 @@ TcpTransport::TcpTransport(Config config) : BondedTransport(std::move(config), "
     healthIds_.push_back(id);
     if (nic.interface != "lo") watched[nic.ifindex] = id;
   }
-  supervisor_ = std::make_unique<Supervisor>();
   partialSweep_ = std::make_shared<PartialSweep>(this);
   supervisor_->add(partialSweep_);
   transportId_ = ids_.next();

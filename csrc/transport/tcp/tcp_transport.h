@@ -19,7 +19,6 @@
 #include "transport/job_threads.h"
 #include "transport/link_monitor.h"
 #include "transport/listener.h"
-#include "transport/random_bytes.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/handle.h"
 #include "transport/tcp/nic_pair_liveness.h"
