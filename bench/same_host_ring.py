@@ -62,12 +62,11 @@ def _libc():
     return libc
 
 
-def _rank(rank: int, procs: int, mode: str, mib: int, piece_bytes: int, reps: int, shared, addresses, pids,
+def _rank(rank: int, procs: int, mode: str, count: int, piece_bytes: int, reps: int, shared, addresses, pids,
           barrier, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    count = (mib << 20) // 4 // procs * procs
     seg = count // procs
     if mode == "shared":
         buffer = shared[rank]
@@ -139,7 +138,7 @@ def _rank(rank: int, procs: int, mode: str, mib: int, piece_bytes: int, reps: in
 
 
 def measure(procs: int, mode: str, mib: int, reps: int, piece_bytes: int = 64 << 10) -> dict:
-    """One ring reduce-scatter of ``mib`` MiB per rank among ``procs`` processes, ``reps`` times."""
+    """One reduce-scatter (``mode``) of ``mib`` MiB per rank among ``procs`` processes, ``reps`` times."""
     import torch
 
     ctx = mp.get_context("fork")
@@ -148,7 +147,7 @@ def measure(procs: int, mode: str, mib: int, reps: int, piece_bytes: int = 64 <<
         if mode == "shared" else None
     addresses, pids = ctx.Array(ctypes.c_uint64, procs, lock=False), ctx.Array(ctypes.c_int, procs, lock=False)
     barrier, results = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_rank, args=(r, procs, mode, mib, piece_bytes, reps, shared, addresses, pids, barrier,
+    workers = [ctx.Process(target=_rank, args=(r, procs, mode, count, piece_bytes, reps, shared, addresses, pids, barrier,
                                                results)) for r in range(procs)]
     for w in workers:
         w.start()
@@ -186,7 +185,7 @@ def main(argv: List[str]) -> int:
         p.error(f"--mib, --reps and --piece-kib must be 1 or more, got --mib {args.mib} --reps {args.reps} "
                 f"--piece-kib {args.piece_kib}")
     runs = []
-    print(f"{os.cpu_count()} cores; ring reduce-scatter of {args.mib} MiB float32 per rank, {args.reps} timed")
+    print(f"{os.cpu_count()} cores; reduce-scatter of {args.mib} MiB float32 per rank, {args.reps} timed")
     for procs in args.procs:
         row = {}
         for mode in args.modes:
