@@ -346,13 +346,12 @@ def test_fresh_fd_table_starts_the_command_with_64_fds_and_passes_its_exit_code(
 
 
 @pytest.mark.timeout(120)
-def test_same_host_ring_sums_exactly_in_both_modes(tmp_path):
+def test_same_host_ring_sums_exactly_in_every_mode(tmp_path):
     """bench/same_host_ring.py: with 3 processes (odd: segments rotate the whole
     ring) the process_vm_readv ring, read whole or piece by piece (a piece that
     does not divide the segment), the direct reduce-scatter and the
-    shared-mapping ring leave every
-    rank with the exact sum of its final segment, the record has both, and bad
-    arguments are refused by name."""
+    shared-mapping ring leave every rank with the exact sum of its final
+    segment, the record has all four, and bad arguments are refused by name."""
     path = os.path.join(REPO, "bench", "same_host_ring.py")
     out = tmp_path / "ring.json"
     done = subprocess.run([sys.executable, path, "--procs", "3", "--mib", "1", "--reps", "2", "--piece-kib", "40",
