@@ -43,7 +43,7 @@ Communicator::Communicator(std::shared_ptr<Transport> transport,
   flat_ = std::make_unique<RecursiveDoubling>(
       links_, ranks, units, std::max(options_.smallBytes, sizeof(uint64_t) * size));
   p2p_ = std::make_shared<P2p>(links_, options_.group);
-  pool_ = std::make_unique<WorkerPool>(plan_.channels() - 1);
+  pool_ = std::make_unique<WorkerPool>();
   scratch_.resize(plan_.channels());
 }
 

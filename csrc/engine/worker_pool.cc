@@ -21,8 +21,6 @@ bool isAborted(const std::exception_ptr& error) {
 
 }  // namespace
 
-WorkerPool::WorkerPool(int /*threads*/) {}
-
 WorkerPool::~WorkerPool() { awaitRunning(); }
 
 void WorkerPool::awaitRunning() {

@@ -13,9 +13,8 @@ namespace reccl {
 
 class WorkerPool {
  public:
-  // `threads` (the most jobs a runAll runs beside the caller) is unused: the
-  // shared Executor starts threads as they are needed.
-  explicit WorkerPool(int threads);
+  // Holds no threads: the shared Executor starts them as jobs need them.
+  WorkerPool() = default;
   ~WorkerPool();  // waits for any of its jobs still running
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;

@@ -113,7 +113,7 @@ void bindExecutor(py::module_& m) {
           for (const auto& job : jobs) native.push_back([held = hold(job)] { callRaising(held); });
           const HeldCallable heldOnError = hold(std::move(onError));
           py::gil_scoped_release nogil;
-          WorkerPool pool(static_cast<int>(native.size()) - 1);
+          WorkerPool pool;
           pool.runAll(native, [&] { callReporting(heldOnError, "worker pool on_error"); });
         },
         py::arg("jobs"), py::arg("on_error"),
