@@ -73,7 +73,8 @@ def code_segments(text: str) -> Iterator[Tuple[int, str]]:
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
-        indented = line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|"))
+        # A continued command's next line is code even where it starts with an option.
+        indented = line.startswith("    ") and (pending is not None or not line.lstrip().startswith(("-", "*", "|")))
         if fenced or indented:
             if pending is not None:
                 number, line = pending[0], pending[1] + " " + line.strip()
