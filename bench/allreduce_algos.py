@@ -12,10 +12,13 @@ reduce_scatter's input and the all_gather's output. busbw as nccl-tests:
 algbw x 2(N-1)/N (all_reduce) or x (N-1)/N from the slowest rank's mean time.
 Prints one table per N with halving/ring and each algorithm's ratio to Gloo in
 the same run. With --repeat R the three take turns R times and each cell is
-the median run.
+the median run. With --shm, a library-free shared-memory all_reduce
+(bench/shared_allreduce.py) takes its turn too, as a reference for what
+this machine gives an all_reduce with no library around it.
 
     python bench/allreduce_algos.py --ranks 8 16 --sizes-mib 4 16 64 --repeat 3 --json algos.json
     python bench/allreduce_algos.py --ops all_reduce reduce_scatter all_gather --ranks 4 8
+    python bench/allreduce_algos.py --ranks 16 32 --sizes-mib 16 64 --repeat 3 --shm
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_reccl.bench_cli import Variant, build_rows, run_variant  # noqa: E402
 from torch_reccl.bench_rank import OPS  # noqa: E402
 from torch_reccl.launch import LaunchError, LoopbackPlacement  # noqa: E402
+
+import shared_allreduce  # noqa: E402  (beside this file)
 
 VARIANTS = (("ring", "reccl", {"RECCL_ALGO": "ring"}),
             ("halving", "reccl", {"RECCL_ALGO": "halving"}),
@@ -66,7 +71,15 @@ def measure(ranks: int, args) -> Dict[str, object]:
             except LaunchError as error:
                 errors[label] = str(error)
                 print(f"allreduce_algos: N={ranks} {label} failed: {error}", file=sys.stderr)
-    labels = [v[0] for v in VARIANTS]
+        if args.shm:
+            try:
+                runs.setdefault("shm", []).extend(
+                    shared_allreduce.measure(ranks, size, args.shm_piece_mib << 20, args.warmup, args.iters)
+                    for size in sizes)
+            except RuntimeError as error:
+                errors["shm"] = str(error)
+                print(f"allreduce_algos: N={ranks} shm failed: {error}", file=sys.stderr)
+    labels = [v[0] for v in VARIANTS] + (["shm"] if args.shm else [])
     rows = build_rows(labels, {label: medians(rs) for label, rs in runs.items()}, "gloo")
     for row in rows:
         busbw = {label: m["busbw"] for label, m in row["variants"].items()}
@@ -74,14 +87,18 @@ def measure(ranks: int, args) -> Dict[str, object]:
             "halving/ring": busbw["halving"] / busbw["ring"] if busbw.get("ring") and "halving" in busbw else None,
             "ring/gloo": busbw["ring"] / busbw["gloo"] if busbw.get("gloo") and "ring" in busbw else None,
             "halving/gloo": busbw["halving"] / busbw["gloo"] if busbw.get("gloo") and "halving" in busbw else None,
+            "shm/gloo": busbw["shm"] / busbw["gloo"] if busbw.get("gloo") and "shm" in busbw else None,
+            "best reccl/shm": (max(busbw.get("ring", 0), busbw.get("halving", 0)) / busbw["shm"]
+                               if busbw.get("shm") and ("ring" in busbw or "halving" in busbw) else None),
         }
     return {"ranks": ranks, "rows": rows, "errors": errors}
 
 
 def table(record: Dict[str, object]) -> str:
     lines = [f"## N = {record['ranks']}",
-             "| op | size | ring busbw GB/s | halving busbw GB/s | gloo busbw GB/s | halving/ring | ring/gloo | halving/gloo | wrong |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| op | size | ring busbw GB/s | halving busbw GB/s | gloo busbw GB/s | shm busbw GB/s | halving/ring | "
+             "ring/gloo | halving/gloo | shm/gloo | best reccl/shm | wrong |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in record["rows"]:
         v = row["variants"]
 
@@ -94,7 +111,8 @@ def table(record: Dict[str, object]) -> str:
 
         wrong = sum(m["wrong"] for m in v.values())
         lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
-                     f"{ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | {wrong} |")
+                     f"{bw('shm')} | {ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | "
+                     f"{ratio('shm/gloo')} | {ratio('best reccl/shm')} | {wrong} |")
     return "\n".join(lines)
 
 
@@ -110,8 +128,17 @@ def main(argv: List[str]) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each variant, taking turns; the median busbw is shown (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds without a result before a run fails")
+    p.add_argument("--shm", action="store_true",
+                   help="all_reduce only: also run a library-free shared-memory all_reduce "
+                        "(bench/shared_allreduce.py) as a reference")
+    p.add_argument("--shm-piece-mib", type=int, default=16,
+                   help="--shm: MiB per rank through the shared mapping at a time (default 16)")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
+    if args.shm and args.ops != ["all_reduce"]:
+        p.error(f"--shm measures all_reduce only; got --ops {' '.join(args.ops)}")
+    if args.shm_piece_mib < 1:
+        p.error(f"--shm-piece-mib must be 1 or more, got {args.shm_piece_mib}")
     if any(not 2 <= n <= 64 for n in args.ranks):
         p.error(f"--ranks must be 2..64; got {args.ranks}")
     if any(s <= 0 for s in args.sizes_mib) or args.iters < 1 or args.warmup < 0 or args.repeat < 1:

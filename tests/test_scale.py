@@ -366,6 +366,49 @@ def test_same_host_ring_sums_exactly_in_every_mode(tmp_path):
     assert bad.returncode == 2 and "--procs" in bad.stderr, bad.stderr
 
 
+def test_shared_allreduce_sums_exactly_with_a_tail_piece(tmp_path):
+    """bench/shared_allreduce.py: 3 processes (the share does not divide a piece)
+    all_reduce a buffer that is not a whole number of pieces (the last piece is
+    short) through both slot sets; every rank ends with the exact sum, the
+    record carries what the bench tables read, and bad arguments are refused
+    by name."""
+    path = os.path.join(REPO, "bench", "shared_allreduce.py")
+    out = tmp_path / "shm.json"
+    done = subprocess.run([sys.executable, path, "--procs", "3", "--mib", "1.3", "--piece-mib", "0.5",
+                           "--warmup", "1", "--iters", "3", "--json", str(out)],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["op"] == "all_reduce" and run["procs"] == 3 and run["wrong"] == 0, run
+    assert run["count"] == int(1.3 * (1 << 20)) // 4 and run["bytes"] == run["count"] * 4, run
+    assert run["piece_bytes"] == (1 << 19) and run["busbw"] > 0 and run["time_us"] > 0, run
+    bad = subprocess.run([sys.executable, path, "--procs", "1"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--procs" in bad.stderr, bad.stderr
+
+
+@pytest.mark.timeout(200)
+def test_allreduce_algos_puts_the_shared_memory_reference_beside_both_libraries(tmp_path):
+    """bench/allreduce_algos.py --shm: a 2-rank run of ring, halving, Gloo and the
+    library-free shared-memory all_reduce has a busbw for each in its one row,
+    the ratios to Gloo and of reccl's best to the reference, and no wrong
+    element; --shm with another op is refused by name."""
+    path = os.path.join(REPO, "bench", "allreduce_algos.py")
+    out = tmp_path / "algos.json"
+    done = subprocess.run([sys.executable, path, "--ranks", "2", "--sizes-mib", "1", "--warmup", "1", "--iters", "2",
+                           "--timeout", "60", "--shm", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    (record,) = json.loads(out.read_text())["runs"]
+    (row,) = record["rows"]
+    assert sorted(row["variants"]) == ["gloo", "halving", "ring", "shm"], row
+    assert all(m["busbw"] > 0 and m["wrong"] == 0 for m in row["variants"].values()), row
+    assert row["ratios"]["shm/gloo"] > 0 and row["ratios"]["best reccl/shm"] > 0, row
+    assert "best reccl/shm" in done.stdout
+    bad = subprocess.run([sys.executable, path, "--shm", "--ops", "all_gather"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2 and "--shm" in bad.stderr, bad.stderr
+
+
 @pytest.mark.timeout(120)
 def test_thread_cpu_reports_both_backends(tmp_path):
     """bench/thread_cpu.py: a 2-rank job per backend, a positive busbw for each and
