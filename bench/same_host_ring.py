@@ -37,15 +37,15 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 from typing import List
 
-from reccl_bench_runs import write_json  # beside this file
+from reccl_bench_runs import run_forked_ranks, write_runs  # beside this file
+
+BARRIER_S = 60.0  # one barrier; a rank that died breaks it for the others
 
 MODES = ("read", "fused", "direct", "shared")
 
@@ -101,7 +101,7 @@ def _rank(rank: int, procs: int, mode: str, count: int, piece_bytes: int, reps: 
             mine.add_(shared[prev][j * seg:(j + 1) * seg])
         else:
             add_read(mine, prev, j * seg)
-        barrier.wait(60)
+        barrier.wait(BARRIER_S)
 
     def reduce_scatter() -> None:
         if mode != "direct":
@@ -113,12 +113,12 @@ def _rank(rank: int, procs: int, mode: str, count: int, piece_bytes: int, reps: 
         # peers only write their own segments meanwhile.
         for shift in range(1, procs):
             add_read(buffer[rank * seg:(rank + 1) * seg], (rank + shift) % procs, rank * seg)
-        barrier.wait(60)
+        barrier.wait(BARRIER_S)
 
     try:
-        barrier.wait(60)  # every address and pid published
+        barrier.wait(BARRIER_S)  # every address and pid published
         fill()
-        barrier.wait(60)
+        barrier.wait(BARRIER_S)
         reduce_scatter()  # warm-up pass, then checked
         # Every rank's sum: the ring's last step adds into segment rank + 1.
         final = rank if mode == "direct" else (rank + 1) % procs
@@ -127,7 +127,7 @@ def _rank(rank: int, procs: int, mode: str, count: int, piece_bytes: int, reps: 
         elapsed = 0.0
         for _ in range(reps):
             fill()
-            barrier.wait(60)
+            barrier.wait(BARRIER_S)
             start = time.perf_counter()
             reduce_scatter()
             elapsed += time.perf_counter() - start
@@ -146,27 +146,14 @@ def measure(procs: int, mode: str, mib: int, reps: int, piece_bytes: int = 64 <<
     shared = [torch.empty(count, dtype=torch.float32).share_memory_() for _ in range(procs)] \
         if mode == "shared" else None
     addresses, pids = ctx.Array(ctypes.c_uint64, procs, lock=False), ctx.Array(ctypes.c_int, procs, lock=False)
-    barrier, results = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_rank, args=(r, procs, mode, count, piece_bytes, reps, shared, addresses, pids, barrier,
-                                               results)) for r in range(procs)]
-    for w in workers:
-        w.start()
-    try:
-        got = [results.get(timeout=120 + 2.0 * reps * procs) for _ in workers]
-    finally:
-        for w in workers:
-            w.join(10)
-            if w.is_alive():
-                w.kill()
-    errors = [f"rank {r}: {e}" for r, _, _, e in got if e]
-    if errors:
-        raise RuntimeError(f"{mode} with {procs} processes failed: " + "; ".join(errors))
-    t = max(seconds for _, seconds, _, _ in got)
+    t, wrong = run_forked_ranks(f"{mode} with {procs} processes", procs, _rank,
+                                (procs, mode, count, piece_bytes, reps, shared, addresses, pids, ctx.Barrier(procs)),
+                                BARRIER_S + 5, timeout_s=120 + 2.0 * reps * procs)
     nbytes = count * 4
     return {"procs": procs, "mode": mode, "bytes_per_rank": nbytes, "reps": reps, "t_s": t,
             "piece_bytes": piece_bytes if mode in ("fused", "direct") else None,
             "busbw_GBps": nbytes * (procs - 1) / procs / t / 1e9,
-            "wrong": sum(w for _, _, w, _ in got)}
+            "wrong": wrong}
 
 
 def main(argv: List[str]) -> int:
@@ -197,9 +184,7 @@ def main(argv: List[str]) -> int:
         for faster in ("fused", "direct", "shared"):
             if faster in row and "read" in row:
                 print(f"  P={procs:3d} {faster}/read: {row[faster]['busbw_GBps'] / row['read']['busbw_GBps']:.2f}x")
-    write_json(args.json, {"machine": {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "args": vars(args), "runs": runs})
+    write_runs(args.json, args, runs)
     return 1 if any(r["wrong"] for r in runs) else 0
 
 

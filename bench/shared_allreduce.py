@@ -26,15 +26,13 @@ takes 2 x P x piece bytes.
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing as mp
 import os
-import platform
 import sys
 import time
 from typing import List
 
-from reccl_bench_runs import write_json  # beside this file
+from reccl_bench_runs import run_forked_ranks, write_runs  # beside this file
 
 BARRIER_S = 60.0  # one barrier; a rank that died breaks it for the others
 
@@ -74,26 +72,6 @@ def _rank(rank: int, procs: int, count: int, piece: int, warmup: int, iters: int
         results.put((rank, 0.0, 0, f"{type(e).__name__}: {e}"))
 
 
-def _collect(results, workers) -> list:
-    """Every rank's result; a rank that exits without one (killed) fails the run
-    once the others have had a barrier's time to report."""
-    import queue
-
-    got, gone_since = [], None
-    while len(got) < len(workers):
-        try:
-            got.append(results.get(timeout=1.0))
-            continue
-        except queue.Empty:
-            pass
-        if any(w.exitcode not in (None, 0) for w in workers) or all(w.exitcode is not None for w in workers):
-            gone_since = gone_since or time.monotonic()
-            if time.monotonic() - gone_since > BARRIER_S + 5:
-                codes = {r: w.exitcode for r, w in enumerate(workers)}
-                raise RuntimeError(f"shared all_reduce: ranks exited without a result (exit codes {codes})")
-    return got
-
-
 def measure(procs: int, nbytes: int, piece_bytes: int, warmup: int = 2, iters: int = 10) -> dict:
     """One shared-memory all_reduce of `nbytes` of float32 per rank among `procs`
     processes, `iters` timed after `warmup`."""
@@ -103,30 +81,17 @@ def measure(procs: int, nbytes: int, piece_bytes: int, warmup: int = 2, iters: i
         raise ValueError(f"procs must be 2 or more, got {procs}")
     count = max(procs, nbytes // 4)
     piece = max(procs, min(count, piece_bytes // 4))
-    ctx = mp.get_context("fork")
     slots = [torch.empty((procs, piece), dtype=torch.float32).share_memory_() for _ in range(2)]
     sums = [torch.empty(piece, dtype=torch.float32).share_memory_() for _ in range(2)]
-    barrier, results = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_rank, args=(r, procs, count, piece, warmup, iters, slots, sums, barrier, results))
-               for r in range(procs)]
-    for w in workers:
-        w.start()
-    try:
-        got = _collect(results, workers)
-    finally:
-        for w in workers:
-            w.join(10)
-            if w.is_alive():
-                w.kill()
-    errors = [f"rank {r}: {e}" for r, _, _, e in got if e]
-    if errors:
-        raise RuntimeError(f"shared all_reduce with {procs} processes failed: " + "; ".join(errors))
-    t = max(seconds for _, seconds, _, _ in got)
+    barrier = mp.get_context("fork").Barrier(procs)
+    t, wrong = run_forked_ranks(f"shared all_reduce with {procs} processes", procs, _rank,
+                                (procs, count, piece, warmup, iters, slots, sums, barrier), BARRIER_S + 5,
+                                timeout_s=120 + 2.0 * (warmup + iters) * procs)
     size = count * 4
     return {"kind": "result", "op": "all_reduce", "bytes": size, "count": count, "dtype": "float32",
             "procs": procs, "piece_bytes": piece * 4, "iters": iters, "time_us": t * 1e6,
             "algbw": size / t / 1e9, "busbw": size * 2 * (procs - 1) / procs / t / 1e9,
-            "wrong": sum(w for _, _, w, _ in got)}
+            "wrong": wrong}
 
 
 def main(argv: List[str]) -> int:
@@ -153,9 +118,7 @@ def main(argv: List[str]) -> int:
             runs.append(run)
             print(f"  P={procs:3d} {mib:g} MiB: {run['time_us'] / 1e3:8.2f} ms, busbw {run['busbw']:6.2f} GB/s, "
                   f"wrong {run['wrong']}", flush=True)
-    write_json(args.json, {"machine": {"host": platform.node(), "cores": os.cpu_count(), "kernel": platform.release()},
-                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           "args": vars(args), "runs": runs})
+    write_runs(args.json, args, runs)
     return 1 if any(r["wrong"] for r in runs) else 0
 
 
