@@ -66,6 +66,12 @@ bool RecvConnection::attachPath(int index, PathCandidate nics, std::shared_ptr<P
     return false;
   }
   uint64_t pathId = installPathLocked(index, path, nics);
+  // A new dial of this slot means the sender has left the path it replaces: a
+  // notice of that path's loss, still queued, would fail the new one instead
+  // (the sender reads a notice by slot).
+  notifyQueue_.erase(std::remove_if(notifyQueue_.begin(), notifyQueue_.end(),
+                                    [index](const auto& notice) { return notice.first == index; }),
+                     notifyQueue_.end());
   try {
     path->start(this, pathId);
   } catch (const Error& e) {
