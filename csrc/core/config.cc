@@ -172,14 +172,14 @@ constexpr SettingSpec kSettings[] = {
            "all-gather phase (log2 N steps per phase, the same bytes as the ring; all_reduce "
            "runs both: Rabenseifner's). Every channel and DCR plan runs either; the same on "
            "every rank (docs/collectives.md)"),
-    integer("RECCL_HALVING_BYTES_PER_RANK", "524288", 0, int64_t{1} << 30,
+    integer("RECCL_HALVING_BYTES_PER_RANK", "1048576", 0, int64_t{1} << 30,
             storeNumber<&Config::halvingBytesPerRank>,
             "CPU engine, RECCL_ALGO=auto: an all_reduce, reduce_scatter or all_gather whose buffer "
             "(all_reduce's input, all_gather's output, reduce_scatter's input) is at most this "
             "many bytes times the group's ranks runs by recursive halving and doubling, a larger "
             "one by the ring: the ring's 2(N-1) dependent steps cost more than they save while "
             "each rank's share is small (measured on 16 cores at 4-64 ranks: docs/benchmarks.md, "
-            "sessions 10 and 16). 0: always the ring. The same on every rank"),
+            "sessions 10, 16 and 18). 0: always the ring. The same on every rank"),
     found("RECCL_HOST_ID", SettingType::kText, "this kernel's boot id and network namespace",
           storeText<&Config::hostId>,
           "CPU engine: which host this rank is on. Ranks with equal values share a host; by "
