@@ -71,15 +71,15 @@ def _distances(pow2):
 def halving_sum(values):
     """The sum of `values` (float32 tensors in position order) in the order
     halving_doubling.h documents: the fold pairs first, then the core's
-    partners at distance P/2, P/4, ..., 1 (float addition commutes, so which
-    partner's partial comes first does not change the bits)."""
+    partners at distance 1, 2, ..., P/2, nearest first (float addition
+    commutes, so which partner's partial comes first does not change the bits)."""
     k = len(values)
     pow2 = 1
     while pow2 * 2 <= k:
         pow2 *= 2
     extra = k - pow2
     core = [values[2 * v + 1] + values[2 * v] if v < extra else values[v + extra] for v in range(pow2)]
-    for d in reversed(list(_distances(pow2))):
+    for d in _distances(pow2):
         core = [core[v] + core[v ^ d] for v in range(pow2)]
     return core[0]
 

@@ -23,6 +23,12 @@ std::vector<int> HalvingCore::positionsOf(int v) const {
   return {v + extra};
 }
 
+int HalvingCore::slotOf(int v) const {
+  int slot = 0;
+  for (int bit = 1; bit < pow2; bit *= 2) slot = slot * 2 + ((v & bit) != 0 ? 1 : 0);
+  return slot;
+}
+
 namespace {
 
 using Requests = std::vector<std::shared_ptr<Request>>;
@@ -41,8 +47,8 @@ void append(Regions& to, const Range& r) {
 // Blocks [lo, hi) as one stream of regions.
 Regions blockSpan(const std::vector<Regions>& blocks, int lo, int hi) {
   Regions span;
-  for (int v = lo; v < hi; ++v) {
-    for (const Range& r : blocks[v]) append(span, r);
+  for (int b = lo; b < hi; ++b) {
+    for (const Range& r : blocks[b]) append(span, r);
   }
   return span;
 }
@@ -131,12 +137,12 @@ Range rankBlock(const ChannelJob& job, size_t count, const Range& range, int pos
   return Range{job.layout.rankAt(position) * count + range.offset, range.count};
 }
 
-// Per-rank blocks grouped by virtual rank.
-std::vector<Regions> rankBlocksByVirtual(const ChannelJob& job, size_t count, const Range& range) {
+// Per-rank blocks grouped by virtual rank, in slot order.
+std::vector<Regions> rankBlocksBySlot(const ChannelJob& job, size_t count, const Range& range) {
   const HalvingCore core(job.size());
   std::vector<Regions> blocks(core.pow2);
   for (int v = 0; v < core.pow2; ++v) {
-    for (int p : core.positionsOf(v)) append(blocks[v], rankBlock(job, count, range, p));
+    for (int p : core.positionsOf(v)) append(blocks[core.slotOf(v)], rankBlock(job, count, range, p));
   }
   return blocks;
 }
@@ -165,7 +171,7 @@ void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
   const HalvingCore core(n);
   const int position = job.position();
   const int v = core.virtualOf(position);
-  auto rankOfVirtual = [&](int u) { return job.layout.rankAt(core.positionOf(u)); };
+  auto rankOfSlot = [&](int s) { return job.layout.rankAt(core.positionOf(core.slotOf(s))); };
 
   if (v < 0) {  // folds out: gives its part to the next position, takes its share back
     const int partner = job.layout.rankAt(position + 1);
@@ -174,8 +180,9 @@ void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
     receiveRegions(job, partner, work, plan.returned, nullptr);
     return;
   }
+  const int slot = core.slotOf(v);
   std::vector<int> partners;
-  for (int d = core.pow2 / 2; d >= 1; d /= 2) partners.push_back(rankOfVirtual(v ^ d));
+  for (int d = core.pow2 / 2; d >= 1; d /= 2) partners.push_back(rankOfSlot(slot ^ d));
   const bool foldsIn = position < 2 * core.extra;
   const int folded = foldsIn ? job.layout.rankAt(position - 1) : -1;
   if (foldsIn) partners.push_back(folded);
@@ -183,19 +190,20 @@ void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
 
   if (foldsIn) receiveRegions(job, folded, work, plan.folded, reduce);  // mine op the folded one's
 
-  // Reduce-scatter by recursive halving: the blocks held shrink from [0, P)
-  // to [v, v + 1); at distance d, keep the half holding v, give the other.
-  // givenAt: each step's sends; the all-gather step at the same distance
-  // receives into the region they read, so it waits for them first.
+  // Reduce-scatter by recursive halving over slots: the blocks held shrink
+  // from [0, P) to [slot, slot + 1); at slot distance d, keep the half holding
+  // our slot, give the other. givenAt: each step's sends; the all-gather step
+  // at the same distance receives into the region they read, so it waits for
+  // them first.
   std::vector<Requests> givenAt;
-  int lo = v;
+  int lo = slot;
   if (reduce) {
     lo = 0;
     int hi = core.pow2;
     for (int d = core.pow2 / 2; d >= 1; d /= 2) {
-      const int partner = rankOfVirtual(v ^ d);
+      const int partner = rankOfSlot(slot ^ d);
       const int mid = lo + d;
-      const bool upper = (v & d) != 0;
+      const bool upper = (slot & d) != 0;
       const Regions give = upper ? blockSpan(plan.blocks, lo, mid) : blockSpan(plan.blocks, mid, hi);
       const Regions keep = upper ? blockSpan(plan.blocks, mid, hi) : blockSpan(plan.blocks, lo, mid);
       givenAt.push_back(sendRegions(job, partner, work, give, sends));
@@ -203,14 +211,14 @@ void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
       (upper ? lo : hi) = mid;
     }
     if (*reduce == ReduceOp::kAvg) {
-      for (const Range& r : plan.blocks[v]) divideBy(work + r.offset * job.elem, r.count, job.dtype, n);
+      for (const Range& r : plan.blocks[slot]) divideBy(work + r.offset * job.elem, r.count, job.dtype, n);
     }
   }
 
   // All-gather by recursive doubling: the blocks held grow back to [0, P).
   for (int d = 1; gather && d < core.pow2; d *= 2) {
-    const int partner = rankOfVirtual(v ^ d);
-    const bool upper = (v & d) != 0;
+    const int partner = rankOfSlot(slot ^ d);
+    const bool upper = (slot & d) != 0;
     const int base = upper ? lo - d : lo;
     const Regions mine = blockSpan(plan.blocks, lo, lo + d);
     const Regions theirs =
@@ -236,7 +244,7 @@ HalvingBlocks allreduceBlocks(const ChannelJob& job, const Range& range) {
 HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& range,
                             bool reducing) {
   HalvingBlocks plan;
-  plan.blocks = rankBlocksByVirtual(job, count, range);
+  plan.blocks = rankBlocksBySlot(job, count, range);
   const int even = foldPairEven(job);
   if (even >= 0) {
     Regions own;

@@ -14,12 +14,21 @@
 // reducing), the odd one runs the steps for both and returns the even one's
 // part at the end.
 //
+// Nearest partner first: the halving meets the virtual ranks at distance 1,
+// 2, ..., P/2 in turn (the doubling the reverse), so its largest messages go to
+// the nearest positions. In a host-grouped layout those are on the host, and
+// only the small late steps cross the network: about one buffer per host each
+// way, as the ring sends; farthest first would send ranks-per-host times that.
+// The steps run on the virtual rank's slot (HalvingCore::slotOf), in which
+// these distances are P/2, ..., 1, so blocks split into contiguous halves.
+//
 // Reduction order (floats): every element is reduced on exactly one rank, the
 // one whose block holds it at the end of the halving, along a tree fixed by
 // the positions alone: the fold pairs first (odd position's value op even
-// one's), then the partners at distance P/2, P/4, ..., 1 of the power-of-two
-// core, the owner's partial first at each step. Then it is only copied: every
-// rank that receives it gets the same bits, and runs repeat bit for bit.
+// one's), then the virtual partners at distance 1, 2, ..., P/2 of the
+// power-of-two core, the owner's partial first at each step. Then it is only
+// copied: every rank that receives it gets the same bits, and runs repeat bit
+// for bit.
 #pragma once
 
 #include <cstdint>
@@ -48,11 +57,14 @@ struct HalvingCore {
   // The positions whose data virtual rank v holds, in position order (the
   // even one of a fold pair first).
   std::vector<int> positionsOf(int v) const;
+  // Virtual rank v's slot: v with its log2 P bits reversed (its own inverse).
+  // Slots at distance P/2 are virtual ranks at distance 1.
+  int slotOf(int v) const;
 };
 
-// What one channel moves. `blocks[v]`: what virtual rank v owns at the end of
-// the halving (and holds at the start of the doubling), the same on every
-// rank. `folded`: for this rank's fold pair (empty for other ranks), what the
+// What one channel moves. `blocks[s]`: what the virtual rank in slot s owns
+// at the end of the halving (and holds at the start of the doubling), the same
+// on every rank. `folded`: for this rank's fold pair (empty for other ranks), what the
 // even position gives the odd one first; `returned`: what the odd one gives
 // back at the end.
 struct HalvingBlocks {
@@ -68,12 +80,12 @@ struct HalvingBlocks {
 void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
                      const ReduceOp* reduce, bool gather, SendList& sends);
 
-// all_reduce of `range` (elements of `work`): the range cut into P blocks.
+// all_reduce of `range` (elements of `work`): the range cut into P blocks, in slot order.
 HalvingBlocks allreduceBlocks(const ChannelJob& job, const Range& range);
 // reduce_scatter (`reducing`) and all_gather over one block of `count`
 // elements per rank (rank r's at r * count), of which this channel moves
-// `range`: virtual rank v's block is that range of the block of the rank at
-// each of its positions. A reduce_scatter's fold gives every rank's block and
+// `range`: the block of virtual rank v (at slot slotOf(v)) is that range of
+// the block of the rank at each of its positions. A reduce_scatter's fold gives every rank's block and
 // returns the even position's own; an all_gather's gives the even position's
 // own and returns every other.
 HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& range,
@@ -81,7 +93,7 @@ HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& ra
 
 // For chunkElems (collective.h), in units of the largest channel range: in an
 // all_reduce one connection carries at most one range per op (the fold, its
-// return, or the steps with the farthest partner: half a range each way twice),
+// return, or the steps with the first partner: half a range each way twice),
 // and one more for the chunks cut short at the step edges. With per-rank
 // blocks it carries at most one range per rank (the fold gives all of them;
 // the halving and the doubling with one partner give disjoint halves), each
