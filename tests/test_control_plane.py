@@ -135,25 +135,18 @@ def run_two_ranks(body, tmp_path, timeout_s: float = 90):
     return results
 
 
-def thread_name(task_id):
-    """The name of one of this process's threads (empty if it has ended)."""
-    try:
-        with open(f"/proc/self/task/{task_id}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def unused_groups(rank, store, result):
     import torch
     import torch.distributed as dist
+    from torch_reccl import procstat
     from torch_reccl._native import native
 
     # Threads by task id, not a count: one of init's short-lived threads may end
     # meanwhile (a count then read -1 on a loaded 2-core CI box).
-    threads = set(os.listdir("/proc/self/task"))
+    threads = set(procstat.threads())
     groups = [dist.new_group([0, 1]) for _ in range(8)]
-    result["threads_added"] = [thread_name(t) for t in sorted(set(os.listdir("/proc/self/task")) - threads)]
+    now = procstat.threads()
+    result["threads_added"] = sorted(now[tid].name for tid in now.keys() - threads)
     cpu = [g._get_backend(torch.device("cpu")) for g in groups]
     result["engines"] = sum(native()._reccl_backend_info(b)["channels"] > 0 for b in cpu)
     result["keys"] = sorted(k for k in store.list_keys() if "reccl/" in k) if rank == 0 else []
