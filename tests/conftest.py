@@ -29,6 +29,30 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
+# Tests that need a Debian package carry a marker; where it is missing they skip
+# with the reason and the install line (`bash scripts/test.sh` as root installs both).
+SYSTEM_NEEDS = {
+    "needs_nft": ("the nft command (blackholes and lossy NICs)", "nftables"),
+    "needs_verbs_headers": ("a build compiled against the libibverbs headers", "libibverbs-dev"),
+}
+
+
+def _missing(marker: str) -> bool:
+    if marker == "needs_nft":
+        from torch_reccl.fabric.fabric import nft_command
+
+        return nft_command() is None
+    return not native().ib_verbs_headers_compiled()
+
+
+def pytest_runtest_setup(item):
+    for marker, (what, package) in SYSTEM_NEEDS.items():
+        if item.get_closest_marker(marker) is not None and _missing(marker):
+            rebuild = " then rebuild (pip install -e .)" if marker == "needs_verbs_headers" else ""
+            pytest.skip(f"needs {what}: apt-get install {package}{rebuild}, "
+                        f"or run `bash scripts/test.sh` as root, which installs it")
+
+
 PRIMARY = "lo:127.0.0.1"
 BACKUP = "lo:127.0.0.2"
 NICS = "127.0.0.1,127.0.0.2"

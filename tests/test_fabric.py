@@ -336,7 +336,7 @@ def test_rail_down_affects_every_host(make_fabric, server):
                             "lossy": [], "flapping": []}
 
 
-@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (apt-get install nftables)")
+@pytest.mark.needs_nft
 def test_blackhole_drops_while_link_stays_up(make_fabric, server):
     fab = make_fabric("b")
     server(fab, 1)
@@ -468,7 +468,7 @@ def _udp_delivered(fab, src, dst, rail, port, count=4000):
     return int(out) / count
 
 
-@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (apt-get install nftables)")
+@pytest.mark.needs_nft
 def test_lossy_nic_drops_a_share_and_heals(make_fabric, server):
     fab = make_fabric("l")
     server(fab, 1)
@@ -637,6 +637,7 @@ def test_reccl_entry_point(root):
         Fabric.cleanup(name)
 
 
+@pytest.mark.needs_nft
 def test_cli_round_trip(root):
     name = _unique_name("k")
     try:

@@ -230,6 +230,7 @@ def test_rail_switch_down(fabric, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.needs_nft
 def test_blackhole_detected_by_heartbeat(fabric, tmp_path):
     scenario = Scenario(fabric, tmp_path, env={"RECCL_FAILBACK": "0"})
     scenario.wait_progress(0.3, 60)

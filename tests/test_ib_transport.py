@@ -1104,6 +1104,7 @@ def fake_libibverbs(tmp_path_factory):
     (2, None, False),   # unneeded (the kernel copes with fork)
     (0, "1", False),    # RDMAV_FORK_SAFE: libibverbs turns it on itself
 ])
+@pytest.mark.needs_verbs_headers
 def test_the_system_loader_calls_fork_init_before_anything_else(fake_libibverbs, tmp_path, status,
                                                                 fork_safe, called):
     """The call itself, not only the decision: the loader dlopens a

@@ -155,7 +155,8 @@ def rebalance_ops(results) -> list:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("fault", ["nic_down", "rail_down", "blackhole", "flap"])
+@pytest.mark.parametrize("fault", ["nic_down", "rail_down",
+                                   pytest.param("blackhole", marks=pytest.mark.needs_nft), "flap"])
 def test_fault_then_heal(fabric, reference, fault):
     run = Run(fabric, pauses=(20, 40))
     flapper = None

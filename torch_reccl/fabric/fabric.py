@@ -67,6 +67,12 @@ LOSS_SCALE = 10000
 FAULT_KEYS = ("nic_down", "rail_down", "blackhole", "slow", "lossy")
 
 
+def nft_command() -> Optional[str]:
+    """The nft binary (Debian's nftables), also where sbin is not on PATH; None if absent."""
+    return shutil.which("nft") or next(
+        (p for p in ("/usr/sbin/nft", "/sbin/nft") if os.path.exists(p)), None)
+
+
 def _check_percent(what: str, percent, high: float = 100.0) -> float:
     """A percentage in (0, high): slow/lossy faults take the share as a number."""
     ok = (isinstance(percent, (int, float)) and not isinstance(percent, bool)
@@ -875,8 +881,7 @@ class Fabric:
         return f"reccl_bh_eth{rail}"
 
     def _nft(self, host: int, script: str) -> None:
-        nft = shutil.which("nft") or next(
-            (p for p in ("/usr/sbin/nft", "/sbin/nft") if os.path.exists(p)), None)
+        nft = nft_command()
         if nft is None:
             raise FabricError("blackholes and lossy NICs need the nft command "
                               "(apt-get install -y nftables)")
@@ -917,7 +922,7 @@ class Fabric:
     def blackholes_in_kernel(self, host: int) -> List[int]:
         """Rails of ``host`` that have a blackhole table in the kernel now."""
         self._check_host(host)
-        nft = shutil.which("nft")
+        nft = nft_command()
         if nft is None:
             return []
         cp = self.run(host, [nft, "list", "tables"], timeout=NFT_TIMEOUT_S)
