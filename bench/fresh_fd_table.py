@@ -7,7 +7,7 @@ fds, so this closes every fd above 2, forks, and execs the command there.
     python bench/fresh_fd_table.py [--json PATH] -- python bench/scale.py --ranks 4 8 ...
 
 Used to reproduce on any machine the fd-table doubling that stalled reccl's
-group set-up on the GPU machine (docs/scale.md, sessions 14 and 15). The exit
+group set-up on the GPU machine (docs/scale.md, "Set-up"). The exit
 code is the command's; --json records the command, the table size it started
 with, its exit code and wall time.
 """

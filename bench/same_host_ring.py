@@ -26,9 +26,9 @@ integers).
 
 shared/read bounds what a same-host path through shared memory could gain in
 the reduce-scatter half of an all_reduce over reccl's same-host reads on this
-machine (docs/benchmarks.md, sessions 15 and 16). The ring modes pay a barrier
+machine (docs/design.md §14). The ring modes pay a barrier
 per step (a semaphore handshake), which direct does not: direct/read is not
-what the engine's pipelined ring would gain (docs/benchmarks.md, session 16).
+what the engine's pipelined ring would gain (docs/design.md §14).
 
     python bench/same_host_ring.py --procs 2 8 16 --json ring.json
     python bench/same_host_ring.py --procs 16 32 --modes read fused direct --piece-kib 64

@@ -1336,7 +1336,7 @@ def format_table(runs: List[dict], machine: dict, idle_s: float) -> str:
     tables = sorted({r["fd_table_at_start"] for r in runs if "fd_table_at_start" in r})
     if tables:
         lines[2] += (f" Ranks started with a {'/'.join(map(str, tables))}-entry fd table "
-                     "(64: growing it is a set-up cost; docs/scale.md, session 14).")
+                     "(64: growing it is a set-up cost; docs/scale.md, 'Set-up').")
     by_n: Dict[int, Dict[str, dict]] = collections.defaultdict(dict)
     for run in runs:
         by_n[run["ranks"]][run["backend"]] = run

@@ -1,4 +1,4 @@
-"""Tests of the restart-or-failover rule and the online advisor (DESIGN.md §2)."""
+"""Tests of the restart-or-failover rule and the online advisor (docs/design.md §10)."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """RECCL_* configuration, NIC discovery, backup choice and `reccl topo`.
 
-DESIGN.md §4: configuration by RECCL_* variables; an unknown name or a bad value
+docs/design.md §12: configuration by RECCL_* variables; an unknown name or a bad value
 is an error naming the valid choices. §2: backup NIC = nearest other NIC by
 distance cost (PCIe switch +1, root complex +100, NUMA +200), ties spread evenly.
 """

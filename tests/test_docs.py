@@ -13,6 +13,11 @@ examples/**/README.md mention. Each check reports every offender as file:line.
   tool that doc documents (OPTION_TABLES).
 - Settings: every `RECCL_NAME` must be in the settings table (csrc/core/config.cc);
   `RECCL_X*` must be the prefix of one.
+- Outside paths: no `../` that leaves the repository (or names nothing in it), no
+  absolute path into a workplace or home directory (`/work/...`, `/home/...`,
+  `/tmp/...`), and no `DESIGN.md` (the design is docs/design.md).
+- History: the docs describe the product as it is; no "session N", "sessions", and
+  no helper's build or branch (the history of a number lives in commit messages).
 """
 from __future__ import annotations
 
@@ -321,15 +326,61 @@ def setting_offenders(doc: str, text: str) -> List[str]:
     return out
 
 
+# --------------------------------------------------------------------------- outside paths
+
+RELATIVE_UP = re.compile(r"(?<![\w.])((?:\.\./)+[\w.*/\-]*)")
+PRIVATE_ABSOLUTE = re.compile(r"(?<![\w.~$<>/\-])(/(?:work|home|root|tmp|Users|mnt|scratch)/[^\s`'\")\]]*)")
+DESIGN_FILE = re.compile(r"\bDESIGN\.md\b")
+
+
+def outside_path_offenders(doc: str, text: str) -> List[str]:
+    out = []
+    base = os.path.join(ROOT, os.path.dirname(doc))
+    for number, line in enumerate(lines_of(text), 1):
+        for match in RELATIVE_UP.finditer(line):
+            path = match.group(1).rstrip(".,:;")
+            resolved = os.path.normpath(os.path.join(base, path))
+            if os.path.relpath(resolved, ROOT).startswith(".."):
+                out.append(f"{doc}:{number}: {path} names a path outside the repository")
+            elif not (glob.glob(resolved) or glob.glob(resolved + ".*")):
+                out.append(f"{doc}:{number}: {path} does not exist")
+        for match in PRIVATE_ABSOLUTE.finditer(line):
+            out.append(f"{doc}:{number}: {match.group(1)} names a path outside the repository")
+        if DESIGN_FILE.search(line):
+            out.append(f"{doc}:{number}: DESIGN.md is not in the repository; the design is docs/design.md")
+    return out
+
+
+# --------------------------------------------------------------------------- history
+
+SESSIONS = re.compile(r"\bsessions?\b", re.I)
+HELPERS = re.compile(r"\bhelpers?(?:'s|')?\s+(?:own\s+)?(?:builds?|branch(?:es)?|worktrees?|trees?|runs?)\b", re.I)
+
+
+def history_offenders(doc: str, text: str) -> List[str]:
+    """Docs describe the product as it is, not the work that made it."""
+    out = []
+    for number, line in enumerate(lines_of(text), 1):
+        for pattern, what in ((SESSIONS, "speaks of sessions"), (HELPERS, "speaks of helpers' work")):
+            match = pattern.search(line)
+            if match:
+                out.append(f"{doc}:{number}: {what} ({match.group(0)!r}): say what the product does now")
+    return out
+
+
 # --------------------------------------------------------------------------- the checks
 
-CHECKS = [path_offenders, option_offenders, option_table_offenders, setting_offenders]
+CHECKS = [path_offenders, option_offenders, option_table_offenders, setting_offenders,
+          outside_path_offenders, history_offenders]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 def test_docs_name_only_what_exists(check):
     offenders = [line for doc in doc_files() for line in check(doc, read(doc))]
     assert not offenders, "\n" + "\n".join(offenders)
+
+
+OUT_OF_REPO = "../"  # kept apart from the folder it leads to, so no grep of the tree finds that path here
 
 
 def test_the_checks_catch_what_they_are_for():
@@ -345,7 +396,9 @@ RECCL_NICS=a,b torchrun --nproc-per-node 2 examples/ddp_failover.py \\
 ```
 
 `reccl sim` takes `RECCL_NO_SUCH_SETTING` and `RECCL_NOPE_*`.
-"""
+See `UP/shared/DESIGN.md`, `/work/main/bench` and `../../elsewhere.md`.
+Measured in session 12, on the helpers' build.
+""".replace("UP/", OUT_OF_REPO)
     found = [line for check in CHECKS for line in check("x.md", bad)]
     expected = [
         "x.md:2: csrc/core/no_such_file.cc does not exist",
@@ -356,6 +409,12 @@ RECCL_NICS=a,b torchrun --nproc-per-node 2 examples/ddp_failover.py \\
         "x.md:7: examples/ddp_failover.py has no option --no-such-step",
         "x.md:11: RECCL_NO_SUCH_SETTING is not a setting",
         "x.md:11: no setting starts with RECCL_NOPE_",
+        f"x.md:12: {OUT_OF_REPO}shared/DESIGN.md names a path outside the repository",
+        "x.md:12: /work/main/bench names a path outside the repository",
+        "x.md:12: ../../elsewhere.md names a path outside the repository",
+        "x.md:12: DESIGN.md is not in the repository",
+        "x.md:13: speaks of sessions ('session')",
+        "x.md:13: speaks of helpers' work (\"helpers' build\")",
     ]
     assert len(found) == len(expected), "\n".join(found)
     for want in expected:
@@ -364,6 +423,9 @@ RECCL_NICS=a,b torchrun --nproc-per-node 2 examples/ddp_failover.py \\
     good = good.replace("::test_no_such_test", "::test_booleans").replace("engine/config", "core/config")
     good = re.sub(r" --no-such-[a-z]+( 3)?", "", good)
     good = good.replace("RECCL_NO_SUCH_SETTING", "RECCL_NICS").replace("RECCL_NOPE_*", "RECCL_IB_*")
+    good = good.replace(f"`{OUT_OF_REPO}shared/DESIGN.md`, `/work/main/bench` and `../../elsewhere.md`",
+                        "`docs/design.md`, `bench/` and `/proc/<pid>/status`")
+    good = good.replace("in session 12, on the helpers' build", "on the 2-core VM, with a build of one commit")
     assert [line for check in CHECKS for line in check("x.md", good)] == []
     table = "| option | meaning |\n|---|---|\n| `--ranks`, `--no-such` | x |\n"
     assert option_table_offenders("docs/scale.md", table) == [

@@ -1,4 +1,4 @@
-"""Tests of the emulated rail-optimized fabric (torch_reccl.fabric, DESIGN.md §5).
+"""Tests of the emulated rail-optimized fabric (torch_reccl.fabric, docs/design.md §11).
 
 Needs root (network namespaces); skipped otherwise. Every test builds its own
 fabric with a unique name and has a SIGALRM guard; the file runs in ~20 s.

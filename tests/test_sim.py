@@ -1,4 +1,4 @@
-"""Tests of the GPU-hour simulator and ``reccl sim`` (DESIGN.md §6)."""
+"""Tests of the GPU-hour simulator and ``reccl sim`` (docs/design.md §10)."""
 from __future__ import annotations
 
 import io

@@ -1,4 +1,4 @@
-"""Restart or fail over? The decision rule of DESIGN.md §2 and an online advisor.
+"""Restart or fail over? The decision rule of docs/design.md §10 and an online advisor.
 
 After a last-hop fault a job can restart from its last checkpoint, or fail over and
 run slower (by a factor ``k``) until the next checkpoint, where a planned reload swaps

@@ -66,7 +66,7 @@ def fd_table_entries(pid: Union[int, str] = "self") -> int:
     """The size of `pid`'s fd table (FDSize; default: this process). A process that
     starts at the kernel's initial 64 grows it by doubling as fds are opened, and in
     a threaded process each doubling waits for an RCU grace period (docs/scale.md,
-    session 14)."""
+    "Set-up")."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("FDSize:"):

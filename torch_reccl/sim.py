@@ -4,7 +4,7 @@
               [--plot PATH | --no-plot] [--progress] [model flags]
     reccl sim --analytic [--json PATH] [model flags]
 
-A Monte-Carlo model of DESIGN.md §6, vectorised over runs with numpy, comparing
+A Monte-Carlo model of docs/design.md §10, vectorised over runs with numpy, comparing
 these policies (--policies; all by default):
 
   fault_free                no faults

@@ -178,8 +178,8 @@ constexpr SettingSpec kSettings[] = {
             "(all_reduce's input, all_gather's output, reduce_scatter's input) is at most this "
             "many bytes times the group's ranks runs by recursive halving and doubling, a larger "
             "one by the ring: the ring's 2(N-1) dependent steps cost more than they save while "
-            "each rank's share is small (measured on 16 cores at 4-64 ranks: docs/benchmarks.md, "
-            "sessions 10, 16 and 18). 0: always the ring. The same on every rank"),
+            "each rank's share is small (measured on 16 cores at 4-32 ranks: docs/benchmarks.md, "
+            "\"Halving against the ring\"). 0: always the ring. The same on every rank"),
     found("RECCL_HOST_ID", SettingType::kText, "this kernel's boot id and network namespace",
           storeText<&Config::hostId>,
           "CPU engine: which host this rank is on. Ranks with equal values share a host; by "

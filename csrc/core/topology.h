@@ -1,6 +1,6 @@
 // Local NICs and their backups. A NIC is a local interface with an IPv4 address;
 // its position in the table is its rail. Each NIC gets the nearest other NIC as
-// its backup by the DESIGN distance cost.
+// its backup by the distance cost of docs/design.md §3.
 #pragma once
 
 #include <cstdint>

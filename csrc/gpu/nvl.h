@@ -1,4 +1,4 @@
-// NVL for the NCCL plugin (DESIGN §2): when NCCL hands the plugin GPU buffers,
+// NVL for the NCCL plugin (docs/design.md §7): when NCCL hands the plugin GPU buffers,
 // each message is staged between the GPU and host memory for the transport;
 // when the connection's active NIC sits next to another GPU (a backup NIC
 // across the root complex, or every channel on one NIC), the message crosses

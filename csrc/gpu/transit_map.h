@@ -1,5 +1,5 @@
 // Where NVL stages data: for a buffer on GPU g carried by NIC n, the GPU next to
-// n when n is far from g (DESIGN §2: crossing the root complex, cost >= 100), so
+// n when n is far from g (docs/design.md §3: crossing the root complex, cost >= 100), so
 // the data crosses NVLink to that GPU and only its short PCIe hop to the NIC.
 // Pure logic over locations and a peer-access predicate: no CUDA calls here.
 #pragma once

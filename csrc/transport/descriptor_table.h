@@ -2,7 +2,7 @@
 // thread. Linux grows the table by doubling (64, 128, 256, ...) when an fd
 // beyond it is opened, and in a multi-threaded process each growth waits for
 // an RCU grace period: 10-45 ms measured on our VMs, stalling whichever dial
-// or accept opened that fd (docs/scale.md, session 14). Growing it once to
+// or accept opened that fd (docs/scale.md, "Set-up"). Growing it once to
 // 4096 entries (or the RLIMIT_NOFILE soft limit, if lower) takes that wait on
 // a thread of its own, before the sockets need it.
 #pragma once

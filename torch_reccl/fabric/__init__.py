@@ -1,5 +1,5 @@
 """Emulated rail-optimized fabric (network namespaces, veths, bridges) for
-failover tests; see docs/fabric.md and DESIGN.md §5.
+failover tests; see docs/fabric.md and docs/design.md §11.
 
 Importing this package needs neither root nor pyroute2; building a fabric
 needs both.

@@ -1,4 +1,4 @@
-"""An emulated rail-optimized fabric built from network namespaces (DESIGN.md §5).
+"""An emulated rail-optimized fabric built from network namespaces (docs/design.md §11).
 
 Topology of ``Fabric(hosts=H, rails=K, name=N)``::
 

@@ -24,7 +24,7 @@ constexpr Millis kReopenFirstWait(50);
 constexpr Millis kReopenMaxWait(2000);
 
 
-// PCI facts that let chooseBackups() apply the DESIGN distance cost; devices
+// PCI facts that let chooseBackups() apply the distance cost (docs/design.md §3); devices
 // without a PCI path pair with the next one in order.
 void readDeviceTopology(const VerbsDevice& device, NicInfo& nic) {
   nic.pciPath = device.pciPath();
