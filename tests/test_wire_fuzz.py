@@ -1,4 +1,4 @@
-"""Nothing from the wire is trusted (csrc/core/frame.h, transport/tcp/handle.h).
+"""Nothing from the wire is trusted (csrc/core/frame.h, transport/handle.h).
 
 Offline: _C.parse_frame and _C.decode_handle on random, truncated, bit-flipped
 and oversized inputs raise ProtocolError and nothing else. Live: junk, bad

@@ -16,8 +16,8 @@
 #include "python/registered_buffer.h"
 #include "transport/descriptor_table.h"
 #include "transport/event_loop.h"
-#include "transport/tcp/handle.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/handle.h"
+#include "transport/make_transport.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -276,26 +276,26 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout") = 30.0, py::keep_alive<0, 1>())
       .def("close", &Listener::close);
 
-  py::class_<TcpTransport, std::shared_ptr<TcpTransport>>(m, "Transport")
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def(py::init([](py::object env) {
              Config config = Config::fromEnv(envFrom(env));
              config.applyLogLevel();
-             return std::make_shared<TcpTransport>(config);
+             return std::shared_ptr<Transport>(makeTcpTransport(config));
            }),
            py::arg("env") = py::none(),
            "A TCP transport over the RECCL_NICS NICs. `env`: RECCL_* settings (default: os.environ)")
       .def("nics",
-           [](const TcpTransport& t) {
+           [](const Transport& t) {
              py::list out;
              for (size_t i = 0; i < t.nics().size(); ++i) out.append(nicDict(t.nics()[i], static_cast<int>(i), t.nics()));
              return out;
            })
-      .def("listen", &TcpTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
-      .def("register", [](TcpTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+      .def("listen", &Transport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def("register", [](Transport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
            py::arg("buffer"), "None: TCP registers no memory (data is always copied)")
       .def(
           "connect",
-          [](TcpTransport& t, int nic, py::bytes handle) {
+          [](Transport& t, int nic, py::bytes handle) {
             std::string bytes = handle;
             return t.connect(nic, std::vector<uint8_t>(bytes.begin(), bytes.end()));
           },

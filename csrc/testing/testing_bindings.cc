@@ -17,7 +17,7 @@
 #include "testing/verbs_emulation.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/verbs_library.h"
-#include "transport/tcp/same_host.h"
+#include "transport/same_host.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -369,7 +369,7 @@ PYBIND11_MODULE(_testing, m) {
      "The NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call before the "
      "plugin's init(); once per process");
 
-  // Same-host reads (transport/tcp/same_host.h), each half on its own.
+  // Same-host reads (transport/same_host.h), each half on its own.
   m.def("same_host_key", &sameHostKey, "This process's host key (kernel, network and pid namespace)");
   py::class_<SameHostWindow, std::shared_ptr<SameHostWindow>>(
       m, "SameHostWindow", "A sender's token word, as a TCP path holds one")
