@@ -1,8 +1,8 @@
 // The test module torch_reccl._testing: the in-process verbs emulation (RC
 // semantics, fault hooks) with raw verbs objects over it, the CUDA emulation,
 // the provider-install calls that run the NCCL plugin over them, the IB
-// transport's pure rules, same-host reads, and (core_bindings.cc) the test
-// hooks of the core's pure logic and the wire formats.
+// transport's pure rules, same-host reads, and (core_bindings.cc,
+// timing_bindings.cc) the test hooks of the core and the transport layer.
 // Nothing here is in libnccl-net-reccl.so, the library NCCL loads; this module
 // links it, so the plugin it configures is the process's one plugin.
 #include <pybind11/pybind11.h>
@@ -436,6 +436,8 @@ void bindSameHost(py::module_& m) {
 
 // csrc/testing/core_bindings.cc: frames, handles, log limiter, grey detector, lanes, backups.
 void bindCoreRules(py::module_& m);
+// csrc/testing/timing_bindings.cc: the timer wheel, the supervisor, an event loop.
+void bindTiming(py::module_& m);
 
 PYBIND11_MODULE(_testing, m) {
   m.doc() = "torch_reccl test module: emulations and test hooks (never loaded by NCCL)";
@@ -449,4 +451,5 @@ PYBIND11_MODULE(_testing, m) {
   bindIbRules(m);
   bindSameHost(m);
   bindCoreRules(m);
+  bindTiming(m);
 }
