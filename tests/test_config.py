@@ -19,6 +19,9 @@ from torch_reccl.settings import DOC_BEGIN, DOC_END, markdown, settings
 from torch_reccl.transport import ConfigError, Transport, _C
 
 from conftest import BACKUP, NICS, PRIMARY, reccl_env
+from conftest import testing as load_testing
+
+_testing = load_testing()  # decode_handle, choose_backups
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
@@ -191,7 +194,7 @@ def test_valid_settings_are_accepted():
     t = Transport(env)
     assert [n["name"] for n in t.nics()] == [PRIMARY, BACKUP]
     listener = t.listen(1)
-    decoded = _C.decode_handle(listener.handle)
+    decoded = _testing.decode_handle(listener.handle)
     assert decoded["chunk_bytes"] == 65536
     assert decoded["listener_nic"] == 1 and decoded["listener_backup"] == 0
     listener.close()
@@ -200,7 +203,7 @@ def test_valid_settings_are_accepted():
 def test_backup_off_puts_no_backup_in_the_handle():
     t = Transport(reccl_env(RECCL_BACKUP="0"))
     listener = t.listen(0)
-    assert _C.decode_handle(listener.handle)["listener_backup"] == -1
+    assert _testing.decode_handle(listener.handle)["listener_backup"] == -1
     listener.close()
 
 
@@ -311,7 +314,7 @@ S2B = (under_switch(RC0, "02.0", 30, 1, 41), 0)
 
 
 def backups(*nics):
-    return _C.choose_backups([(f"nic{i}", path, numa) for i, (path, numa) in enumerate(nics)])
+    return _testing.choose_backups([(f"nic{i}", path, numa) for i, (path, numa) in enumerate(nics)])
 
 
 def test_same_switch_costs_1_and_switch_siblings_back_each_other_up():

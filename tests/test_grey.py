@@ -8,7 +8,10 @@ import random
 
 import pytest
 
+from torch_reccl._native import testing as load_testing
 from torch_reccl.transport import ConfigError, _C
+
+_testing = load_testing()  # GreyDetector
 
 WINDOW_NS = 250_000_000
 MB_PER_NS = 1e6 / 1e9  # 1 MB/s in bytes per ns
@@ -20,7 +23,7 @@ class Feed:
     """Cumulative counters of N NICs; each window, NIC i moves at rates[i] MB/s while busy."""
 
     def __init__(self, nics: int, **settings):
-        self.detector = _C.GreyDetector({**SETTINGS, **settings})
+        self.detector = _testing.GreyDetector({**SETTINGS, **settings})
         self.bytes = [0] * nics
         self.busy = [0] * nics
         self.now = 10 * WINDOW_NS
@@ -219,7 +222,7 @@ def test_a_nic_without_link_is_no_peer():
 
 def test_bad_detector_settings_are_named():
     with pytest.raises(ConfigError, match="unknown setting 'low'; valid: low_ratio"):
-        _C.GreyDetector({"low": 0.1})
+        _testing.GreyDetector({"low": 0.1})
     for name, bad in (("RECCL_GREY_PCT", "60"), ("RECCL_GREY_RECOVER_PCT", "40")):
         with pytest.raises(ConfigError, match=name):
             _C.validate_config({name: bad})

@@ -39,6 +39,8 @@ from conftest import (A0, A1, B0, B1, IB_CHUNK, Fabric, ib_env, in_thread, messa
                       stream, wait_until)
 from nccl_net_harness import DmaBufArena
 
+_testing = emulations()  # the IB rules: GID choice, port speed, QP exchange, handles
+
 pytestmark = [pytest.mark.timeout(60)]
 
 CHUNK = IB_CHUNK
@@ -737,7 +739,7 @@ def qp_exchange(**fields):
 
 
 def test_qp_exchange_is_validated_field_by_field():
-    good = _C.ib_decode_qp_exchange(qp_exchange(), "receiver")
+    good = _testing.ib_decode_qp_exchange(qp_exchange(), "receiver")
     assert good == {"qp_number": 0x101, "slot_count": 4, "slot_bytes": CHUNK + 64, "mtu": 3}
     bad = {
         "magic": qp_exchange(magic=0),
@@ -753,15 +755,15 @@ def test_qp_exchange_is_validated_field_by_field():
     }
     for needle, data in bad.items():
         with pytest.raises(ProtocolError, match=needle):
-            _C.ib_decode_qp_exchange(data, "receiver")
+            _testing.ib_decode_qp_exchange(data, "receiver")
     with pytest.raises(ProtocolError, match="FIFO entries"):
-        _C.ib_decode_qp_exchange(qp_exchange(role=0, slot_bytes=16), "sender")
+        _testing.ib_decode_qp_exchange(qp_exchange(role=0, slot_bytes=16), "sender")
 
 
 def test_garbage_on_the_bootstrap_port_is_refused_and_counted(fabric):
     f = fabric(RECCL_NO_PATH_TIMEOUT_MS="1000", RECCL_CONNECT_TIMEOUT_MS="500")
     listener = f.b.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     rejected = torch_reccl.stats()["rejected_handshakes"]
     with socket.create_connection((address, port), timeout=5) as sock:
         sock.sendall(os.urandom(200))
@@ -791,29 +793,29 @@ def test_gid_choice_takes_only_roce_v2_ipv4_or_the_addr_range():
     other = b"\x00" * 10 + b"\xff\xff\xc0\xa8\x05\x07"  # 192.168.5.7
     global6 = bytes.fromhex("fd000000000000000000000000000001")
     zero = b"\x00" * 16
-    assert _C.ib_select_gid([(link_local, "RoCEv1"), (link_local, "RoCEv2"), (mapped, "RoCEv1"),
+    assert _testing.ib_select_gid([(link_local, "RoCEv1"), (link_local, "RoCEv2"), (mapped, "RoCEv1"),
                              (mapped, "RoCEv2")]) == 3
     # Link-local RoCE v2, IPv6 and v1 GIDs are not chosen by default: none usable.
-    assert _C.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2"),
+    assert _testing.ib_select_gid([(zero, "RoCEv2"), (link_local, "RoCEv1"), (link_local, "RoCEv2"),
                              (global6, "RoCEv2"), (mapped, "RoCEv1")]) == -1
     # Unknown types (sysfs hidden, no ibv_query_gid_ex) are never ranked usable.
-    assert _C.ib_select_gid([(link_local, "unknown"), (mapped, "unknown")]) == -1
-    assert _C.ib_select_gid([(zero, "RoCEv2")]) == -1
+    assert _testing.ib_select_gid([(link_local, "unknown"), (mapped, "unknown")]) == -1
+    assert _testing.ib_select_gid([(zero, "RoCEv2")]) == -1
     # The lowest index wins among usable ones; the range picks among them.
     table = [(link_local, "RoCEv2"), (other, "RoCEv2"), (global6, "RoCEv2"), (mapped, "RoCEv2")]
-    assert _C.ib_select_gid(table) == 1
-    assert _C.ib_select_gid(table, addr_range="10.0.0.0/8") == 3
-    assert _C.ib_select_gid(table, addr_range="10.0.0.1/32") == 3
-    assert _C.ib_select_gid(table, addr_range="192.168.4.0/23") == 1
-    assert _C.ib_select_gid(table, addr_range="10.1.0.0/16") == -1
-    assert _C.ib_select_gid(table, addr_range="fd00::/8") == 2
-    assert _C.ib_select_gid(table, addr_range="fe80::/10") == -1  # link-local never
-    assert _C.ib_select_gid(table, addr_range="0.0.0.0/0") == 1
+    assert _testing.ib_select_gid(table) == 1
+    assert _testing.ib_select_gid(table, addr_range="10.0.0.0/8") == 3
+    assert _testing.ib_select_gid(table, addr_range="10.0.0.1/32") == 3
+    assert _testing.ib_select_gid(table, addr_range="192.168.4.0/23") == 1
+    assert _testing.ib_select_gid(table, addr_range="10.1.0.0/16") == -1
+    assert _testing.ib_select_gid(table, addr_range="fd00::/8") == 2
+    assert _testing.ib_select_gid(table, addr_range="fe80::/10") == -1  # link-local never
+    assert _testing.ib_select_gid(table, addr_range="0.0.0.0/0") == 1
     # IB link layer: every GID is an IB GID; the first non-zero one.
-    assert _C.ib_select_gid([(zero, "IB"), (link_local, "IB")], ethernet=False) == 1
-    assert _C.ib_select_gid([(link_local, "unknown")], ethernet=False) == 0
+    assert _testing.ib_select_gid([(zero, "IB"), (link_local, "IB")], ethernet=False) == 1
+    assert _testing.ib_select_gid([(link_local, "unknown")], ethernet=False) == 0
     with pytest.raises(ConfigError, match="16 bytes"):
-        _C.ib_select_gid([(b"\x01", "RoCEv2")])
+        _testing.ib_select_gid([(b"\x01", "RoCEv2")])
 
 
 def ipv4_gid(a, b, c, d):
@@ -1169,14 +1171,14 @@ def test_bootstrap_address_setting():
 
 def test_port_speed_from_active_speed_and_width():
     four_x = 2  # IB_WIDTH_4X
-    assert _C.ib_port_speed_mbps(32, four_x) == 100000   # EDR
-    assert _C.ib_port_speed_mbps(64, four_x) == 200000   # HDR
-    assert _C.ib_port_speed_mbps(128, four_x) == 400000  # NDR
-    assert _C.ib_port_speed_mbps(1, 1) == 2500           # SDR 1x
-    assert _C.ib_port_speed_mbps(16, 8) == 168000        # FDR 12x
-    assert _C.ib_port_speed_mbps(64, 16) == 100000       # HDR 2x
-    assert _C.ib_port_speed_mbps(3, four_x) == 0         # not one IB_SPEED_* bit
-    assert _C.ib_port_speed_mbps(32, 3) == 0
+    assert _testing.ib_port_speed_mbps(32, four_x) == 100000   # EDR
+    assert _testing.ib_port_speed_mbps(64, four_x) == 200000   # HDR
+    assert _testing.ib_port_speed_mbps(128, four_x) == 400000  # NDR
+    assert _testing.ib_port_speed_mbps(1, 1) == 2500           # SDR 1x
+    assert _testing.ib_port_speed_mbps(16, 8) == 168000        # FDR 12x
+    assert _testing.ib_port_speed_mbps(64, 16) == 100000       # HDR 2x
+    assert _testing.ib_port_speed_mbps(3, four_x) == 0         # not one IB_SPEED_* bit
+    assert _testing.ib_port_speed_mbps(32, 3) == 0
 
 
 def test_transport_reports_port_speed_and_no_pci_path_for_emulated_devices(fabric):

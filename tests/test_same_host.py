@@ -1,4 +1,4 @@
-"""Same-host reads (transport/tcp/same_host.h, docs/transport.md "Same-host reads").
+"""Same-host reads (transport/same_host.h, docs/transport.md "Same-host reads").
 
 Between two processes of one kernel, network and pid namespace, a TCP path's
 receiver copies payloads of 16 KiB or more straight out of the sender's memory

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from torch_reccl.transport import _C
+from torch_reccl._native import testing as load_testing
+
+_testing = load_testing()  # SpreadLanes, spread_distance_factor
 
 CHUNK = 64 << 10
 
@@ -33,16 +35,16 @@ def shares(lanes, slots, chunks, acks_per_ms=None, picks_per_ms=8):
 
 
 def test_the_distance_factor_follows_design_costs():
-    assert _C.spread_distance_factor(0) == 1.0
-    assert _C.spread_distance_factor(100) == pytest.approx(0.5)   # across the host bridge
-    assert _C.spread_distance_factor(200) == pytest.approx(1 / 3)  # another NUMA node
-    assert _C.spread_distance_factor(-5) == 1.0
+    assert _testing.spread_distance_factor(0) == 1.0
+    assert _testing.spread_distance_factor(100) == pytest.approx(0.5)   # across the host bridge
+    assert _testing.spread_distance_factor(200) == pytest.approx(1 / 3)  # another NUMA node
+    assert _testing.spread_distance_factor(-5) == 1.0
 
 
 def test_static_factors_split_unmeasured_lanes():
-    lanes = _C.SpreadLanes()
+    lanes = _testing.SpreadLanes()
     # a NIC on the primary's switch, one across the host bridge, one on the other NUMA node
-    factors = [1.0, _C.spread_distance_factor(100), _C.spread_distance_factor(200)]
+    factors = [1.0, _testing.spread_distance_factor(100), _testing.spread_distance_factor(200)]
     lanes.reset([1, 2, 3], factors)
     got = shares(lanes, [1, 2, 3], 1100)
     total = sum(factors)
@@ -51,14 +53,14 @@ def test_static_factors_split_unmeasured_lanes():
 
 
 def test_a_degraded_nics_weight_scales_its_share():
-    lanes = _C.SpreadLanes()
+    lanes = _testing.SpreadLanes()
     lanes.reset([0, 1], [1.0, 0.25])  # lane 1's NIC was degraded at 25% of its peers
     got = shares(lanes, [0, 1], 1000)
     assert got[1] == pytest.approx(0.2, abs=0.01)
 
 
 def test_measured_goodput_moves_chunks_to_the_faster_lane():
-    lanes = _C.SpreadLanes()
+    lanes = _testing.SpreadLanes()
     lanes.reset([0, 1], [1.0, 1.0])
     # offered 8 chunks per ms, lane 0 acknowledges 3 and lane 1 one: by outstanding
     # bytes alone lane 0 would get 5/8; weighted by the measured goodput (3:1), 3/4

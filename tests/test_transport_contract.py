@@ -9,7 +9,7 @@ with a primary and a backup NIC (rail 0 and rail 1); ``pair()`` connects a -> b
 so a fault on one host's NIC is seen by that host only: that is how "seen by one
 side" is tested, for both transports, without a second process. "tcp" carries
 bulk payloads by same-host reads (both hosts share this process's kernel, the
-DATA_REF frames of transport/tcp/same_host.h), "tcp-sockets" (the setting
+DATA_REF frames of transport/same_host.h), "tcp-sockets" (the setting
 RECCL_SAME_HOST_READS=0) every byte through the sockets, as between hosts.
 
 How each fault is made, per transport:

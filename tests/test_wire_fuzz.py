@@ -1,6 +1,6 @@
-"""Nothing from the wire is trusted (csrc/core/frame.h, transport/tcp/handle.h).
+"""Nothing from the wire is trusted (csrc/core/frame.h, transport/handle.h).
 
-Offline: _C.parse_frame and _C.decode_handle on random, truncated, bit-flipped
+Offline: _testing.parse_frame and _testing.decode_handle on random, truncated, bit-flipped
 and oversized inputs raise ProtocolError and nothing else. Live: junk, bad
 handshakes and silent sockets thrown at a transport's acceptors while a good
 connection streams; and an authenticated raw-socket peer that speaks the
@@ -31,6 +31,8 @@ from torch_reccl.transport import ProtocolError, RecclError, Transport, _C
 
 from conftest import close_both, plan_sizes, reccl_env, run_receiver, run_sender, wait_until
 from conftest import testing as load_testing
+
+_testing = load_testing()  # the test hooks: frames, handles, the log limiter
 
 # CI draws the same 300 examples every run (derandomize: a failure reproduces);
 # FUZZ_PROFILE=nightly draws 5000 fresh ones each run (the failing example is
@@ -82,12 +84,12 @@ def resync(epoch, next_seq, entries):
 
 
 VALID = [
-    ("CTS", _C.encode_frame("cts", 7, 4096)),
-    ("ACK", _C.encode_frame("ack", 2**64 - 1, 0)),
-    ("ACTIVATE", _C.encode_frame("activate", 3, 1)),
-    ("HEARTBEAT", _C.encode_frame("heartbeat", 0, 0)),
-    ("CLOSE", _C.encode_frame("close", 0, 0)),
-    ("RESYNC", _C.encode_frame("resync", 5, 9)),
+    ("CTS", _testing.encode_frame("cts", 7, 4096)),
+    ("ACK", _testing.encode_frame("ack", 2**64 - 1, 0)),
+    ("ACTIVATE", _testing.encode_frame("activate", 3, 1)),
+    ("HEARTBEAT", _testing.encode_frame("heartbeat", 0, 0)),
+    ("CLOSE", _testing.encode_frame("close", 0, 0)),
+    ("RESYNC", _testing.encode_frame("resync", 5, 9)),
     ("RESYNC", resync(5, 9, [(1, 100, 0), (2, 4096, 4096)])),
     ("RESYNC", resync(1, 1024, [(i, 1, 0) for i in range(1024)])),
     ("HELLO", hello(count=4)),
@@ -102,7 +104,7 @@ VALID = [
 def parse(data):
     """parse_frame's answer, or None for a ProtocolError; anything else fails the test."""
     try:
-        name = _C.parse_frame(data)
+        name = _testing.parse_frame(data)
     except ProtocolError:
         return None
     assert name in TYPES.values(), name
@@ -115,20 +117,20 @@ def parse(data):
 def test_valid_frames_parse():
     assert HEADER.size == 12 and HELLO.size == 124 and HELLO_ACK.size == 10 and DATA.size == 36
     for name, data in VALID:
-        assert _C.parse_frame(data) == name
-    assert _C.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
-    assert _C.encode_frame("activate", 3, 1) == frame(5, ACTIVATE.pack(3, 1, 0))
-    assert _C.parse_frame(frame(9, DATA.pack(0, 1, 10, 0, 10))) == "DATA"
-    assert _C.parse_frame(frame(13, DATA_REF.pack(0, 1, 1 << 20, 0, 1 << 20, 0x7F0000001000))) == "DATA_REF"
+        assert _testing.parse_frame(data) == name
+    assert _testing.encode_frame("cts", 7, 4096) == frame(3, CTS.pack(7, 4096))
+    assert _testing.encode_frame("activate", 3, 1) == frame(5, ACTIVATE.pack(3, 1, 0))
+    assert _testing.parse_frame(frame(9, DATA.pack(0, 1, 10, 0, 10))) == "DATA"
+    assert _testing.parse_frame(frame(13, DATA_REF.pack(0, 1, 1 << 20, 0, 1 << 20, 0x7F0000001000))) == "DATA_REF"
 
 
 def test_every_truncation_of_a_control_frame_is_rejected():
     for name, data in VALID:
         for cut in range(len(data)):
             with pytest.raises(ProtocolError):
-                _C.parse_frame(data[:cut])
+                _testing.parse_frame(data[:cut])
         with pytest.raises(ProtocolError):
-            _C.parse_frame(data + b"\0")  # trailing byte: body longer than the header says
+            _testing.parse_frame(data + b"\0")  # trailing byte: body longer than the header says
 
 
 def test_huge_and_wrong_length_fields_are_rejected():
@@ -136,23 +138,23 @@ def test_huge_and_wrong_length_fields_are_rejected():
         for length in (0xFFFFFFFF, 0x80000000, MAX_CONTROL_BODY + RESYNC_ENTRY.size,
                        MAX_CONTROL_BODY + 1, 1 << 26):
             with pytest.raises(ProtocolError):
-                _C.parse_frame(frame(type_, b"", body_bytes=length))
+                _testing.parse_frame(frame(type_, b"", body_bytes=length))
     with pytest.raises(ProtocolError, match="RESYNC"):
-        _C.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 3)))          # says 3 entries, has 0
+        _testing.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 3)))          # says 3 entries, has 0
     with pytest.raises(ProtocolError, match="RESYNC"):
-        _C.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 0) + b"\0" * 23))
+        _testing.parse_frame(frame(6, RESYNC_HEADER.pack(1, 1, 0) + b"\0" * 23))
     with pytest.raises(ProtocolError, match="magic"):
-        _C.parse_frame(HEADER.pack(MAGIC ^ 1, 3, 16) + b"\0" * 16)
+        _testing.parse_frame(HEADER.pack(MAGIC ^ 1, 3, 16) + b"\0" * 16)
     for length, host in ((0, 1), (97, 1), (255, 0), (20, 2)):
         with pytest.raises(ProtocolError, match="PLACE"):
-            _C.parse_frame(frame(12, PLACE.pack(1, host, length, b"\0" * 96)))
+            _testing.parse_frame(frame(12, PLACE.pack(1, host, length, b"\0" * 96)))
     for bad_type in (0, 14, 255):
         with pytest.raises(ProtocolError, match="type"):
-            _C.parse_frame(frame(bad_type, b""))
+            _testing.parse_frame(frame(bad_type, b""))
     for bad in (hello(version=1), hello(kind=2), hello(count=0), hello(count=17),
                 hello(kind=1, index=4, count=4)):
         with pytest.raises(ProtocolError, match="HELLO|version"):
-            _C.parse_frame(bad)
+            _testing.parse_frame(bad)
 
 
 @FUZZ
@@ -195,7 +197,7 @@ def good_handle():
 
 def decode(data):
     try:
-        decoded = _C.decode_handle(data)
+        decoded = _testing.decode_handle(data)
     except ProtocolError:
         return None
     nics = decoded["nics"]
@@ -220,7 +222,7 @@ def test_good_handle_decodes(good_handle):
 def test_truncated_handles_are_rejected(good_handle):
     for cut in range(0, 128):  # a handle is the full 128 bytes NCCL passes
         with pytest.raises(ProtocolError):
-            _C.decode_handle(good_handle[:cut])
+            _testing.decode_handle(good_handle[:cut])
 
 
 @FUZZ
@@ -291,7 +293,7 @@ def test_junk_at_the_acceptors_while_a_good_connection_streams(events):
     handle = listener.handle
     listen_id = struct.unpack_from("<Q", handle, 12)[0]
     secret = handle[20:36]
-    ports = _C.decode_handle(handle)["nics"]
+    ports = _testing.decode_handle(handle)["nics"]
     send = t.connect(0, handle)
     send.wait_ready(10)
     recv = listener.accept(10)
@@ -393,7 +395,7 @@ def test_the_log_limiter_writes_one_line_per_interval_per_key():
         (45000, "a", "a6"),         # a5 held back, never flushed: a6 is counted with it
         (46000, "a", "a7"),         # in the interval that count started
     ]
-    written, due = _C._log_limiter_trace(10000, "things", calls)
+    written, due = _testing.log_limiter_trace(10000, "things", calls)
     assert written[:7] == [
         "a0", "b0",
         "2 more things (a) in the last 10.0 s",
@@ -414,7 +416,7 @@ def test_a_flood_of_refused_connections_costs_one_log_line_per_kind(capfd):
     handle = listener.handle
     listen_id = struct.unpack_from("<Q", handle, 12)[0]
     wrong = bytes(b ^ 0x5A for b in handle[20:36])
-    address, port = _C.decode_handle(handle)["nics"][0]
+    address, port = _testing.decode_handle(handle)["nics"][0]
     nic = "lo:" + address
     before = torch_reccl.stats()["rejected_handshakes"]
     capfd.readouterr()
@@ -503,7 +505,7 @@ class RawSender:
         raise AssertionError(f"no {[TYPES[w] for w in want]} frame within {timeout} s")
 
     def heartbeat(self):
-        self.control.sendall(_C.encode_frame("heartbeat", 0, 0))
+        self.control.sendall(_testing.encode_frame("heartbeat", 0, 0))
 
     def close(self):
         self.control.close()
@@ -531,7 +533,7 @@ def test_admitted_sockets_that_cannot_make_a_path_are_closed_without_further_han
     t = Transport(reccl_env(RECCL_CONNECT_TIMEOUT_MS="500"))
     listener = t.listen(0)
     handle = listener.handle
-    address, port = _C.decode_handle(handle)["nics"][0]
+    address, port = _testing.decode_handle(handle)["nics"][0]
     args = dict(listen_id=struct.unpack_from("<Q", handle, 12)[0], secret=handle[20:36], count=2,
                 connection=0xAB0127)
     late = RawSender._dial(address, port, hello(kind=1, index=1, nonce=1, **args))
@@ -564,13 +566,13 @@ def test_hand_written_sender_and_malformed_data(events):
     malformed DATA frame fails only the path it came on."""
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
     listener = t.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     raw = RawSender(address, port, listener.handle)
     try:
         conn = listener.accept(5)
         buf = bytearray(10000)
         r = conn.irecv(buf)
-        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
         body = raw.read_control(6)
         epoch, next_seq, count = RESYNC_HEADER.unpack_from(body)
         assert (epoch, next_seq, count) == (1, 1, 1)
@@ -607,11 +609,11 @@ def test_a_late_data_socket_that_closes_before_any_frame_leaves_its_path_at_work
     receiver drops it and the path goes on (it used to fail the whole path)."""
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
     listener = t.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     raw = RawSender(address, port, listener.handle, sockets=3, joined=1)
     try:
         conn = listener.accept(5)
-        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
         raw.read_control(6)
         late = raw.join(1)
         time.sleep(0.2)  # admitted and attached before it goes
@@ -633,12 +635,12 @@ def primary_and_backup(listener, connection, offer=(0, 0, 0, 0)):
     """Hand-written primary (NIC 0, with `offer`) and backup (NIC 1) paths of one
     connection to `listener`, both up, the primary activated (epoch 1).
     Returns (primary, the accepted receiving connection, backup)."""
-    nics = _C.decode_handle(listener.handle)["nics"]
+    nics = _testing.decode_handle(listener.handle)["nics"]
     primary = RawSender(*nics[0], listener.handle, path=0, connection=connection, offer=offer)
     conn = listener.accept(5)
     backup = RawSender(*nics[1], listener.handle, path=1, connection=connection, receiver_nic=1)
     assert wait_until(lambda: len(conn.paths()) == 2, 3), conn.paths()
-    primary.control.sendall(_C.encode_frame("activate", 1, 0))
+    primary.control.sendall(_testing.encode_frame("activate", 1, 0))
     primary.read_control(6)
     return primary, conn, backup
 
@@ -654,7 +656,7 @@ def test_same_host_offers_are_taken_only_with_a_readable_token():
     window = load_testing().SameHostWindow()
     t = Transport(reccl_env())
     listener = t.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     key, pid, word, token = same_host_offer(window)
     offers = {"valid": ((key, pid, word, token), True),
               "wrong token": ((key, pid, word, token ^ 1), False),
@@ -680,7 +682,7 @@ def test_a_data_ref_lands_only_while_its_senders_window_holds(events):
     window = load_testing().SameHostWindow()
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="65536"))
     listener = t.listen(0)
-    nics = _C.decode_handle(listener.handle)["nics"]
+    nics = _testing.decode_handle(listener.handle)["nics"]
     original = os.urandom(40000)
     source = ctypes.create_string_buffer(original, 40000)
     connection = random.getrandbits(63)
@@ -717,7 +719,7 @@ def test_a_data_ref_lands_only_while_its_senders_window_holds(events):
     assert not plain.same_host_reads
     try:
         conn = listener.accept(5)
-        plain.control.sendall(_C.encode_frame("activate", 1, 0))
+        plain.control.sendall(_testing.encode_frame("activate", 1, 0))
         plain.read_control(6)
         bad_data_fails_its_path(
             events, conn, plain.data, 0xBADF00D, 40000,
@@ -779,13 +781,13 @@ def test_receiver_failover_reports_its_own_reason(events):
 def test_malformed_frames_from_an_authenticated_peer(events, bad):
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
     listener = t.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     connection = random.getrandbits(63)
     raw = RawSender(address, port, listener.handle, connection=connection)
     try:
         conn = listener.accept(5)
         r = conn.irecv(bytearray(100))
-        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
         raw.read_control(6)
         if bad == "data-for-unposted-receive":
             raw.data.sendall(frame(9, DATA.pack(5, 1, 10, 0, 10)) + b"y" * 10)
@@ -794,7 +796,7 @@ def test_malformed_frames_from_an_authenticated_peer(events, bad):
         elif bad == "wrong-chunk-length":
             raw.data.sendall(frame(9, DATA.pack(0, 1, 10, 0, 4)) + b"abcd")
         elif bad == "control-on-data":
-            raw.data.sendall(_C.encode_frame("cts", 0, 1) + b"\0" * 20)  # 48 B: a DATA head
+            raw.data.sendall(_testing.encode_frame("cts", 0, 1) + b"\0" * 20)  # 48 B: a DATA head
         elif bad == "message-larger-than-receive":
             raw.data.sendall(frame(9, DATA.pack(0, 1, 1 << 40, 0, 4096)) + b"z" * 4096)
             with pytest.raises(RecclError, match="larger than the posted receive"):
@@ -818,19 +820,19 @@ def test_malformed_frames_from_an_authenticated_peer(events, bad):
 DROP_WHILE_ACKING = r"""
 import random, sys
 from conftest import reccl_env
-from test_wire_fuzz import DATA, RawSender, Transport, _C, frame
+from test_wire_fuzz import DATA, RawSender, Transport, _testing, frame
 
 rounds = int(sys.argv[1])
 transport = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000"))
 listener = transport.listen(0)
-address, port = _C.decode_handle(listener.handle)["nics"][0]
+address, port = _testing.decode_handle(listener.handle)["nics"][0]
 for _ in range(rounds):
     raw = RawSender(address, port, listener.handle, connection=random.getrandbits(63))
     try:
         conn = listener.accept(5)
         buf = bytearray(8)
         r = conn.irecv(buf)
-        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
         raw.read_control(6)
         raw.data.sendall(frame(9, DATA.pack(0, 1, 8, 0, 8)) + b"12345678")
         assert r.wait(5) == 8 and buf == b"12345678", buf
@@ -878,7 +880,7 @@ class StuckInOldEpoch:
 
     def __init__(self, transport, sockets):
         self.listener = transport.listen(0)
-        nics = _C.decode_handle(self.listener.handle)["nics"]
+        nics = _testing.decode_handle(self.listener.handle)["nics"]
         self.connection = random.getrandbits(63)
         self.primary = RawSender(*nics[0], self.listener.handle, path=0,
                                  connection=self.connection, sockets=sockets)
@@ -891,7 +893,7 @@ class StuckInOldEpoch:
             self.size = sockets * FENCE_CHUNK
             self.buf0, buf1 = bytearray(self.size), bytearray(self.size)
             self.r0, r1 = self.conn.irecv(self.buf0), self.conn.irecv(buf1)
-            self.primary.control.sendall(_C.encode_frame("activate", 1, 0))
+            self.primary.control.sendall(_testing.encode_frame("activate", 1, 0))
             assert RESYNC_HEADER.unpack_from(self.primary.read_until((6,))[1])[0] == 1
             self.payload0, payload1 = os.urandom(self.size), os.urandom(self.size)
             half = FENCE_CHUNK // 2
@@ -1330,7 +1332,7 @@ def test_sender_resumes_from_the_receivers_resync_offset(fake_receiver, events):
     moved = events.wait_for(3, "failover", connection=send.id)
     assert moved and (moved[0].from_path, moved[0].to_path) == (0, 1)
     assert moved[0].bytes_replayed == 8192
-    p1.send(_C.encode_frame("close", 0, 0))
+    p1.send(_testing.encode_frame("close", 0, 0))
     time.sleep(0.05)  # let the sender take the CLOSE before it closes itself
     send.close()
     p1.kill()
@@ -1359,7 +1361,7 @@ def test_interrupted_failback_reports_no_bogus_switch(fake_receiver, events):
     time.sleep(0.3)
     flush_events()
     switches = [e for e in events.of(connection=send.id) if e.kind in ("failover", "failback")]
-    p1.send(_C.encode_frame("close", 0, 0))
+    p1.send(_testing.encode_frame("close", 0, 0))
     time.sleep(0.05)  # let the sender take the CLOSE before it closes itself
     send.close()
     p1.kill()
@@ -1408,7 +1410,7 @@ def test_receives_announced_too_far_ahead_fail_the_path_not_the_sender(fake_rece
     assert header[0] == 0 and data == payload
     p1.send(frame(4, ACK.pack(0, len(payload))))
     assert request.wait(5) == len(payload)
-    p1.send(_C.encode_frame("close", 0, 0))
+    p1.send(_testing.encode_frame("close", 0, 0))
     time.sleep(0.05)
     send.close()
 
@@ -1422,13 +1424,13 @@ def test_a_receive_cancelled_under_a_copy_fails_only_once_the_copy_ends():
     into the buffer after that."""
     transport = fence_transport()
     listener = transport.listen(0)
-    address, port = _C.decode_handle(listener.handle)["nics"][0]
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
     raw = RawSender(address, port, listener.handle)
     try:
         conn = listener.accept(5)
         buf = bytearray(FENCE_CHUNK)
         request = conn.irecv(buf)
-        raw.control.sendall(_C.encode_frame("activate", 1, 0))
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
         raw.read_until((6,))
         payload, half = os.urandom(FENCE_CHUNK), FENCE_CHUNK // 2
         raw.data.sendall(frame(9, DATA.pack(0, 1, FENCE_CHUNK, 0, FENCE_CHUNK)) + payload[:half])

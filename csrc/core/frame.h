@@ -69,7 +69,7 @@ struct HelloBody {
   uint64_t dialerTransport;  // the dialing transport's id (liveness per peer NIC pair)
   // Same-host reads offered (control socket only; zeros: none offered): the
   // receiver may read this path's payloads straight from the dialer's memory
-  // (transport/tcp/same_host.h) once it has read `refToken` at `refWord` in
+  // (transport/same_host.h) once it has read `refToken` at `refWord` in
   // process `pid`, which proves the pid is the dialer and readable.
   uint64_t hostKey;
   uint32_t pid;

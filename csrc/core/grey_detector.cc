@@ -244,9 +244,4 @@ void GreyMonitor::peerFoundSlow(int nic) {
   detector_.peerFoundSlow(nic);
 }
 
-void GreyTicker::service() {
-  const int64_t next = GreyMonitor::instance().tick(nowNs());
-  if (next >= 0) supervisor_->wakeBy(atNs(next));
-}
-
 }  // namespace reccl

@@ -26,7 +26,6 @@
 
 #include "core/config.h"
 #include "core/health.h"
-#include "core/supervisor.h"
 
 namespace reccl {
 
@@ -101,7 +100,7 @@ class GreyDetector {
 };
 
 // The process's detector, fed from NicHealth's counters and applying its
-// verdicts there. Driven by every Supervisor (no thread of its own): a round
+// verdicts there. Driven by every Supervisor (core/supervisor.cc; no thread of its own): a round
 // samples when a window is due and, while bytes are moving, asks to be woken
 // for the next window; an idle process is never woken for it.
 class GreyMonitor {
@@ -123,17 +122,6 @@ class GreyMonitor {
   const bool enabled_;
   GreyDetector detector_;
   int64_t lastNs_ = 0;
-};
-
-// A Supervisor item that drives GreyMonitor; always quiet.
-class GreyTicker : public Serviced {
- public:
-  explicit GreyTicker(Supervisor* supervisor) : supervisor_(supervisor) {}
-  void service() override;
-  bool quiet() override { return true; }
-
- private:
-  Supervisor* const supervisor_;
 };
 
 }  // namespace reccl

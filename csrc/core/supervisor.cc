@@ -8,6 +8,24 @@
 
 namespace reccl {
 
+namespace {
+
+// The item that drives GreyMonitor on this supervisor's rounds; always quiet.
+class GreyTicker : public Serviced {
+ public:
+  explicit GreyTicker(Supervisor* supervisor) : supervisor_(supervisor) {}
+  void service() override {
+    const int64_t next = GreyMonitor::instance().tick(nowNs());
+    if (next >= 0) supervisor_->wakeBy(atNs(next));
+  }
+  bool quiet() override { return true; }
+
+ private:
+  Supervisor* const supervisor_;
+};
+
+}  // namespace
+
 Supervisor::Supervisor(Millis tick, Millis quietTick)
     : tick_(tick), quietTick_(quietTick), thread_([this] { run(); }) {
   // Grey-failure detection rides on every supervisor's rounds (no thread of its own).

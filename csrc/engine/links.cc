@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/health.h"
-#include "transport/tcp/handle.h"
+#include "transport/handle.h"
 
 namespace reccl {
 

@@ -2,7 +2,7 @@
 
 #include <mutex>
 
-#include "transport/tcp/tcp_transport.h"
+#include "transport/make_transport.h"
 
 namespace reccl {
 
@@ -13,7 +13,7 @@ std::shared_ptr<Transport> sharedTransport() {
   if (auto transport = current.lock()) return transport;
   Config config = Config::fromProcessEnv();
   config.applyLogLevel();
-  auto transport = std::make_shared<TcpTransport>(config);
+  std::shared_ptr<Transport> transport = makeTcpTransport(config);
   current = transport;
   return transport;
 }

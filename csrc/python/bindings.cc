@@ -1,23 +1,18 @@
 // The Python module torch_reccl._C: the low-level connection API, NIC table,
 // health drills, events and stats. Blocking calls release the GIL.
-#include <optional>
-
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "core/config.h"
 #include "core/error.h"
-#include "core/frame.h"
-#include "core/grey_detector.h"
 #include "core/health.h"
-#include "core/log.h"
 #include "core/spread.h"
 #include "core/topology.h"
 #include "python/registered_buffer.h"
 #include "transport/descriptor_table.h"
 #include "transport/event_loop.h"
-#include "transport/tcp/handle.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/handle.h"
+#include "transport/make_transport.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -188,10 +183,10 @@ void bindGpu(py::module_& m);
 // Test hooks of the shared executor (csrc/python/executor_bindings.cc).
 void bindExecutor(py::module_& m);
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_reccl native core: bonded connections with failover";
-  reserveDescriptorTable();  // long before a group's sockets need the room
+namespace {
 
+// reccl's exceptions as Python classes (every reccl module raises these).
+void bindErrors(py::module_& m) {
   static py::exception<Error> recclError(m, "RecclError", PyExc_RuntimeError);
   static py::exception<ConfigError> configError(m, "ConfigError", PyExc_ValueError);
   static py::exception<ProtocolError> protocolError(m, "ProtocolError", recclError.ptr());
@@ -210,6 +205,10 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+}
+
+// Bonded connections, their requests and registrations, and listeners.
+void bindConnections(py::module_& m) {
   py::class_<PyRequest>(m, "Request")
       .def("test", &PyRequest::test, "(done, nbytes); raises RecclError if the request failed")
       .def("wait", &PyRequest::wait, py::arg("timeout") = 60.0,
@@ -275,32 +274,39 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("timeout") = 30.0, py::keep_alive<0, 1>())
       .def("close", &Listener::close);
+}
 
-  py::class_<TcpTransport, std::shared_ptr<TcpTransport>>(m, "Transport")
+// The low-level TCP transport (made by the transport factory).
+void bindTransport(py::module_& m) {
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def(py::init([](py::object env) {
              Config config = Config::fromEnv(envFrom(env));
              config.applyLogLevel();
-             return std::make_shared<TcpTransport>(config);
+             return std::shared_ptr<Transport>(makeTcpTransport(config));
            }),
            py::arg("env") = py::none(),
            "A TCP transport over the RECCL_NICS NICs. `env`: RECCL_* settings (default: os.environ)")
       .def("nics",
-           [](const TcpTransport& t) {
+           [](const Transport& t) {
              py::list out;
              for (size_t i = 0; i < t.nics().size(); ++i) out.append(nicDict(t.nics()[i], static_cast<int>(i), t.nics()));
              return out;
            })
-      .def("listen", &TcpTransport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
-      .def("register", [](TcpTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+      .def("listen", &Transport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
+      .def("register", [](Transport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
            py::arg("buffer"), "None: TCP registers no memory (data is always copied)")
       .def(
           "connect",
-          [](TcpTransport& t, int nic, py::bytes handle) {
+          [](Transport& t, int nic, py::bytes handle) {
             std::string bytes = handle;
             return t.connect(nic, std::vector<uint8_t>(bytes.begin(), bytes.end()));
           },
           py::arg("nic"), py::arg("handle"), py::keep_alive<0, 1>());
+  m.attr("HANDLE_BYTES") = kHandleBytes;
+}
 
+// The RECCL_* settings table and option checks.
+void bindSettings(py::module_& m) {
   m.def("validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
         py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
   m.def("settings", [] {
@@ -323,6 +329,10 @@ PYBIND11_MODULE(_C, m) {
      "(integers), option (the backend.Options field overriding it) and doc.");
   m.def("check_option", &checkOption, py::arg("option"), py::arg("value"),
         "Raises ConfigError unless `value` (text) is valid for process-group option `option`.");
+}
+
+// The NIC table and fault injection.
+void bindNics(py::module_& m) {
   m.def("discover_nics", [](py::object env) {
     Config config = Config::fromEnv(envFrom(env));
     std::vector<NicInfo> nics = discoverNics(config.nics);
@@ -330,21 +340,6 @@ PYBIND11_MODULE(_C, m) {
     for (size_t i = 0; i < nics.size(); ++i) out.append(nicDict(nics[i], static_cast<int>(i), nics));
     return out;
   }, py::arg("env") = py::none());
-  m.def("choose_backups", [](const std::vector<std::tuple<std::string, std::string, int>>& nics) {
-    std::vector<NicInfo> infos;
-    for (const auto& [name, pciPath, numa] : nics) {
-      NicInfo info;
-      info.name = name;
-      info.pciPath = pciPath;
-      info.numaNode = numa;
-      infos.push_back(info);
-    }
-    chooseBackups(infos);
-    std::vector<std::pair<int, int>> out;
-    for (const auto& info : infos) out.push_back({info.backup, info.backupCost});
-    return out;
-  }, "For tests: (name, sysfs PCI path, NUMA node) per NIC -> (backup index, cost) per NIC");
-
   m.def("inject_fault", [](const std::string& nic, const std::string& kind) {
     NicHealth& health = NicHealth::instance();
     int id = healthIdOrThrow(nic);
@@ -359,63 +354,10 @@ PYBIND11_MODULE(_C, m) {
       throw ConfigError("fault kind '" + kind + "' is not valid here; valid: down, up, blackhole");
     }
   }, py::arg("nic"), py::arg("kind"));
-  py::class_<GreyDetector>(m, "GreyDetector",
-                           "For tests: the grey-failure decision logic fed with synthetic counters")
-      .def(py::init([](const py::dict& settings) {
-             // The defaults of RECCL_GREY_*, overridden by the process environment.
-             Config config = Config::fromProcessEnv();
-             GreySettings s = GreySettings::fromConfig(config);
-             for (const auto& [key, value] : settings) {
-               const std::string name = py::str(key);
-               if (name == "low_ratio") s.lowRatio = value.cast<double>();
-               else if (name == "recover_ratio") s.recoverRatio = value.cast<double>();
-               else if (name == "sustain_ms") s.sustainNs = value.cast<int64_t>() * 1000000;
-               else if (name == "min_bytes") s.minBytes = value.cast<uint64_t>();
-               else if (name == "retry_ms") s.retryNs = value.cast<int64_t>() * 1000000;
-               else throw ConfigError("GreyDetector: unknown setting '" + name + "'; valid: low_ratio, "
-                                      "recover_ratio, sustain_ms, min_bytes, retry_ms");
-             }
-             return GreyDetector(s);
-           }),
-           py::arg("settings") = py::dict())
-      .def("sample",
-           [](GreyDetector& detector, int64_t nowNs, const std::vector<std::tuple<uint64_t, int64_t, bool>>& nics) {
-             std::vector<GreySample> samples;
-             for (const auto& [bytes, busyNs, linkUp] : nics) samples.push_back({bytes, busyNs, linkUp});
-             py::list out;
-             for (const GreyChange& c : detector.sample(nowNs, samples)) {
-               py::dict d;
-               d["nic"] = c.nic;
-               d["state"] = greyStateName(c.state);
-               d["ratio"] = c.ratio;
-               d["announce"] = c.announce;
-               d["detail"] = c.detail;
-               out.append(d);
-             }
-             return out;
-           },
-           py::arg("now_ns"), py::arg("nics"),
-           "nics: (busy bytes, busy ns, link up) cumulative per NIC; returns the verdicts that changed")
-      .def("peer_found_slow", &GreyDetector::peerFoundSlow, py::arg("nic"),
-           "a peer condemned the far end of a path on this NIC (NOTIFY, reason slow)")
-      .def("state", [](const GreyDetector& d, int nic) { return std::string(greyStateName(d.state(nic))); })
-      .def("ratio", &GreyDetector::ratio)
-      .def_property_readonly("loaded", &GreyDetector::loaded);
-  py::class_<SpreadLanes>(m, "SpreadLanes", "For tests: the spreading scheduler's lane choice")
-      .def(py::init<>())
-      .def("reset", &SpreadLanes::reset, py::arg("slots"), py::arg("factors"))
-      .def("pick",
-           [](SpreadLanes& lanes, uint64_t bytes, int64_t atMs) {
-             return lanes.pick(bytes, Clock::time_point(std::chrono::milliseconds(atMs)));
-           },
-           py::arg("bytes"), py::arg("at_ms"))
-      .def("acked",
-           [](SpreadLanes& lanes, int slot, uint64_t bytes, int64_t atMs) {
-             lanes.acked(slot, bytes, Clock::time_point(std::chrono::milliseconds(atMs)));
-           },
-           py::arg("slot"), py::arg("bytes"), py::arg("at_ms"),
-           "at_ms: times on a clock of the test's own (only differences count)");
-  m.def("spread_distance_factor", &spreadDistanceFactor, py::arg("cost"));
+}
+
+// Events, NIC counters and process-wide stats.
+void bindStats(py::module_& m) {
   m.def("drain_events", [](size_t max) {
     py::list out;
     for (const auto& event : NicHealth::instance().events().drain(max)) out.append(eventDict(event));
@@ -467,68 +409,19 @@ PYBIND11_MODULE(_C, m) {
     d["spreading"] = spreading;
     return d;
   });
-  m.def("parse_frame", [](py::bytes data) {
-    std::string bytes = data;
-    const auto* raw = reinterpret_cast<const uint8_t*>(bytes.data());
-    FrameHeader header = parseFrameHeader(raw, bytes.size());
-    if (header.type == static_cast<uint8_t>(FrameType::kData) ||
-        header.type == static_cast<uint8_t>(FrameType::kDataRef)) {
-      return std::string(frameTypeName(static_cast<FrameType>(header.type)));
-    }
-    ControlFrame frame = decodeControl(header, raw + sizeof(FrameHeader), bytes.size() - sizeof(FrameHeader));
-    return std::string(frameTypeName(frame.type));
-  }, "For tests: decodes one whole control frame; returns its type name or raises ProtocolError");
-  m.def("decode_handle", [](py::bytes data) {
-    std::string bytes = data;
-    ListenHandle handle = decodeHandle(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    py::dict d;
-    d["listener_nic"] = handle.listenerNic;
-    d["listener_backup"] = handle.listenerBackup;
-    d["chunk_bytes"] = handle.chunkBytes;
-    py::list nics;
-    for (const auto& nic : handle.nics) nics.append(py::make_tuple(nic.address, nic.port));
-    d["nics"] = nics;
-    return d;
-  });
-  m.def("encode_frame", [](const std::string& kind, uint64_t a, uint64_t b) {
-    std::vector<uint8_t> frame;
-    if (kind == "cts") frame = encodeCts(a, b);
-    else if (kind == "ack") frame = encodeAck(a, b);
-    else if (kind == "activate") frame = encodeActivate(a, static_cast<uint8_t>(b), 0);
-    else if (kind == "heartbeat") frame = encodeHeartbeat();
-    else if (kind == "close") frame = encodeClose();
-    else if (kind == "resync") frame = encodeResync(a, b, {});
-    else throw ConfigError("unknown frame kind " + kind);
-    return py::bytes(reinterpret_cast<const char*>(frame.data()), frame.size());
-  }, "For tests: a valid frame to mutate");
-  m.def("_log_limiter_trace",
-        [](int64_t intervalMs, const std::string& what,
-           const std::vector<std::tuple<int64_t, std::optional<std::string>, std::string>>& calls) {
-          // Replays `calls` (time in ms, key, line; key None: flushDue) on a
-          // LogLimiter with a fake clock; returns what it wrote, the
-          // destructor's last counts included, and each flush's next due time.
-          py::list written, due;
-          const Clock::time_point zero = Clock::now();
-          {
-            LogLimiter limiter(LogLevel::kWarn, Millis(intervalMs), what,
-                               [&](LogLevel, const std::string& text) { written.append(text); });
-            for (const auto& [ms, key, line] : calls) {
-              const Clock::time_point at = zero + Millis(ms);
-              if (key) {
-                limiter.log(*key, line, at);
-              } else {
-                Clock::time_point next = limiter.flushDue(at);
-                due.append(next == Clock::time_point::max()
-                               ? py::object(py::none())
-                               : py::object(py::int_(std::chrono::duration_cast<Millis>(next - zero).count())));
-              }
-            }
-          }
-          return py::make_tuple(written, due);
-        },
-        py::arg("interval_ms"), py::arg("what"), py::arg("calls"),
-        "For tests: a LogLimiter's output for (ms, key or None to flush, line) calls.");
-  m.attr("HANDLE_BYTES") = kHandleBytes;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_reccl native core: bonded connections with failover";
+  reserveDescriptorTable();  // long before a group's sockets need the room
+  bindErrors(m);
+  bindConnections(m);
+  bindTransport(m);
+  bindSettings(m);
+  bindNics(m);
+  bindStats(m);
   bindProcessGroup(m);
   bindIbTransport(m);
   bindGpu(m);

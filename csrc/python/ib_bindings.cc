@@ -1,7 +1,7 @@
 // Python bindings of the IB verbs transport (torch_reccl._C): the transport
 // over the system libibverbs or over another verbs provider (the emulation of
 // the test module torch_reccl._testing), the transport choice
-// (RECCL_TRANSPORT), and a few pure functions for tests.
+// (RECCL_TRANSPORT).
 // Called from the module definition in bindings.cc; connections, listeners
 // and requests are the classes bound there.
 #include <pybind11/pybind11.h>
@@ -13,7 +13,6 @@
 #include "core/health.h"
 #include "nccl/net_plugin.h"
 #include "python/registered_buffer.h"
-#include "transport/ib/gid_select.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_library.h"
@@ -23,14 +22,6 @@ namespace py = pybind11;
 using namespace reccl;
 
 namespace {
-
-GidType gidTypeFromName(const std::string& name) {
-  if (name == "IB") return GidType::kIb;
-  if (name == "RoCEv1") return GidType::kRoceV1;
-  if (name == "RoCEv2") return GidType::kRoceV2;
-  if (name == "unknown") return GidType::kUnknown;
-  throw ConfigError("GID type '" + name + "' is not valid: expected IB, RoCEv1, RoCEv2 or unknown");
-}
 
 std::map<std::string, std::string> envOf(const py::object& env) {
   std::map<std::string, std::string> out;
@@ -138,8 +129,6 @@ void bindIbTransport(py::module_& m) {
         py::arg("env") = py::none());
   m.def("nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
         "'tcp' or 'ib' once the NCCL plugin's init() succeeded, else ''");
-  m.def("ib_port_speed_mbps", &portSpeedMbps, py::arg("active_speed"), py::arg("active_width"),
-        "For tests: the rate a port reports from ibv_port_attr active_speed / active_width");
   m.def("ib_verbs_headers_compiled", &verbsHeadersCompiledIn,
         "True when this build compiled the real verbs backend against <infiniband/verbs.h>");
   m.def("ib_load_system_verbs", [] {
@@ -151,37 +140,5 @@ void bindIbTransport(py::module_& m) {
     d["devices"] = api ? api->deviceNames() : std::vector<std::string>{};
     return d;
   }, "dlopen()s libibverbs.so.1: {'loaded', 'error', 'devices'}");
-  m.def("ib_select_gid", [](const std::vector<std::pair<py::bytes, std::string>>& table, bool ethernet,
-                            const std::string& addrRange) {
-    std::vector<GidEntry> entries;
-    for (const auto& [gid, type] : table) {
-      std::string raw = gid;
-      if (raw.size() != 16) throw ConfigError("a GID has 16 bytes, not " + std::to_string(raw.size()));
-      GidEntry entry;
-      std::memcpy(entry.gid.data(), raw.data(), 16);
-      entry.type = gidTypeFromName(type);
-      entry.index = static_cast<int>(entries.size());
-      entries.push_back(entry);
-    }
-    if (addrRange.empty()) return selectGidIndex(entries, ethernet);
-    const AddressRange range = AddressRange::parse(addrRange);
-    return selectGidIndex(entries, ethernet, &range);
-  }, py::arg("table"), py::arg("ethernet") = true, py::arg("addr_range") = "",
-     "The GID index the IB transport chooses from (gid, type) entries at their list positions "
-     "(addr_range: RECCL_IB_ADDR_RANGE); -1 when none is usable");
-  m.def("ib_decode_qp_exchange", [](py::bytes data, const std::string& role) {
-    std::string raw = data;
-    if (role != "sender" && role != "receiver") {
-      throw ConfigError("role '" + role + "' is not valid: expected sender or receiver");
-    }
-    QpExchange e = decodeQpExchange(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(),
-                                    role == "sender" ? QpExchange::Role::kSender : QpExchange::Role::kReceiver);
-    py::dict d;
-    d["qp_number"] = e.qp.qpNumber;
-    d["slot_count"] = e.slotCount;
-    d["slot_bytes"] = e.slotBytes;
-    d["mtu"] = e.mtu;
-    return d;
-  }, "For tests: validates a bootstrap QP description");
   m.attr("IB_QP_EXCHANGE_BYTES") = kQpExchangeBytes;
 }

@@ -35,9 +35,8 @@ py::list channelList(uint64_t mask, int channels) {
   return out;
 }
 
-}  // namespace
-
-void bindProcessGroup(py::module_& m) {
+// The creator the Python backend registration calls.
+void bindBackendCreation(py::module_& m) {
   m.def(
       "_create_reccl_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutSeconds,
@@ -70,6 +69,10 @@ void bindProcessGroup(py::module_& m) {
       py::arg("global_ranks") = std::vector<int>{},
       "Creates the c10d backend of one reccl process group (rendezvous through `store` at its "
       "first CPU collective).");
+}
+
+// What tools and tests read of a live backend, and its link to the GPU backend.
+void bindBackendTools(py::module_& m) {
   m.def(
       "_reccl_backend_info",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
@@ -197,6 +200,10 @@ void bindProcessGroup(py::module_& m) {
       },
       py::arg("backend"), py::arg("device_backend"),
       "Lets the fault picture count the collectives the group's GPU backend issues.");
+}
+
+// The engine's pure rules (DCR, per-op agreements), for tests.
+void bindEngineRules(py::module_& m) {
   m.def(
       "_dcr_advance_plan",
       [](std::tuple<uint64_t, uint64_t, uint64_t> current,
@@ -291,4 +298,12 @@ void bindProcessGroup(py::module_& m) {
       },
       py::arg("data"), py::arg("group_size"), py::arg("group") = "g",
       "For tests: decodes an agreement (ProtocolError on bad input).");
+}
+
+}  // namespace
+
+void bindProcessGroup(py::module_& m) {
+  bindBackendCreation(m);
+  bindBackendTools(m);
+  bindEngineRules(m);
 }

@@ -1,8 +1,10 @@
 // The test module torch_reccl._testing: the in-process verbs emulation (RC
 // semantics, fault hooks) with raw verbs objects over it, the CUDA emulation,
-// and the provider-install calls that run the NCCL plugin over them. Nothing
-// here is in libnccl-net-reccl.so, the library NCCL loads; this module links
-// it, so the plugin it configures is the process's one plugin.
+// the provider-install calls that run the NCCL plugin over them, the IB
+// transport's pure rules, same-host reads, and (core_bindings.cc,
+// timing_bindings.cc) the test hooks of the core and the transport layer.
+// Nothing here is in libnccl-net-reccl.so, the library NCCL loads; this module
+// links it, so the plugin it configures is the process's one plugin.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,8 +18,9 @@
 #include "testing/cuda_emulation.h"
 #include "testing/verbs_emulation.h"
 #include "transport/ib/gid_select.h"
+#include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_library.h"
-#include "transport/tcp/same_host.h"
+#include "transport/same_host.h"
 
 namespace py = pybind11;
 using namespace reccl;
@@ -206,14 +209,7 @@ void bindRawVerbs(py::module_& m) {
       }, py::arg("timeout") = 1.0);
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_testing, m) {
-  m.doc() = "torch_reccl test module: verbs and CUDA emulations (never loaded by NCCL)";
-  // _C registers VerbsProvider (the emulation's base, so IbTransport takes an
-  // IbEmulation) and the translators of reccl's exceptions.
-  py::module_::import("torch_reccl._C");
-  bindRawVerbs(m);
+void bindVerbsEmulation(py::module_& m) {
   py::class_<VerbsEmulation, VerbsApi, std::shared_ptr<VerbsEmulation>>(
       m, "IbEmulation", "In-process verbs with RC semantics and fault hooks (docs/ib.md)")
       .def(py::init<std::vector<std::string>>(), py::arg("devices"))
@@ -314,7 +310,9 @@ PYBIND11_MODULE(_testing, m) {
         d["gid_queries"] = c.gidQueries;
         return d;
       });
+}
 
+void bindCudaEmulation(py::module_& m) {
   py::class_<CudaEmulation, std::shared_ptr<CudaEmulation>>(m, "CudaEmulation",
       "Devices whose memory is checked host memory (testing/cuda_emulation.h)")
       .def(py::init<int>(), py::arg("devices"))
@@ -342,7 +340,24 @@ PYBIND11_MODULE(_testing, m) {
         d["peer_links"] = c.peerLinks;
         return d;
       });
+}
 
+// The NCCL plugin over the emulations.
+void bindPluginProviders(py::module_& m) {
+  m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
+    NetPlugin::instance().useVerbs(std::move(emulation));
+  }, py::arg("emulation"),
+     "The NCCL net plugin's IB transport (RECCL_TRANSPORT=ib or auto) runs over this "
+     "emulation instead of libibverbs. Call before the plugin's init(); once per process");
+  m.def("nccl_plugin_use_cuda", [](std::shared_ptr<CudaEmulation> emulation) {
+    NetPlugin::instance().useCuda(std::move(emulation));
+  }, py::arg("emulation"),
+     "The NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call before the "
+     "plugin's init(); once per process");
+}
+
+// The IB transport's pure rules: fork handling, GID choice, port rates, the QP exchange.
+void bindIbRules(py::module_& m) {
   m.def("ib_needs_fork_init", [](const std::string& state, std::optional<std::string> rdmavForkSafe,
                                  std::optional<std::string> ibvForkSafe) {
     static const std::map<std::string, ForkState> kStates = {
@@ -358,18 +373,44 @@ PYBIND11_MODULE(_testing, m) {
   }, py::arg("state"), py::arg("rdmav_fork_safe") = py::none(), py::arg("ibv_fork_safe") = py::none(),
      "Whether the system verbs loader calls ibv_fork_init (verbs_library.h needsForkInit); "
      "the variables' values, None when unset");
-  m.def("nccl_plugin_use_verbs", [](std::shared_ptr<VerbsEmulation> emulation) {
-    NetPlugin::instance().useVerbs(std::move(emulation));
-  }, py::arg("emulation"),
-     "The NCCL net plugin's IB transport (RECCL_TRANSPORT=ib or auto) runs over this "
-     "emulation instead of libibverbs. Call before the plugin's init(); once per process");
-  m.def("nccl_plugin_use_cuda", [](std::shared_ptr<CudaEmulation> emulation) {
-    NetPlugin::instance().useCuda(std::move(emulation));
-  }, py::arg("emulation"),
-     "The NCCL plugin's NVL (RECCL_NVL=on) runs over this CUDA emulation. Call before the "
-     "plugin's init(); once per process");
+  m.def("ib_port_speed_mbps", &portSpeedMbps, py::arg("active_speed"), py::arg("active_width"),
+        "The rate a port reports from ibv_port_attr active_speed / active_width");
+  m.def("ib_select_gid", [](const std::vector<std::pair<py::bytes, std::string>>& table, bool ethernet,
+                            const std::string& addrRange) {
+    std::vector<GidEntry> entries;
+    for (const auto& [gid, type] : table) {
+      std::string raw = gid;
+      if (raw.size() != 16) throw ConfigError("a GID has 16 bytes, not " + std::to_string(raw.size()));
+      GidEntry entry;
+      std::memcpy(entry.gid.data(), raw.data(), 16);
+      entry.type = gidTypeNamed(type);
+      entry.index = static_cast<int>(entries.size());
+      entries.push_back(entry);
+    }
+    if (addrRange.empty()) return selectGidIndex(entries, ethernet);
+    const AddressRange range = AddressRange::parse(addrRange);
+    return selectGidIndex(entries, ethernet, &range);
+  }, py::arg("table"), py::arg("ethernet") = true, py::arg("addr_range") = "",
+     "The GID index the IB transport chooses from (gid, type) entries at their list positions "
+     "(addr_range: RECCL_IB_ADDR_RANGE); -1 when none is usable");
+  m.def("ib_decode_qp_exchange", [](py::bytes data, const std::string& role) {
+    std::string raw = data;
+    if (role != "sender" && role != "receiver") {
+      throw ConfigError("role '" + role + "' is not valid: expected sender or receiver");
+    }
+    QpExchange e = decodeQpExchange(reinterpret_cast<const uint8_t*>(raw.data()), raw.size(),
+                                    role == "sender" ? QpExchange::Role::kSender : QpExchange::Role::kReceiver);
+    py::dict d;
+    d["qp_number"] = e.qp.qpNumber;
+    d["slot_count"] = e.slotCount;
+    d["slot_bytes"] = e.slotBytes;
+    d["mtu"] = e.mtu;
+    return d;
+  }, "Validates a bootstrap QP description");
+}
 
-  // Same-host reads (transport/tcp/same_host.h), each half on its own.
+void bindSameHost(py::module_& m) {
+  // Same-host reads (transport/same_host.h), each half on its own.
   m.def("same_host_key", &sameHostKey, "This process's host key (kernel, network and pid namespace)");
   py::class_<SameHostWindow, std::shared_ptr<SameHostWindow>>(
       m, "SameHostWindow", "A sender's token word, as a TCP path holds one")
@@ -389,4 +430,26 @@ PYBIND11_MODULE(_testing, m) {
     return py::make_tuple(ok, py::bytes(ok ? out : why));
   }, py::arg("pid"), py::arg("token_address"), py::arg("token"), py::arg("address"), py::arg("bytes"),
      "A receiver's read: (True, the bytes) or (False, why)");
+}
+
+}  // namespace
+
+// csrc/testing/core_bindings.cc: frames, handles, log limiter, grey detector, lanes, backups.
+void bindCoreRules(py::module_& m);
+// csrc/testing/timing_bindings.cc: the timer wheel, the supervisor, an event loop.
+void bindTiming(py::module_& m);
+
+PYBIND11_MODULE(_testing, m) {
+  m.doc() = "torch_reccl test module: emulations and test hooks (never loaded by NCCL)";
+  // _C registers VerbsProvider (the emulation's base, so IbTransport takes an
+  // IbEmulation) and the translators of reccl's exceptions.
+  py::module_::import("torch_reccl._C");
+  bindRawVerbs(m);
+  bindVerbsEmulation(m);
+  bindCudaEmulation(m);
+  bindPluginProviders(m);
+  bindIbRules(m);
+  bindSameHost(m);
+  bindCoreRules(m);
+  bindTiming(m);
 }

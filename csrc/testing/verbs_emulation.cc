@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/thread_name.h"
-#include "transport/tcp/socket.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

@@ -1,5 +1,7 @@
 #include "transport/bonded_transport.h"
 
+#include <cstring>
+
 #include "transport/job_dialer.h"
 #include "transport/path_plan.h"
 
@@ -7,6 +9,23 @@ namespace reccl {
 
 ConnectionEnv BondedTransport::connectionEnv(const std::string& peer) {
   return makeConnectionEnv(config_, supervisor_.get(), nics_, healthIds_, peer, this);
+}
+
+HelloBody BondedTransport::pathHello(const ListenHandle& handle, uint64_t connectionId,
+                                     int pathIndex, PathCandidate nics) {
+  HelloBody hello{};
+  hello.version = kProtocolVersion;
+  hello.pathIndex = static_cast<uint8_t>(pathIndex);
+  hello.senderNic = static_cast<uint8_t>(nics.localNic);
+  hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
+  hello.listenId = handle.listenId;
+  hello.connectionId = connectionId;
+  hello.dialerTag = handle.dialerTag;
+  hello.pathNonce = ids_.next();
+  hello.dialerTransport = transportId_;
+  std::memcpy(hello.secret, handle.secret, kSecretBytes);
+  std::strncpy(hello.senderNicName, nics_.at(nics.localNic).name.c_str(), kNicNameBytes - 1);
+  return hello;
 }
 
 std::shared_ptr<Listener> BondedTransport::listen(int nic) {

@@ -15,9 +15,10 @@
 #include "core/connection.h"
 #include "core/supervisor.h"
 #include "core/topology.h"
+#include "transport/handle.h"
 #include "transport/listener.h"
+#include "transport/nic_pair_liveness.h"
 #include "transport/random_bytes.h"
-#include "transport/tcp/handle.h"
 #include "transport/transport.h"
 
 namespace reccl {
@@ -47,6 +48,11 @@ class BondedTransport : public Transport {
   // Throws ConfigError unless `nic` is one of ours.
   void checkNic(int nic) const { checkNicIndex(nic, nics_.size(), nicNoun_); }
   ConnectionEnv connectionEnv(const std::string& peer);
+  // The HELLO that opens a path of connection `connectionId` to the listener
+  // behind `handle`: its listen id, secret and tag, the NIC pair, a fresh
+  // nonce and this transport's id. The caller sets the socket kind and count.
+  HelloBody pathHello(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
+                      PathCandidate nics);
 
   // Where a peer dials each of our NICs, in NIC order (the handle's list).
   virtual std::vector<HandleEndpoint> listenEndpoints() const = 0;
@@ -63,6 +69,9 @@ class BondedTransport : public Transport {
   std::vector<int> healthIds_;
   std::unique_ptr<Supervisor> supervisor_;
   RandomIds ids_;
+  // Names this transport in handshakes, so both ends group their paths by NIC pair.
+  const uint64_t transportId_ = ids_.next();
+  NicPairTable pairs_;
   ListenerTable listeners_;
 
  private:

@@ -16,7 +16,7 @@
 
 #include "core/clock.h"
 #include "core/timer_wheel.h"
-#include "transport/tcp/socket.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

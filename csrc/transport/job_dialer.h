@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/send_connection.h"
-#include "transport/tcp/handle.h"
+#include "transport/handle.h"
 
 namespace reccl {
 

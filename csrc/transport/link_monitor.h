@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "transport/tcp/socket.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

@@ -116,8 +116,8 @@ std::shared_ptr<Listener> ListenerTable::find(uint64_t listenId) {
   return it == listeners_.end() ? nullptr : it->second.lock();
 }
 
-Acceptor::Verdict ListenerTable::check(const HelloBody& hello) {
-  using Verdict = Acceptor::Verdict;
+HelloVerdict ListenerTable::check(const HelloBody& hello) {
+  using Verdict = HelloVerdict;
   std::shared_ptr<Listener> listener = find(hello.listenId);
   if (!listener) return {Verdict::kReject, "unknown or closed listener"};
   if (!listener->secretMatches(hello.secret)) return {Verdict::kReject, "wrong handshake secret"};

@@ -13,8 +13,8 @@
 
 #include "core/recv_connection.h"
 #include "core/supervisor.h"
-#include "transport/tcp/acceptor.h"
-#include "transport/tcp/handle.h"
+#include "transport/handle.h"
+#include "transport/hello_verdict.h"
 
 namespace reccl {
 
@@ -70,7 +70,7 @@ class ListenerTable {
   std::shared_ptr<Listener> find(uint64_t listenId);
   // The checks every transport makes on a HELLO: a live listener, its secret,
   // a path index in range. Admit means "so far so good".
-  Acceptor::Verdict check(const HelloBody& hello);
+  HelloVerdict check(const HelloBody& hello);
 
  private:
   std::mutex mutex_;

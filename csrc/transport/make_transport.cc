@@ -53,8 +53,12 @@ std::unique_ptr<Transport> makeTransport(const Config& config, std::shared_ptr<V
   reserveDescriptorTable();  // before the transport's sockets need the room
   TransportChoice choice = chooseTransport(config, std::move(verbs));
   RECCL_LOG(kInfo, "transport " + choice.kind + ": " + choice.reason);
-  if (choice.kind == "tcp") return std::make_unique<TcpTransport>(config);
+  if (choice.kind == "tcp") return makeTcpTransport(config);
   return std::make_unique<IbTransport>(config, std::move(choice.verbs), ibBootstrapAddress(config));
+}
+
+std::unique_ptr<Transport> makeTcpTransport(const Config& config) {
+  return std::make_unique<TcpTransport>(config);
 }
 
 }  // namespace reccl

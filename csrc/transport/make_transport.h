@@ -1,17 +1,19 @@
-// Which transport a process runs over (RECCL_TRANSPORT: auto | tcp | ib), and
-// making it. auto takes IB when the verbs library loads and lists RDMA devices,
-// TCP otherwise; ib without a library or devices is a ConfigError saying which
-// is missing.
+// The transport factory: which transport a process runs over (RECCL_TRANSPORT:
+// auto | tcp | ib), and making it. auto takes IB when the verbs library loads
+// and lists RDMA devices, TCP otherwise; ib without a library or devices is a
+// ConfigError saying which is missing. The one place that builds a TCP
+// transport (tcp/ is known to nothing else).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "core/config.h"
-#include "transport/ib/verbs_api.h"
 #include "transport/transport.h"
 
 namespace reccl {
+
+class VerbsApi;  // transport/ib/verbs_api.h
 
 struct TransportChoice {
   std::string kind;    // "tcp" or "ib"
@@ -32,5 +34,8 @@ std::string ibBootstrapAddress(const Config& config);
 
 // The transport `chooseTransport` picks, made.
 std::unique_ptr<Transport> makeTransport(const Config& config, std::shared_ptr<VerbsApi> verbs);
+
+// A TCP transport whatever RECCL_TRANSPORT says (the CPU engine's transport).
+std::unique_ptr<Transport> makeTcpTransport(const Config& config);
 
 }  // namespace reccl

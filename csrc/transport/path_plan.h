@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/connection.h"
-#include "transport/tcp/handle.h"
+#include "transport/handle.h"
 
 namespace reccl {
 

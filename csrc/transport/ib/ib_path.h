@@ -48,7 +48,7 @@
 #include "core/path.h"
 #include "transport/event_loop.h"
 #include "transport/ib/ib_endpoint.h"
-#include "transport/tcp/nic_pair_liveness.h"
+#include "transport/nic_pair_liveness.h"
 
 namespace reccl {
 

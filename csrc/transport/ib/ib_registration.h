@@ -19,7 +19,7 @@
 
 #include "core/memory_registration.h"
 #include "transport/ib/verbs_api.h"
-#include "transport/tcp/socket.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

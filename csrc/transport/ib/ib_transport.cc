@@ -8,10 +8,10 @@
 #include "core/health.h"
 #include "core/log.h"
 #include "core/thread_name.h"
+#include "transport/hello_dial.h"
 #include "transport/ib/ib_path.h"
 #include "transport/ib/ib_registration.h"
 #include "transport/ib/qp_exchange.h"
-#include "transport/tcp/hello_dial.h"
 
 namespace reccl {
 
@@ -118,7 +118,6 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
     nics_.push_back(std::move(nic));
   }
   chooseBackups(nics_);
-  transportId_ = ids_.next();
   acceptor_ = std::make_unique<Acceptor>(
       bootstrapAddress_, "ib-bootstrap", transportId_, Millis(config_.connectTimeoutMs),
       [this](const HelloBody& hello) { return authenticate(hello); },
@@ -405,20 +404,9 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
     *error = "local RDMA device " + local.name + " is down";
     return nullptr;
   }
-  HelloBody hello{};
-  hello.version = kProtocolVersion;
+  HelloBody hello = pathHello(handle, connectionId, pathIndex, nics);
   hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
   hello.socketCount = 1;  // the bootstrap socket; the path itself is the QP
-  hello.pathIndex = static_cast<uint8_t>(pathIndex);
-  hello.senderNic = static_cast<uint8_t>(nics.localNic);
-  hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
-  hello.listenId = handle.listenId;
-  hello.connectionId = connectionId;
-  hello.dialerTag = handle.dialerTag;
-  hello.pathNonce = ids_.next();
-  hello.dialerTransport = transportId_;
-  std::memcpy(hello.secret, handle.secret, kSecretBytes);
-  std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
   uint64_t peerTransport = 0;
   Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error, &peerTransport);
   if (!socket.valid()) return nullptr;

@@ -18,15 +18,14 @@
 #include "core/send_connection.h"
 #include "core/supervisor.h"
 #include "core/topology.h"
+#include "transport/acceptor.h"
+#include "transport/bonded_transport.h"
 #include "transport/ib/ib_endpoint.h"
 #include "transport/ib/ib_flusher.h"
 #include "transport/ib/ib_registration.h"
 #include "transport/ib/verbs_api.h"
 #include "transport/job_threads.h"
 #include "transport/listener.h"
-#include "transport/tcp/acceptor.h"
-#include "transport/tcp/nic_pair_liveness.h"
-#include "transport/bonded_transport.h"
 
 namespace reccl {
 
@@ -105,8 +104,6 @@ class IbTransport : public BondedTransport {
   std::mutex flushMutex_;
   std::vector<std::unique_ptr<IbFlusher>> flushers_;  // by NIC, made on first use
 
-  uint64_t transportId_ = 0;  // names this transport in HELLOs, for its peers' NIC pairs
-  NicPairTable pairs_;
 };
 
 }  // namespace reccl

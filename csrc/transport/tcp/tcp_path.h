@@ -13,7 +13,7 @@
 //
 // Between two processes of one host the path may carry large payloads by
 // reference: the data sockets carry DATA_REF frames and the receiver copies
-// each payload out of the sender's memory (transport/tcp/same_host.h).
+// each payload out of the sender's memory (transport/same_host.h).
 #pragma once
 
 #include <atomic>
@@ -27,9 +27,9 @@
 #include "core/error.h"
 #include "core/path.h"
 #include "transport/event_loop.h"
-#include "transport/tcp/nic_pair_liveness.h"
-#include "transport/tcp/same_host.h"
-#include "transport/tcp/socket.h"
+#include "transport/nic_pair_liveness.h"
+#include "transport/same_host.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

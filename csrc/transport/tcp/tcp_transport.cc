@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
-#include "transport/tcp/hello_dial.h"
+#include "transport/hello_dial.h"
 #include "transport/tcp/tcp_path.h"
 
 namespace reccl {
@@ -22,19 +22,8 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   const NicInfo& local = nics_.at(nics.localNic);
   const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
   const Millis timeout(config_.connectTimeoutMs);
-  HelloBody hello{};
-  hello.version = kProtocolVersion;
+  HelloBody hello = pathHello(handle, connectionId, pathIndex, nics);
   hello.socketCount = static_cast<uint8_t>(config_.socketsPerPath);
-  hello.pathIndex = static_cast<uint8_t>(pathIndex);
-  hello.senderNic = static_cast<uint8_t>(nics.localNic);
-  hello.receiverNic = static_cast<uint8_t>(nics.remoteNic);
-  hello.listenId = handle.listenId;
-  hello.connectionId = connectionId;
-  hello.dialerTag = handle.dialerTag;
-  hello.pathNonce = ids_.next();
-  hello.dialerTransport = transportId_;
-  std::memcpy(hello.secret, handle.secret, kSecretBytes);
-  std::strncpy(hello.senderNicName, local.name.c_str(), kNicNameBytes - 1);
   std::vector<HelloBody> hellos(config_.socketsPerPath + 1, hello);
   hellos[0].socketKind = static_cast<uint8_t>(SocketKind::kControl);
   for (int i = 0; i < config_.socketsPerPath; ++i) {
@@ -102,7 +91,6 @@ TcpTransport::TcpTransport(Config config) : BondedTransport(std::move(config), "
   }
   partialSweep_ = std::make_shared<PartialSweep>(this);
   supervisor_->add(partialSweep_);
-  transportId_ = ids_.next();
   for (size_t i = 0; i < nics_.size(); ++i) {
     int nic = static_cast<int>(i);
     acceptors_.push_back(std::make_unique<Acceptor>(

@@ -16,15 +16,14 @@
 #include "core/send_connection.h"
 #include "core/supervisor.h"
 #include "core/topology.h"
+#include "transport/acceptor.h"
+#include "transport/bonded_transport.h"
+#include "transport/handle.h"
 #include "transport/job_threads.h"
 #include "transport/link_monitor.h"
 #include "transport/listener.h"
-#include "transport/tcp/acceptor.h"
-#include "transport/tcp/handle.h"
-#include "transport/tcp/nic_pair_liveness.h"
-#include "transport/tcp/same_host.h"
+#include "transport/same_host.h"
 #include "transport/tcp/tcp_path.h"
-#include "transport/bonded_transport.h"
 
 namespace reccl {
 
@@ -81,9 +80,6 @@ class TcpTransport : public BondedTransport {
   std::unique_ptr<LinkMonitor> linkMonitor_;
   uint64_t healthToken_ = 0;
 
-  // Names this transport in handshakes, so both ends group their paths by NIC pair.
-  uint64_t transportId_ = 0;
-  NicPairTable pairs_;
   std::mutex mutex_;
   using PathKey = std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
   std::map<PathKey, PartialPath> partial_;  // dropped at their deadline by partialSweep_

@@ -1,4 +1,4 @@
-#include "transport/tcp/nic_pair_liveness.h"
+#include "transport/nic_pair_liveness.h"
 
 #include "core/clock.h"
 

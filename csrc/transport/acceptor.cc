@@ -1,4 +1,4 @@
-#include "transport/tcp/acceptor.h"
+#include "transport/acceptor.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "transport/tcp/socket.h"
+#include "transport/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

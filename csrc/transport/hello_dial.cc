@@ -1,4 +1,4 @@
-#include "transport/tcp/hello_dial.h"
+#include "transport/hello_dial.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "transport/tcp/handle.h"
+#include "transport/handle.h"
 
 #include <arpa/inet.h>
 

@@ -1,4 +1,4 @@
-#include "transport/tcp/same_host.h"
+#include "transport/same_host.h"
 
 #include <sys/uio.h>
 #include <unistd.h>

@@ -1,4 +1,5 @@
-// Sockets for the TCP transport: an owning fd, bounded connects, and whole-buffer
+// Sockets, shared by the transports (TCP paths, the IB bootstrap, the acceptor,
+// the event loops' wake fds): an owning fd, bounded connects, and whole-buffer
 // I/O that returns promptly when the path is stopped and reports a stall when no
 // byte moves for too long (a silent drop looks exactly like that).
 #pragma once

@@ -7,8 +7,8 @@
 
 #include "core/clock.h"
 #include "core/frame.h"
-#include "transport/tcp/handle.h"
-#include "transport/tcp/socket.h"
+#include "transport/handle.h"
+#include "transport/socket.h"
 
 namespace reccl {
 

@@ -14,19 +14,15 @@
 #include "core/clock.h"
 #include "core/frame.h"
 #include "core/log.h"
-#include "transport/tcp/socket.h"
+#include "transport/hello_verdict.h"
+#include "transport/socket.h"
 
 namespace reccl {
 
 class Acceptor {
  public:
-  // What to do with a complete HELLO. kDecline is for a genuine peer that cannot
-  // be served now (the NIC is down): logged quietly, not counted as an attack.
-  struct Verdict {
-    enum Kind { kAdmit, kDecline, kReject } kind = kAdmit;
-    std::string why;
-    bool sameHostReads = false;  // kAdmit: the HELLO's same-host offer is taken
-  };
+  // What to do with a complete HELLO.
+  using Verdict = HelloVerdict;
   using Authenticate = std::function<Verdict(const HelloBody& hello)>;
   // Takes an admitted socket (already answered with HELLO_ACK) and its verdict.
   using Admit = std::function<void(const HelloBody& hello, const Verdict& verdict, Fd socket,
