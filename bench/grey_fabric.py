@@ -40,7 +40,7 @@ def rank_main(args) -> int:
     import torch.distributed as dist
 
     import torch_reccl
-    from torch_reccl.launch import listen_for_commands, report
+    from torch_reccl.cli.launch import listen_for_commands, report
 
     stop = threading.Event()
     listen_for_commands(lambda m: stop.set() if m.get("cmd") == "stop" else None)
@@ -105,7 +105,7 @@ def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callab
     the ranks start (their time in state["faults"]). Returns the ticks, events
     and exit codes."""
     from torch_reccl.fabric import Fabric
-    from torch_reccl.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
+    from torch_reccl.cli.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
 
     fabric = Fabric(hosts=2, rails=rails, rate_mbit=rate_mbit, name=unique_fabric_name(name_prefix))
     argv = [sys.executable, os.path.abspath(__file__), "--rank-side", "--bytes", str(size_bytes),

@@ -46,7 +46,8 @@ import sys
 import threading
 import time
 
-from torch_reccl import procstat, settings
+import procstat
+from torch_reccl import settings
 from torch_reccl._native import native, testing
 
 _C = native()

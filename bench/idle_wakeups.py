@@ -24,7 +24,7 @@ import sys
 import time
 
 from reccl_bench_runs import write_json
-from torch_reccl import procstat
+import procstat
 from torch_reccl._native import native, testing
 
 _C = native()

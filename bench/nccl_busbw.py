@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from torch_reccl.bench_rank import run_collective  # noqa: E402
-from torch_reccl.launch import spawn_bounded  # noqa: E402
+from torch_reccl.bench.rank import run_collective  # noqa: E402
+from torch_reccl.cli.launch import spawn_bounded  # noqa: E402
 
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
@@ -63,7 +63,7 @@ def variants(plugin: str):
 def census() -> dict:
     """This process's threads (by name, digits dropped: "reccl-io3" counts as "reccl-io")
     and open sockets, taken while its communicators are still up."""
-    from torch_reccl import procstat  # here: the worker imports torch_reccl only after its env is set
+    import procstat  # beside this file
 
     names: dict = {}
     for stat in procstat.threads().values():

@@ -52,7 +52,7 @@ and, per busbw phase, the untimed ops and one after the timed loop; inputs are
 integer-valued floats: (element index % 251) + rank, so every sum is exact in
 float32; all_gather and reduce_scatter outputs are set to -1 before each checked
 op, so an unwritten output fails).
-The shapes, bus factors and collective calls are those of torch_reccl/bench_rank.py
+The shapes, bus factors and collective calls are those of torch_reccl/bench/rank.py
 (``reccl bench``), loaded by path.
 
 Every phase is bounded by --phase-timeout; a job that does not finish in its bound
@@ -109,12 +109,12 @@ TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import procstat  # noqa: E402 - bench/procstat.py, beside this file
 import wire_ceiling  # noqa: E402 - bench/wire_ceiling.py, beside this file
 from reccl_bench_runs import load_standalone  # noqa: E402 - beside this file too
 
 # bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
-_bench_rank = load_standalone("bench_rank")
-procstat = load_standalone("procstat")
+_bench_rank = load_standalone("bench.rank")
 OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
 shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
 bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N

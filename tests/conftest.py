@@ -29,6 +29,11 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# bench/'s measuring modules (procstat: threads, wake-ups and fds from /proc) are
+# imported by name, by the tests as by the bench scripts beside them.
+sys.path.append(os.path.join(REPO, "bench"))
+
 PRIMARY = "lo:127.0.0.1"
 BACKUP = "lo:127.0.0.2"
 NICS = "127.0.0.1,127.0.0.2"

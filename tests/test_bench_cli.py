@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from torch_reccl import cli
-from torch_reccl.bench_cli import parse_ops, parse_size
-from torch_reccl.bench_rank import bus_factor, shape_for
+from torch_reccl.bench.cli import parse_ops, parse_size
+from torch_reccl.bench.rank import bus_factor, shape_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("all_reduce", "all_gather", "reduce_scatter")

@@ -409,7 +409,7 @@ def test_topo_cli_table(monkeypatch, capsys):
 
 
 def test_topo_table_shows_grey_failures():
-    from torch_reccl.topo import format_table
+    from torch_reccl.cli.topo import format_table
 
     rows = torch_reccl.nics({"RECCL_NICS": "127.0.0.1,127.0.0.2,127.0.0.3"})
     assert {r["grey"] for r in rows} == {"healthy"}

@@ -138,7 +138,7 @@ def run_two_ranks(body, tmp_path, timeout_s: float = 90):
 def unused_groups(rank, store, result):
     import torch
     import torch.distributed as dist
-    from torch_reccl import procstat
+    import procstat
     from torch_reccl._native import native
 
     # Threads by task id, not a count: one of init's short-lived threads may end

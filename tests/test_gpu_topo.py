@@ -19,7 +19,8 @@ import sys
 
 import pytest
 
-from torch_reccl import cli, gpu_topo, topo
+from torch_reccl import cli, gpu_topo
+from torch_reccl.cli import topo
 from torch_reccl.transport import ConfigError, _C
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -31,7 +31,7 @@ import time
 import pytest
 
 import torch_reccl
-from torch_reccl import procstat
+import procstat
 from torch_reccl._native import testing as emulations
 from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
 

@@ -1,4 +1,4 @@
-"""torch_reccl.launch.spawn_bounded: the bounded spawn the GPU scripts use."""
+"""torch_reccl.cli.launch.spawn_bounded: the bounded spawn the GPU scripts use."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from torch_reccl.launch import spawn_bounded
+from torch_reccl.cli.launch import spawn_bounded
 
 
 def _write_rank(rank: int, out_dir: str) -> None:

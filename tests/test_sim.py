@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from torch_reccl import cli
-from torch_reccl.sim import (
+from torch_reccl.sim.simulator import (
     ADVISED,
     POLICIES,
     ProgressBar,
@@ -38,7 +38,7 @@ def _mean_extra(result, policy: str) -> float:
 def sim_only_cli(monkeypatch):
     """The ``reccl`` entry point with only the sim subcommand, so these tests do not
     depend on the other subcommands' modules."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"sim": "torch_reccl.sim"})
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"sim": "torch_reccl.sim.simulator"})
     return cli.main
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import torch_reccl
-from torch_reccl import procstat
+import procstat
 from torch_reccl.events import EVENT_KINDS, Event, on_event
 from torch_reccl.transport import (ConfigError, ProtocolError, RecclError, Transport,
                                    TimeoutError as RecclTimeoutError, _C)

@@ -43,7 +43,7 @@ import numpy as np
 import pytest
 
 import torch_reccl
-from torch_reccl import procstat
+import procstat
 from torch_reccl.transport import ConfigError, RecclError, TimeoutError as RecclTimeoutError
 
 from conftest import (close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender,

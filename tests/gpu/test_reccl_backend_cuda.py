@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from conftest import EventLog, gpu_of, needs_gpus, two_host_env
 
-from torch_reccl.launch import spawn_bounded
+from torch_reccl.cli.launch import spawn_bounded
 
 pytestmark = needs_gpus(1)
 

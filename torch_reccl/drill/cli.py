@@ -39,9 +39,9 @@ from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.runner import (RunResult, Settings, interruptions, median, per_rank,
                                       run_training, step_times)
 from torch_reccl.drill.schedule import check_topology, fault_spans, parse_schedule
-from torch_reccl.launch import (FabricPlacement, LoopbackPlacement, terminated_by_signal,
+from torch_reccl.cli.launch import (FabricPlacement, LoopbackPlacement, terminated_by_signal,
                                 unique_fabric_name)
-from torch_reccl.progress import isatty
+from torch_reccl.cli.progress import isatty
 
 DEFAULT_SCHEDULE = "rail1:down@10s,rail1:up@20s"
 DEFAULT_DURATION_S = 30.0

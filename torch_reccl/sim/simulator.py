@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from torch_reccl.advisor import failover_threshold, reload_beats_degraded
-from torch_reccl.progress import ProgressBar
+from torch_reccl.cli.progress import ProgressBar
 
 HOURS_PER_MONTH = 365 * 24 / 12
 POLICIES = ("fault_free", "restart", "restart_scaling", "degrade_until_checkpoint", "advised",

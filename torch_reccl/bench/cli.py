@@ -44,12 +44,12 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from torch_reccl.bench_rank import DTYPES, OPS
+from torch_reccl.bench.rank import DTYPES, OPS
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, parse_schedule
-from torch_reccl.launch import (FabricPlacement, Job, LaunchError, LoopbackPlacement,
+from torch_reccl.cli.launch import (FabricPlacement, Job, LaunchError, LoopbackPlacement,
                                 terminated_by_signal, unique_fabric_name)
-from torch_reccl.progress import ProgressBar
+from torch_reccl.cli.progress import ProgressBar
 
 BACKENDS = {"cpu": ("reccl", "gloo"), "cuda": ("reccl", "nccl")}
 SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
@@ -230,7 +230,7 @@ def cuda_problem(ranks: int) -> Optional[str]:
 def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> List[dict]:
     """Runs one set of ranks; the results rank 0 reported, in order (and, for
     reccl, a last entry {"kind": "failovers", "count": N} from rank 0's stats)."""
-    argv = [sys.executable, "-m", "torch_reccl.bench_rank", "--backend", variant.backend,
+    argv = [sys.executable, "-m", "torch_reccl.bench.rank", "--backend", variant.backend,
             "--device", args.device, "--ops", *args.ops, "--sizes", *map(str, sizes),
             "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters),
             "--timeout", str(args.timeout)]

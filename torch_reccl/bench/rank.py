@@ -1,13 +1,13 @@
 """One rank of ``reccl bench``: times collectives and reports them to the driver.
 
-Started by :mod:`torch_reccl.bench_cli` with torchrun's variables (RANK,
+Started by :mod:`torch_reccl.bench.cli` with torchrun's variables (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT)::
 
-    python -m torch_reccl.bench_rank --backend reccl --device cpu --ops all_reduce \\
+    python -m torch_reccl.bench.rank --backend reccl --device cpu --ops all_reduce \\
         --sizes 1048576 2097152 --warmup 2 --iters 5 --dtype float32
 
 Every measurement is reported by rank 0 as a ``result`` message
-(:func:`torch_reccl.launch.report`); the time is the slowest rank's mean time
+(:func:`torch_reccl.cli.launch.report`); the time is the slowest rank's mean time
 per operation. After timing, one more operation runs on known inputs and every
 element of the output is checked (the ``#wrong`` column, as in nccl-tests).
 With ``--pause-before`` the ranks report ``paused`` after warming up the
@@ -56,7 +56,7 @@ def bus_factor(op: str, ranks: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_reccl.bench_rank")
+    parser = argparse.ArgumentParser(prog="python -m torch_reccl.bench.rank")
     parser.add_argument("--backend", required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--ops", nargs="+", choices=OPS, required=True)
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                         help="after warming up, report 'paused' and wait for a 'go' command")
     args = parser.parse_args(argv)
 
-    from torch_reccl.launch import listen_for_commands, report
+    from torch_reccl.cli.launch import listen_for_commands, report
 
     go = threading.Event()
 

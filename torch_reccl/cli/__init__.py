@@ -1,4 +1,6 @@
-"""The ``reccl`` command line.
+"""The ``reccl`` command line, and what only its subcommands share: launch (start a
+job's ranks and talk to them), progress (the terminal progress bar); topo is the
+``reccl topo`` subcommand.
 
 Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``;
 the parser it adds sets ``func`` to a callable taking the parsed arguments and
@@ -13,11 +15,11 @@ import sys
 
 # subcommand name -> module that implements it
 SUBCOMMANDS = {
-    "bench": "torch_reccl.bench_cli",
+    "bench": "torch_reccl.bench.cli",
     "drill": "torch_reccl.drill.cli",
     "fabric": "torch_reccl.fabric.cli",
-    "sim": "torch_reccl.sim",
-    "topo": "torch_reccl.topo",
+    "sim": "torch_reccl.sim.simulator",
+    "topo": "torch_reccl.cli.topo",
 }
 
 
@@ -65,7 +67,3 @@ def main(argv=None) -> int:
     except ValueError as error:  # bad settings (ConfigError is a ValueError): no traceback
         print(f"reccl {args.command}: error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
