@@ -1,6 +1,6 @@
 """Scale, CI (issue 14): a 16-rank CPU job with a Megatron-like group set on the dev machine.
 
-Runs the launcher of bench/scale.py (imported, not copied) twice in this module:
+Runs bench/scale.py's launcher (scale_runner.run_job, imported, not copied) twice in this module:
 once with backend "reccl", once with "gloo", each as 16 rank processes on
 127.0.0.1 whose store is a real c10d TCPStore server hosted here behind the
 launcher's counting proxy. Each job: init_process_group, the group set (world,
@@ -46,13 +46,16 @@ reach the ranks (RECCL_NICS defaults to two loopback NICs).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import scale_busbw  # bench/scale.py's pieces: bench/ is on sys.path (tests/conftest.py)
+import scale_report
+import scale_runner
+import wire_ceiling
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = int(os.environ.get("SCALE_TEST_RANKS", "16"))
@@ -70,22 +73,9 @@ GLOO_THREAD_PREFIXES = ("gloo", "pt_gloo")
 pytestmark = pytest.mark.timeout(240)  # CI: one job is bounded by TOTAL_TIMEOUT_S, plus start-up
 
 
-def load_scale():
-    """bench/scale.py as a module (bench/ is not a package)."""
-    name = "reccl_bench_scale"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "bench", "scale.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def run(backend: str, tmp_path_factory) -> dict:
-    scale = load_scale()
     log_dir = str(tmp_path_factory.mktemp(f"scale-{backend}"))
-    result = scale.run_job(backend, RANKS, env=scale.rank_env(backend), log_dir=log_dir,
+    result = scale_runner.run_job(backend, RANKS, env=scale_runner.rank_env(backend), log_dir=log_dir,
                            total_timeout=TOTAL_TIMEOUT_S[backend], **JOB_OPTS)
     with open(os.path.join(log_dir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -189,7 +179,7 @@ BUSBW_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 BUSBW_JOB_S = 60.0  # one 4-rank job, bounded as a whole
 
 
-def _fake_collective(scale, rank: int, size: int, corrupt=None):
+def _fake_collective(busbw, rank: int, size: int, corrupt=None):
     """A stand-in for run_collective that computes what ``size`` ranks would get, from this
     rank's input alone (the pattern is known); ``corrupt(out)`` then spoils the output."""
     import torch
@@ -201,7 +191,7 @@ def _fake_collective(scale, rank: int, size: int, corrupt=None):
             inp.sub_(rank).mul_(size).add_(total)
         elif op == "all_gather":
             chunk = inp.numel()
-            base = scale._pattern(out.numel()).float()
+            base = busbw._pattern(out.numel()).float()
             out.copy_(base + torch.arange(out.numel()).div(chunk, rounding_mode="floor").float())
         else:
             chunk = out.numel()
@@ -216,41 +206,39 @@ def _fake_collective(scale, rank: int, size: int, corrupt=None):
 def test_busbw_check_catches_wrong_results(op, monkeypatch):
     """The rank's bit-for-bit check, without processes: a right result passes, an output the
     op did not write and one wrong element (the last) are caught, with its index."""
-    scale = load_scale()
     rank, size, nominal = 1, BUSBW_RANKS, 3 << 20  # 3 MiB: several check chunks, and 4 segments
-    monkeypatch.setattr(scale, "run_collective", _fake_collective(scale, rank, size))
+    monkeypatch.setattr(scale_busbw, "run_collective", _fake_collective(scale_busbw, rank, size))
     errors = []
-    got = scale.measure_busbw(op, nominal, 1, 2, rank, size, errors)
+    got = scale_busbw.measure_busbw(op, nominal, 1, 2, rank, size, errors)
     assert errors == [] and got["mean_s"] > 0 and got["bytes"] == nominal
     assert (got["in_count"], got["out_count"]) == {
         "all_reduce": (nominal // 4, nominal // 4), "all_gather": (nominal // 4 // size, nominal // 4),
         "reduce_scatter": (nominal // 4, nominal // 4 // size)}[op]
 
-    monkeypatch.setattr(scale, "run_collective", lambda op, out, inp: None)  # writes nothing
+    monkeypatch.setattr(scale_busbw, "run_collective", lambda op, out, inp: None)  # writes nothing
     errors = []
-    scale.measure_busbw(op, nominal, 1, 2, rank, size, errors)
+    scale_busbw.measure_busbw(op, nominal, 1, 2, rank, size, errors)
     assert len(errors) == 2, errors  # the warm-up op and the one after the timed loop
 
     def last_wrong(op, out):
         out[-1] += 1
-    monkeypatch.setattr(scale, "run_collective", _fake_collective(scale, rank, size, last_wrong))
+    monkeypatch.setattr(scale_busbw, "run_collective", _fake_collective(scale_busbw, rank, size, last_wrong))
     errors = []
-    got = scale.measure_busbw(op, nominal, 0, 1, rank, size, errors)
+    got = scale_busbw.measure_busbw(op, nominal, 0, 1, rank, size, errors)
     assert len(errors) == 1 and f"output element {got['out_count'] - 1} " in errors[0], errors
 
 
 def test_busbw_counts_shrink_with_size():
     """16 MiB keeps the old counts (warmup/2 untimed, --busbw-iters timed); larger sizes run fewer ops,
     smaller ones more, within bounds; the plan is ops outer, sizes inner."""
-    scale = load_scale()
-    assert scale.busbw_counts(16 << 20, 5, 10) == (5, 5)
-    assert scale.busbw_counts(256 << 20, 5, 10) == (1, 2)
-    assert scale.busbw_counts(1 << 20, 5, 10) == (5, 20)
-    assert scale.busbw_counts(256 << 20, 1, 2) == (1, 1)
-    plan = scale.busbw_plan(["all_gather", "all_reduce"], [1 << 20, 64 << 20], 5, 10)
+    assert scale_busbw.busbw_counts(16 << 20, 5, 10) == (5, 5)
+    assert scale_busbw.busbw_counts(256 << 20, 5, 10) == (1, 2)
+    assert scale_busbw.busbw_counts(1 << 20, 5, 10) == (5, 20)
+    assert scale_busbw.busbw_counts(256 << 20, 1, 2) == (1, 1)
+    plan = scale_busbw.busbw_plan(["all_gather", "all_reduce"], [1 << 20, 64 << 20], 5, 10)
     assert [(p["op"], p["size_bytes"]) for p in plan] == [
         ("all_gather", 1 << 20), ("all_gather", 64 << 20), ("all_reduce", 1 << 20), ("all_reduce", 64 << 20)]
-    assert scale.bus_factor("all_reduce", 4) == 1.5 and scale.bus_factor("all_gather", 4) == 0.75
+    assert scale_busbw.bus_factor("all_reduce", 4) == 1.5 and scale_busbw.bus_factor("all_gather", 4) == 0.75
 
 
 @pytest.mark.timeout(150)
@@ -258,12 +246,11 @@ def test_busbw_sizes_and_ops_table(tmp_path):
     """A real 4-rank job per backend with --busbw-sizes-mib 1 --busbw-ops all_reduce all_gather
     reduce_scatter: every (op, size) has a row with positive busbw for reccl and gloo, the same
     ops counts for both, and zero wrong results."""
-    scale = load_scale()
     busbw = [(op, 1 << 20) for op in BUSBW_OPS]
     runs = []
     for backend in ("reccl", "gloo"):
-        result = scale.run_job(backend, BUSBW_RANKS, idle_s=0.5, settle_s=0.2, phase_timeout=45.0, op_timeout=40.0,
-                               warmup=2, small_iters=3, busbw_iters=1, busbw=busbw, env=scale.rank_env(backend),
+        result = scale_runner.run_job(backend, BUSBW_RANKS, idle_s=0.5, settle_s=0.2, phase_timeout=45.0, op_timeout=40.0,
+                               warmup=2, small_iters=3, busbw_iters=1, busbw=busbw, env=scale_runner.rank_env(backend),
                                log_dir=str(tmp_path / backend), total_timeout=BUSBW_JOB_S)
         print(f"{backend} x {BUSBW_RANKS}: {result['status']} in {result['total_s']:.1f} s, phases "
               + ", ".join(f"{k} {v:.1f}s" for k, v in result["phase_s"].items()))
@@ -273,7 +260,7 @@ def test_busbw_sizes_and_ops_table(tmp_path):
         assert all(b["busbw_GBps"] > 0 and b["iters"] >= 1 for b in result["busbw"])
         runs.append(result)
     assert runs[0]["busbw_plan"] == runs[1]["busbw_plan"]
-    table = scale.format_table(runs, scale.machine_info(), 0.5)
+    table = scale_report.format_table(runs, scale_report.machine_info(), 0.5)
     print(table)
     for op in BUSBW_OPS:
         row = next(line for line in table.splitlines() if f"| 1 MiB {op} busbw (GB/s) |" in line)
@@ -287,14 +274,13 @@ def test_busbw_sizes_and_ops_table(tmp_path):
 def test_ring_ceiling_moves_bytes_on_every_rank():
     """bench/wire_ceiling.py: every rank of a 4-rank plain-socket ring receives at a
     positive rate, and format_ceilings puts busbw against it per backend."""
-    scale = load_scale()
-    ceiling = scale.wire_ceiling.ring_ceiling(4, socks=2, seconds=0.3, timeout=20)
+    ceiling = wire_ceiling.ring_ceiling(4, socks=2, seconds=0.3, timeout=20)
     assert len(ceiling["GBps_per_rank"]) == 4 and ceiling["min_GBps"] > 0, ceiling
     with pytest.raises(ValueError, match="ranks must be >= 2"):
-        scale.wire_ceiling.ring_ceiling(1)
+        wire_ceiling.ring_ceiling(1)
     runs = [{"backend": "reccl", "ranks": 4, "busbw": [{"op": "all_reduce", "size_bytes": 1 << 24,
                                                         "busbw_GBps": ceiling["min_GBps"] / 2}]}]
-    table = scale.format_ceilings(runs, {4: ceiling})
+    table = scale_report.format_ceilings(runs, {4: ceiling})
     row = next(line for line in table.splitlines() if line.startswith("| 4 |"))
     assert [cell.strip() for cell in row.split("|")[3:6]] == ["16 MiB all_reduce", "0.50", "—"], row
 
