@@ -14,7 +14,7 @@ ratio to the same run's fault-free busbw. Needs root.
 
 Every element of every --check-every'th result is checked (a wrong one fails
 the run). The same file is the rank program (``--rank-side``) and the scenario driver
-that tests/test_grey_fabric.py uses.
+that tests/fabric/test_grey_fabric.py uses.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What /proc says about a process: its threads (names, context switches, CPU time) and open fds.
 
 One reader for the benchmarks and tests that count threads and wake-ups
-(bench/scale.py, bench/idle_wakeups.py, tests/test_transport_contract.py).
+(bench/scale.py, bench/idle_wakeups.py, tests/transport/test_transport_contract.py).
 Threads come and go while /proc is read; those gone meanwhile are left out.
 """
 from __future__ import annotations

@@ -71,7 +71,7 @@ busbw) with --json. docs/scale.md explains every column.
 
 Store requests are counted two ways by the proxy, "reads" and parsed "requests" (scale_store.py).
 
-The code, by what it measures, around one runner (tests/test_scale.py imports them):
+The code, by what it measures, around one runner (tests/tools/test_scale.py imports them):
 
     scale_runner.py    the ranks (forked by a zygote, or spawned), the phases, run_job
     scale_store.py     store requests: the counting proxy and TCPStore's wire format

@@ -1,6 +1,6 @@
 """FSDP (fully_shard, FSDP2) training through a NIC failure on the "reccl" backend.
 
-CPU (any machine; runs as it is, tested in tests/test_examples.py):
+CPU (any machine; runs as it is, tested in tests/tools/test_examples.py):
 
     torchrun --nproc-per-node 2 examples/fsdp_failover.py
     torchrun --nproc-per-node 2 examples/fsdp_failover.py --fault-step -1     # no fault

@@ -29,9 +29,13 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# bench/'s measuring modules (procstat: threads, wake-ups and fds from /proc) are
-# imported by name, by the tests as by the bench scripts beside them.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# Peer scripts, harnesses and stand-ins (tests/helpers) are imported by name, as they
+# import each other when run as scripts; bench/'s measuring modules (procstat: threads,
+# wake-ups and fds from /proc) too, by the tests as by the bench scripts beside them.
+HELPERS = os.path.join(TESTS, "helpers")
+sys.path.insert(0, HELPERS)
 sys.path.append(os.path.join(REPO, "bench"))
 
 PRIMARY = "lo:127.0.0.1"
