@@ -110,9 +110,9 @@ def table(record: Dict[str, object]) -> str:
             return f"{r:.2f}" if r is not None else "-"
 
         wrong = sum(m["wrong"] for m in v.values())
-        lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
-                     f"{bw('shm')} | {ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | "
-                     f"{ratio('shm/gloo')} | {ratio('best reccl/shm')} | {wrong} |")
+        lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | "
+                     f"{bw('gloo')} | {bw('shm')} | {ratio('halving/ring')} | {ratio('ring/gloo')} | "
+                     f"{ratio('halving/gloo')} | {ratio('shm/gloo')} | {ratio('best reccl/shm')} | {wrong} |")
     return "\n".join(lines)
 
 

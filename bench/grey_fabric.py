@@ -104,8 +104,8 @@ def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callab
     (or after max_seconds). ``before(fabric)``, if given, makes faults before
     the ranks start (their time in state["faults"]). Returns the ticks, events
     and exit codes."""
-    from torch_reccl.fabric import Fabric
     from torch_reccl.cli.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
+    from torch_reccl.fabric import Fabric
 
     fabric = Fabric(hosts=2, rails=rails, rate_mbit=rate_mbit, name=unique_fabric_name(name_prefix))
     argv = [sys.executable, os.path.abspath(__file__), "--rank-side", "--bytes", str(size_bytes),
@@ -217,6 +217,7 @@ def main(argv=None) -> int:
     if args.rank_side:
         return rank_main(args)
     import torch  # noqa: F401 - loads the libraries the extension links
+
     import torch_reccl._C as native
 
     command = f"python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}"

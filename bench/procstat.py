@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Dict, List, NamedTuple, Tuple, Union
 
-
 _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 

@@ -25,6 +25,7 @@ import sys
 
 import torch_reccl  # noqa: F401 - first: registers "reccl" and points NCCL at the plugin
 
+# isort: split
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh

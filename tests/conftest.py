@@ -484,6 +484,7 @@ def init_rank_groups(rank, port, world, group_sizes=(), timeout_s=60, store_time
 
     import torch
     import torch.distributed as dist
+
     from torch_reccl.backend import Options
 
     torch.set_num_threads(1)

@@ -16,9 +16,9 @@ import torch_reccl
 from torch_reccl import cli
 from torch_reccl.backend import Options
 from torch_reccl.settings import DOC_BEGIN, DOC_END, markdown, settings
-from torch_reccl.transport import ConfigError, Transport, _C
+from torch_reccl.transport import _C, ConfigError, Transport
 
-from conftest import REPO, BACKUP, NICS, PRIMARY, reccl_env
+from conftest import BACKUP, NICS, PRIMARY, REPO, reccl_env
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from torch_reccl.transport import ConfigError, _C
+from torch_reccl.transport import _C, ConfigError
 
 WINDOW_NS = 250_000_000
 MB_PER_NS = 1e6 / 1e9  # 1 MB/s in bytes per ns

@@ -22,15 +22,23 @@ import threading
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import torch_reccl
 from torch_reccl.events import flush_events
-from torch_reccl.transport import ProtocolError, RecclError, Transport, _C
+from torch_reccl.transport import _C, ProtocolError, RecclError, Transport
 
-from conftest import REPO, TESTS, close_both, plan_sizes, reccl_env, run_receiver, run_sender, wait_until
-from conftest import testing as load_testing
+from conftest import (
+    REPO,
+    TESTS,
+    close_both,
+    plan_sizes,
+    reccl_env,
+    run_receiver,
+    run_sender,
+    testing as load_testing,
+    wait_until,
+)
 
 # CI draws the same 300 examples every run (derandomize: a failure reproduces);
 # FUZZ_PROFILE=nightly draws 5000 fresh ones each run (the failing example is

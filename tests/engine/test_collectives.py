@@ -229,7 +229,7 @@ def sc_allreduce_async_future(rank, size, ctx):
 
 
 def sc_broadcast(rank, size, ctx):
-    torch, dist = ctx["torch"], ctx["dist"]
+    dist = ctx["dist"]
     for dtype_name in DTYPES:
         for n in (SMALL, LARGE):
             for root in range(size):
@@ -535,7 +535,7 @@ def sc_split(rank, size, ctx):
 
 
 def sc_ddp(rank, size, ctx):
-    torch, dist = ctx["torch"], ctx["dist"]
+    torch = ctx["torch"]
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     def model():
@@ -589,7 +589,8 @@ def sc_group_release(rank, size, ctx):
         t = torch.ones(LARGE)
         dist.all_reduce(t, group=group)  # every channel connected
         peer = (rank + 1) % size
-        reqs = [dist.isend(torch.ones(4), peer, group=group), dist.irecv(torch.empty(4), (rank - 1) % size, group=group)]
+        reqs = [dist.isend(torch.ones(4), peer, group=group),
+                dist.irecv(torch.empty(4), (rank - 1) % size, group=group)]
         for req in reqs:
             req.wait()
         # Its connections are the group's own; threads need not be (an idle worker
@@ -631,7 +632,8 @@ def sc_failover(rank, size, ctx):
         for step in range(3):
             t = torch.full((n,), float(rank + step))
             dist.all_reduce(t)
-            check_equal(t, torch.full((n,), float(sum(r + step for r in range(size)))), f"all_reduce during fault {step}")
+            check_equal(t, torch.full((n,), float(sum(r + step for r in range(size)))),
+                        f"all_reduce during fault {step}")
             u = make_input(rank, 5000, "int64")
             out = torch.empty(size * 5000, dtype=torch.int64)
             dist.all_gather_into_tensor(out, u)
@@ -648,6 +650,7 @@ def sc_failover(rank, size, ctx):
 def sc_nic_traffic(rank, size, ctx):
     import torch
     import torch.distributed as dist
+
     import torch_reccl
 
     def moved():
@@ -804,8 +807,8 @@ def run_session(tmp_dir, size, mode, names) -> List[dict]:
     out = []
     for r in range(size):
         path = os.path.join(tmp_dir, f"rank{r}.json")
-        out.append(json.load(open(path)) if os.path.exists(path) else {"fatal": f"rank {r} wrote no result "
-                                                                                  f"(killed after {SESSION_TIMEOUT_S} s?)"})
+        missing = {"fatal": f"rank {r} wrote no result (killed after {SESSION_TIMEOUT_S} s?)"}
+        out.append(json.load(open(path)) if os.path.exists(path) else missing)
     return out
 
 

@@ -87,7 +87,7 @@ def test_every_merge_order_gives_the_same_bytes(n):
     d = _C._agreement_decode(results.pop(), n)
     odd = n // 2 if n > 3 else n - 1
     assert (d["first_rank"], d["odd_rank"]) == (0, odd)
-    assert f"rank 0 called all_reduce(float32, 100 elements" in d["mismatch"]
+    assert "rank 0 called all_reduce(float32, 100 elements" in d["mismatch"]
     assert f"but rank {odd} called" in d["mismatch"]
     degraded = [r for r in range(n) if faults[r][1] or faults[r][2]]
     assert d["degraded_ranks"] == len(degraded)

@@ -1,7 +1,8 @@
 """The process's fd table is grown once, at `import torch_reccl` (and at the
-first "reccl" group of a process forked after the import), so that no dial or accept of a first use waits for the kernel to grow it (in a
-multi-threaded process each doubling waits for an RCU grace period: 10-45 ms
-on our VMs; transport/descriptor_table.h)."""
+first "reccl" group of a process forked after the import), so that no dial or
+accept of a first use waits for the kernel to grow it (in a multi-threaded
+process each doubling waits for an RCU grace period: 10-45 ms on our VMs;
+transport/descriptor_table.h)."""
 from __future__ import annotations
 
 import json

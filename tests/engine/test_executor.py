@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from torch_reccl.transport import RecclError, Transport, _C
+from torch_reccl.transport import _C, RecclError, Transport
 
 from conftest import close_both, reccl_env, wait_until
 

@@ -27,8 +27,7 @@ import os
 import pytest
 
 from conftest import init_rank_groups, reccl_env, report_rank, run_rank_job
-from test_collectives_forced import (DTYPES, LIGHT_DTYPES, all_gather_every_type,
-                                     reduce_scatter_every_type)
+from test_collectives_forced import DTYPES, LIGHT_DTYPES, all_gather_every_type, reduce_scatter_every_type
 
 WORLD = 16
 GROUP_SIZES = (2, 3, 4, 5, 7, 8, 16)

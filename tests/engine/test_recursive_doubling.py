@@ -114,6 +114,7 @@ def rank_main(rank, port, out_dir, small_bytes):
     try:
         import torch
         import torch.distributed as dist
+
         import torch_reccl  # noqa: F401
 
         store = dist.TCPStore("127.0.0.1", port, WORLD, False, timeout=datetime.timedelta(seconds=90))

@@ -21,8 +21,7 @@ import textwrap
 
 import pytest
 
-from conftest import report_rank, run_rank_job
-from conftest import testing as load_testing
+from conftest import report_rank, run_rank_job, testing as load_testing
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from torch_reccl.fabric import Fabric, FabricError, require_root
-from torch_reccl.fabric import fabric as fabric_mod
+from torch_reccl.fabric import Fabric, FabricError, fabric as fabric_mod, require_root
+
 from conftest import REPO
 
 TEST_TIMEOUT_S = 40
@@ -180,8 +180,8 @@ def _leftovers(name: str):
 
     ns = [n for n in netns.listnetns() if n.startswith(f"reccl-{name}-")]
     with IPRoute() as ipr:
-        links = [l.get("ifname") for l in ipr.get_links()
-                 if (l.get("ifname") or "").startswith(f"rc{name}-")]
+        links = [link.get("ifname") for link in ipr.get_links()
+                 if (link.get("ifname") or "").startswith(f"rc{name}-")]
     return ns, links
 
 

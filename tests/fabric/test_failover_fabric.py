@@ -16,6 +16,7 @@ import time
 import pytest
 
 from torch_reccl.fabric import Fabric
+
 from conftest import HELPERS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")

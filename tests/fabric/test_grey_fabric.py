@@ -11,6 +11,7 @@ import time
 import pytest
 
 from torch_reccl.fabric import require_root
+
 from conftest import REPO
 
 _spec = importlib.util.spec_from_file_location("grey_fabric", os.path.join(REPO, "bench", "grey_fabric.py"))

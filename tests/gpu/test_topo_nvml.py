@@ -25,9 +25,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import needs_gpus
 
 from torch_reccl import gpu_topo
+
+from conftest import needs_gpus
 
 pytestmark = needs_gpus(1)
 

@@ -35,6 +35,7 @@ def main() -> int:
 
     import torch
     import torch.distributed as dist
+
     import torch_reccl  # noqa: F401  (registers the backend)
 
     torch.set_num_threads(1)  # 8 ranks on the CI's 2 cores

@@ -50,6 +50,7 @@ def main() -> int:
 
     import torch
     import torch.distributed as dist
+
     import torch_reccl
     from torch_reccl.backend import Options, backend_info
 

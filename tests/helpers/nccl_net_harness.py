@@ -401,7 +401,8 @@ def raw_stream(plugin: Plugin, send_comm, recv_comm, plan, send_mhandle, recv_mh
 
     threads = [
         threading.Thread(target=run, args=("send", lambda p: plugin.isend_raw(send_comm, p[0], p[2], send_mhandle))),
-        threading.Thread(target=run, args=("recv", lambda p: plugin.irecv_raw(recv_comm, [(p[1], p[2])], recv_mhandle)[1])),
+        threading.Thread(target=run, args=("recv",
+                                           lambda p: plugin.irecv_raw(recv_comm, [(p[1], p[2])], recv_mhandle)[1])),
     ]
     for t in threads:
         t.start()

@@ -38,6 +38,7 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
     try:
         import torch
         import torch.distributed as dist
+
         import torch_reccl  # noqa: F401
         from torch_reccl.backend import fault_picture
 
@@ -102,6 +103,7 @@ def two_rank_entry(body, rank: int, port: int, out_dir: str) -> None:
     result = {}
     try:
         import torch.distributed as dist
+
         import torch_reccl  # noqa: F401
 
         store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
@@ -138,8 +140,10 @@ def run_two_ranks(body, tmp_path, timeout_s: float = 90):
 def unused_groups(rank, store, result):
     import torch
     import torch.distributed as dist
-    import procstat
+
     from torch_reccl._native import native
+
+    import procstat
 
     # Threads by task id, not a count: one of init's short-lived threads may end
     # meanwhile (a count then read -1 on a loaded 2-core CI box).
@@ -173,6 +177,7 @@ def test_groups_cost_nothing_until_their_first_cpu_collective(tmp_path):
 def fault_board(rank, store, result):
     import torch
     import torch.distributed as dist
+
     import torch_reccl
     from torch_reccl.backend import fault_picture
 

@@ -276,6 +276,7 @@ def rank_main(rank, port, out_dir, small_bytes):
     try:
         import torch
         import torch.distributed as dist
+
         import torch_reccl  # noqa: F401
 
         torch.set_num_threads(1)

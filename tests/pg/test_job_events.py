@@ -23,8 +23,7 @@ import time
 
 import pytest
 
-from torch_reccl import events as events_module
-from torch_reccl import job_events
+from torch_reccl import events as events_module, job_events
 from torch_reccl.events import Event, flush_events, join_job, leave_job, on_event
 
 from conftest import EventLog, stop_process, wait_until

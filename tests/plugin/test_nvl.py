@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from torch_reccl.transport import ConfigError, _C
+from torch_reccl.transport import _C, ConfigError
+
 from conftest import HELPERS
 
 ALL_PEERS = [[True] * 4 for _ in range(4)]

@@ -14,6 +14,7 @@ import pytest
 
 import torch_reccl
 from torch_reccl._native import native
+
 from conftest import HELPERS, REPO
 
 LIBRARY = torch_reccl.plugin_path()

@@ -18,6 +18,7 @@ from torch_reccl.advisor import (
     reload_beats_degraded,
     restart_cost,
 )
+
 from conftest import REPO
 
 HOUR = 3600.0

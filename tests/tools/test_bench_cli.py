@@ -17,6 +17,7 @@ import pytest
 from torch_reccl import cli
 from torch_reccl.bench.cli import parse_ops, parse_size
 from torch_reccl.bench.rank import bus_factor, shape_for
+
 from conftest import REPO
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")

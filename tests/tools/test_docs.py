@@ -30,6 +30,7 @@ from unittest import mock
 import pytest
 
 from torch_reccl.settings import settings
+
 from conftest import REPO
 
 pytestmark = pytest.mark.timeout(120)

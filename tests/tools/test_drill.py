@@ -19,10 +19,9 @@ import time
 import pytest
 
 from torch_reccl import cli
-from torch_reccl.drill.schedule import (ScheduleError, check_topology, fault_spans, parse_fault,
-                                        parse_schedule)
-from conftest import REPO
+from torch_reccl.drill.schedule import ScheduleError, check_topology, fault_spans, parse_fault, parse_schedule
 
+from conftest import REPO
 
 
 def drill(*args, timeout=100) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HELPERS, REPO
 
+from conftest import HELPERS, REPO
 
 
 def torchrun(script, *args, timeout=150, env_overrides=None, cwd=REPO):

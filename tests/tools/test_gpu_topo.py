@@ -21,7 +21,8 @@ import pytest
 
 from torch_reccl import cli, gpu_topo
 from torch_reccl.cli import topo
-from torch_reccl.transport import ConfigError, _C
+from torch_reccl.transport import _C, ConfigError
+
 from conftest import HELPERS
 
 FAKE_DIR = os.path.join(HELPERS, "fake_nvml")

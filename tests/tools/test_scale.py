@@ -52,6 +52,7 @@ import subprocess
 import sys
 
 import pytest
+
 import scale_busbw  # bench/scale.py's pieces: bench/ is on sys.path (tests/conftest.py)
 import scale_report
 import scale_runner
@@ -249,9 +250,10 @@ def test_busbw_sizes_and_ops_table(tmp_path):
     busbw = [(op, 1 << 20) for op in BUSBW_OPS]
     runs = []
     for backend in ("reccl", "gloo"):
-        result = scale_runner.run_job(backend, BUSBW_RANKS, idle_s=0.5, settle_s=0.2, phase_timeout=45.0, op_timeout=40.0,
-                               warmup=2, small_iters=3, busbw_iters=1, busbw=busbw, env=scale_runner.rank_env(backend),
-                               log_dir=str(tmp_path / backend), total_timeout=BUSBW_JOB_S)
+        result = scale_runner.run_job(backend, BUSBW_RANKS, idle_s=0.5, settle_s=0.2, phase_timeout=45.0,
+                                      op_timeout=40.0, warmup=2, small_iters=3, busbw_iters=1, busbw=busbw,
+                                      env=scale_runner.rank_env(backend), log_dir=str(tmp_path / backend),
+                                      total_timeout=BUSBW_JOB_S)
         print(f"{backend} x {BUSBW_RANKS}: {result['status']} in {result['total_s']:.1f} s, phases "
               + ", ".join(f"{k} {v:.1f}s" for k, v in result["phase_s"].items()))
         assert result["status"] == "ok", f"{backend}: {result['status']}: {result.get('detail')}"

@@ -23,6 +23,7 @@ from torch_reccl.sim.simulator import (
     simulate,
     simulate_wall_hours,
 )
+
 from conftest import REPO
 
 CASE_STUDY = SimParams()

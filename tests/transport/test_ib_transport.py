@@ -31,14 +31,27 @@ import time
 import pytest
 
 import torch_reccl
-import procstat
 from torch_reccl._native import testing as emulations
-from torch_reccl.transport import ConfigError, ProtocolError, RecclError, _C
+from torch_reccl.transport import _C, ConfigError, ProtocolError, RecclError
 
-from conftest import (A0, A1, B0, B1, IB_CHUNK, Fabric, ib_env, in_thread, message, plan_sizes, run_sender,
-                      stream, wait_until)
+import procstat
+from conftest import (
+    A0,
+    A1,
+    B0,
+    B1,
+    HELPERS,
+    IB_CHUNK,
+    Fabric,
+    ib_env,
+    in_thread,
+    message,
+    plan_sizes,
+    run_sender,
+    stream,
+    wait_until,
+)
 from nccl_net_harness import DmaBufArena
-from conftest import HELPERS
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -23,11 +23,17 @@ import numpy as np
 import pytest
 
 import torch_reccl
-import procstat
 from torch_reccl.events import EVENT_KINDS, Event, on_event
-from torch_reccl.transport import (ConfigError, ProtocolError, RecclError, Transport,
-                                   TimeoutError as RecclTimeoutError, _C)
+from torch_reccl.transport import (
+    _C,
+    ConfigError,
+    ProtocolError,
+    RecclError,
+    TimeoutError as RecclTimeoutError,
+    Transport,
+)
 
+import procstat
 from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
@@ -439,7 +445,7 @@ def test_threads_do_not_grow_with_connections():
         recv = listener.accept(10)
         stream(send, recv, plan_sizes(seed, 10, 1 << 20), seed)
         # The backup path comes up beside the primary, not before wait_ready returns.
-        assert wait_until(lambda: all(p.split()[-1].startswith("up") for p in send.paths()), 5), send.paths()
+        assert wait_until(lambda send=send: all(p.split()[-1].startswith("up") for p in send.paths()), 5), send.paths()
         pairs.append((send, recv))
         io_threads = torch_reccl.stats()["io_threads"]
         assert 2 <= io_threads <= 2 * 2, io_threads  # a pool of 1 or 2 per NIC, 2 NICs

@@ -43,11 +43,10 @@ import numpy as np
 import pytest
 
 import torch_reccl
-import procstat
 from torch_reccl.transport import ConfigError, RecclError, TimeoutError as RecclTimeoutError
 
-from conftest import (close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender,
-                      stream, wait_until)
+import procstat
+from conftest import close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
 
@@ -544,7 +543,7 @@ def test_close_leaves_no_thread_behind(bed):
     backward = f.pair(1, reverse=True)
     for i, (send, recv) in enumerate((forward, backward)):
         stream(send, recv, plan_sizes(71 + i, 10, 256 << 10), 71 + i)
-    assert wait_until(lambda: all_paths_up((forward, backward)), 5)
+    assert wait_until(lambda pairs=(forward, backward): all_paths_up(pairs), 5)
     started = thread_ids() - baseline
     assert started, "no thread started for two transports and two connections?"
     start = time.monotonic()

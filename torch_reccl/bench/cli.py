@@ -45,11 +45,17 @@ import time
 from typing import Dict, List, Optional
 
 from torch_reccl.bench.rank import DTYPES, OPS
+from torch_reccl.cli.launch import (
+    FabricPlacement,
+    Job,
+    LaunchError,
+    LoopbackPlacement,
+    terminated_by_signal,
+    unique_fabric_name,
+)
+from torch_reccl.cli.progress import ProgressBar
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, parse_schedule
-from torch_reccl.cli.launch import (FabricPlacement, Job, LaunchError, LoopbackPlacement,
-                                terminated_by_signal, unique_fabric_name)
-from torch_reccl.cli.progress import ProgressBar
 
 BACKENDS = {"cpu": ("reccl", "gloo"), "cuda": ("reccl", "nccl")}
 SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
@@ -85,9 +91,9 @@ def parse_bench_faults(text: str) -> List[Fault]:
         raise argparse.ArgumentTypeError(str(error).replace("@0s", ""))
     for fault in faults:
         if fault.action not in BENCH_FAULT_ACTIONS:
+            valid = ", ".join(a + "=P%" if a in ("slow", "lossy") else a for a in BENCH_FAULT_ACTIONS)
             raise argparse.ArgumentTypeError(f"{fault.target}:{fault.action}: a bench run holds a fault "
-                                             f"for its whole length; valid actions: "
-                                             f"{', '.join(a + '=P%' if a in ('slow', 'lossy') else a for a in BENCH_FAULT_ACTIONS)}")
+                                             f"for its whole length; valid actions: {valid}")
     return faults
 
 
@@ -181,8 +187,8 @@ def check_args(args) -> None:
     for faults in args.fault or []:
         fabric_only = [f for f in faults if f.action in InjectedFaults.FABRIC_ONLY]
         if fabric_only and args.fabric is None:
-            raise ValueError(f"--fault {fault_label(fabric_only).replace('+', ', ')}: a slow or lossy NIC is a kernel fault "
-                             f"(tbf, nftables) and needs --fabric HOSTSxRAILS (root)")
+            raise ValueError(f"--fault {fault_label(fabric_only).replace('+', ', ')}: a slow or lossy NIC is a "
+                             f"kernel fault (tbf, nftables) and needs --fabric HOSTSxRAILS (root)")
         try:
             check_topology(faults, ranks, args.fabric[1] if args.fabric else (args.rails or 2))
         except ScheduleError as error:

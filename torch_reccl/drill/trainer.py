@@ -94,12 +94,11 @@ def main(argv=None) -> int:
     if (args.steps is None) == (args.duration is None):
         parser.error("give exactly one of --steps and --duration")
 
-    from torch_reccl.cli.launch import listen_for_commands, report
-
     import torch
     import torch.distributed as dist
 
     import torch_reccl
+    from torch_reccl.cli.launch import listen_for_commands, report
     from torch_reccl.events import flush_events
 
     torch.set_num_threads(1)
