@@ -1,7 +1,7 @@
 """Large all_reduce, reduce_scatter and all_gather by each reccl algorithm
 against Gloo, in one invocation.
 
-For each N in --ranks, runs the same ``reccl bench`` ranks (torch_reccl/bench_rank.py:
+For each N in --ranks, runs the same ``reccl bench`` ranks (torch_reccl/bench/rank.py:
 N processes on this machine over loopback NICs 127.0.0.1..127.0.0.K, every
 output checked element by element after timing) three times: reccl with
 RECCL_ALGO=ring, reccl with RECCL_ALGO=halving (recursive halving and/or
@@ -30,9 +30,9 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torch_reccl.bench_cli import Variant, build_rows, run_variant  # noqa: E402
-from torch_reccl.bench_rank import OPS  # noqa: E402
-from torch_reccl.launch import LaunchError, LoopbackPlacement  # noqa: E402
+from torch_reccl.bench.cli import Variant, build_rows, run_variant  # noqa: E402
+from torch_reccl.bench.rank import OPS  # noqa: E402
+from torch_reccl.cli.launch import LaunchError, LoopbackPlacement  # noqa: E402
 
 import shared_allreduce  # noqa: E402  (beside this file)
 
@@ -110,9 +110,9 @@ def table(record: Dict[str, object]) -> str:
             return f"{r:.2f}" if r is not None else "-"
 
         wrong = sum(m["wrong"] for m in v.values())
-        lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | {bw('gloo')} | "
-                     f"{bw('shm')} | {ratio('halving/ring')} | {ratio('ring/gloo')} | {ratio('halving/gloo')} | "
-                     f"{ratio('shm/gloo')} | {ratio('best reccl/shm')} | {wrong} |")
+        lines.append(f"| {row['op']} | {row['bytes'] / (1 << 20):g} MiB | {bw('ring')} | {bw('halving')} | "
+                     f"{bw('gloo')} | {bw('shm')} | {ratio('halving/ring')} | {ratio('ring/gloo')} | "
+                     f"{ratio('halving/gloo')} | {ratio('shm/gloo')} | {ratio('best reccl/shm')} | {wrong} |")
     return "\n".join(lines)
 
 

@@ -161,6 +161,7 @@ def stream(reqs: collections.deque, post_next, stop: threading.Event,
 
 def worker_receiver(args) -> int:
     import numpy as np
+
     from torch_reccl.transport import Transport
 
     out = worker_common("receiver")
@@ -193,6 +194,7 @@ def worker_receiver(args) -> int:
 
 def worker_sender(args) -> int:
     import numpy as np
+
     from torch_reccl.transport import Transport
 
     out = worker_common("sender")
@@ -599,9 +601,9 @@ def print_table(rows):
             f(r["sender_detect_ms"]), f(r["fault_call_ms"]), f(r["failback_ms"]),
             ",".join(f"{k}:{v}" for k, v in r["sender_reasons"].items()),
         ])
-    w = [max(len(l[i]) for l in lines) for i in range(len(head))]
-    for j, l in enumerate(lines):
-        print("  ".join(c.rjust(x) for c, x in zip(l, w)))
+    w = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    for j, row in enumerate(lines):
+        print("  ".join(c.rjust(x) for c, x in zip(row, w)))
         if j == 0:
             print("  ".join("-" * x for x in w))
     print("(ms; interrupt = first send completion on the backup - fault, the fault instant "

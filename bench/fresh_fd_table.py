@@ -17,9 +17,8 @@ import os
 import sys
 import time
 
-from reccl_bench_runs import load_standalone, write_json  # beside this file
-
-procstat = load_standalone("procstat")
+import procstat  # beside this file
+from reccl_bench_runs import write_json  # beside this file
 
 
 def main(argv) -> int:

@@ -14,7 +14,7 @@ ratio to the same run's fault-free busbw. Needs root.
 
 Every element of every --check-every'th result is checked (a wrong one fails
 the run). The same file is the rank program (``--rank-side``) and the scenario driver
-that tests/test_grey_fabric.py uses.
+that tests/fabric/test_grey_fabric.py uses.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def rank_main(args) -> int:
     import torch.distributed as dist
 
     import torch_reccl
-    from torch_reccl.launch import listen_for_commands, report
+    from torch_reccl.cli.launch import listen_for_commands, report
 
     stop = threading.Event()
     listen_for_commands(lambda m: stop.set() if m.get("cmd") == "stop" else None)
@@ -104,8 +104,8 @@ def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callab
     (or after max_seconds). ``before(fabric)``, if given, makes faults before
     the ranks start (their time in state["faults"]). Returns the ticks, events
     and exit codes."""
+    from torch_reccl.cli.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
     from torch_reccl.fabric import Fabric
-    from torch_reccl.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
 
     fabric = Fabric(hosts=2, rails=rails, rate_mbit=rate_mbit, name=unique_fabric_name(name_prefix))
     argv = [sys.executable, os.path.abspath(__file__), "--rank-side", "--bytes", str(size_bytes),
@@ -217,6 +217,7 @@ def main(argv=None) -> int:
     if args.rank_side:
         return rank_main(args)
     import torch  # noqa: F401 - loads the libraries the extension links
+
     import torch_reccl._C as native
 
     command = f"python {' '.join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}"

@@ -116,7 +116,10 @@ def measure(procs: int, rounds: int, sockets: int) -> dict:
             if w.is_alive():
                 w.kill()
     times.sort()
-    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1e3
+
+    def pick(q):
+        return times[min(len(times) - 1, int(q * len(times)))] * 1e3
+
     return {"procs": procs, "handshakes": len(times), "median_ms": pick(0.5), "p99_ms": pick(0.99),
             "max_ms": times[-1] * 1e3, "over_10ms": sum(t > 0.010 for t in times)}
 

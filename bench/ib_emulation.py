@@ -46,8 +46,10 @@ import sys
 import threading
 import time
 
-from torch_reccl import procstat, settings
+from torch_reccl import settings
 from torch_reccl._native import native, testing
+
+import procstat
 
 _C = native()
 

@@ -23,9 +23,10 @@ import os
 import sys
 import time
 
-from reccl_bench_runs import write_json
-from torch_reccl import procstat
 from torch_reccl._native import native, testing
+
+import procstat
+from reccl_bench_runs import write_json
 
 _C = native()
 IO_THREADS = ("reccl-io", "reccl-ib-path")
@@ -42,10 +43,16 @@ def transports(kind, heartbeat_ms, busy_poll_us=None):
         if busy_poll_us is not None:
             common["RECCL_IB_BUSY_POLL_US"] = str(busy_poll_us)
         emulation = testing().IbEmulation(["a0", "a1", "b0", "b1"])
-        make = lambda devices: _C.IbTransport(emulation, dict(common, RECCL_IB_HCA=devices))
-        return emulation, make("a0,a1"), make("b0,b1")
-    make = lambda nics: _C.Transport(dict(common, RECCL_NICS=nics))
-    return None, make("127.0.0.1,127.0.0.2"), make("127.0.0.3,127.0.0.4")
+
+        def make_ib(devices):
+            return _C.IbTransport(emulation, dict(common, RECCL_IB_HCA=devices))
+
+        return emulation, make_ib("a0,a1"), make_ib("b0,b1")
+
+    def make_tcp(nics):
+        return _C.Transport(dict(common, RECCL_NICS=nics))
+
+    return None, make_tcp("127.0.0.1,127.0.0.2"), make_tcp("127.0.0.3,127.0.0.4")
 
 
 def wait_until(condition, timeout):
@@ -83,7 +90,10 @@ def main(argv=None):
         receive = recv.irecv(buf)
         send.isend(os.urandom(size)).wait(10)
         receive.wait(10)
-    up = lambda c: len(c.paths()) == 2 and all(" up" in p for p in c.paths())
+
+    def up(c):
+        return len(c.paths()) == 2 and all(" up" in p for p in c.paths())
+
     if not wait_until(lambda: all(up(c) for pair in pairs for c in pair), 30):
         sys.exit("not every path came up within 30 s")
     time.sleep(1.0)

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from torch_reccl.launch import free_port  # noqa: E402
+from torch_reccl.cli.launch import free_port  # noqa: E402
 
 LAUNCHER = os.path.join(REPO, "examples", "megatron", "pretrain_gpt_reccl.py")
 DEFAULT_SCHEDULE = "h0nic0:down@step 100,h0nic0:up@step 200"

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from torch_reccl.bench_rank import run_collective  # noqa: E402
-from torch_reccl.launch import spawn_bounded  # noqa: E402
+from torch_reccl.bench.rank import run_collective  # noqa: E402
+from torch_reccl.cli.launch import spawn_bounded  # noqa: E402
 
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
@@ -63,7 +63,7 @@ def variants(plugin: str):
 def census() -> dict:
     """This process's threads (by name, digits dropped: "reccl-io3" counts as "reccl-io")
     and open sockets, taken while its communicators are still up."""
-    from torch_reccl import procstat  # here: the worker imports torch_reccl only after its env is set
+    import procstat  # beside this file
 
     names: dict = {}
     for stat in procstat.threads().values():
@@ -153,14 +153,14 @@ def main() -> int:
             json.dump(table, f, indent=1)
     labels = list(table)
     print(f"busbw GB/s (2 ranks on {torch.cuda.device_count()} GPU(s), network path forced)")
-    print(f"{'collective/MiB':22s}" + "".join(f"{l:>19s}" for l in labels))
+    print(f"{'collective/MiB':22s}" + "".join(f"{label:>19s}" for label in labels))
     keys = next(([k for k in t if k != "census"] for t in table.values() if t), [])
     for key in keys:
-        print(f"{key:22s}" + "".join(f"{table[l][key]:19.2f}" if key in table[l] else f"{'failed':>19s}"
-                                     for l in labels))
+        print(f"{key:22s}" + "".join(f"{table[label][key]:19.2f}" if key in table[label] else f"{'failed':>19s}"
+                                     for label in labels))
     print("rank 0 after the last collective, communicators up: threads / open sockets")
-    print(f"{'':22s}" + "".join(f"{'%d / %d' % (t['census']['threads'], t['census']['sockets']) if t else 'failed':>19s}"
-                                for t in table.values()))
+    census = ["%d / %d" % (t["census"]["threads"], t["census"]["sockets"]) if t else "failed" for t in table.values()]
+    print(f"{'':22s}" + "".join(f"{cell:>19s}" for cell in census))
     for label, t in table.items():
         if t:
             print(f"  {label}: {t['census']['thread_names']}")

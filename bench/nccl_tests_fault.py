@@ -154,8 +154,8 @@ def main() -> int:
     wrong = WRONG.findall(text)
     record.update(rc=rc, elapsed_s=round(time.monotonic() - started, 3),
                   out_of_bounds=[int(n) for n, _ in wrong],
-                  failovers=sum(1 for l in lines if re.search(r"\bfailover nic=", l)),
-                  failbacks=sum(1 for l in lines if re.search(r"\bfailback nic=", l)),
+                  failovers=sum(1 for line in lines if re.search(r"\bfailover nic=", line)),
+                  failbacks=sum(1 for line in lines if re.search(r"\bfailback nic=", line)),
                   busbw_avg=[float(x) for x in re.findall(r"Avg bus bandwidth\s*:\s*([\d.]+)", text)])
     sizes_during = [t for t in record["sizes_done_at_s"] if args.down_s <= t]
     ok = (rc == 0 and len(record["faults"]) == 2 and bool(wrong) and all(n == 0 for n in record["out_of_bounds"])

@@ -469,9 +469,9 @@ def print_table(rows, variants, out=sys.stdout):
             line.append(f"{row[v + '/raw']:.2f} [{lo:.2f}-{hi:.2f}]")
         line += [f"{row[v + '_cpu']:.2f}" for v in variants]
         lines.append(line)
-    widths = [max(len(l[i]) for l in lines) for i in range(len(head))]
-    for j, l in enumerate(lines):
-        print("  ".join(c.rjust(w) for c, w in zip(l, widths)), file=out)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    for j, row in enumerate(lines):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=out)
         if j == 0:
             print("  ".join("-" * w for w in widths), file=out)
 

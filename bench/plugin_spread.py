@@ -1,7 +1,7 @@
 """Spreading through the NCCL net plugin: busbw with NICs down or slow, spreading off and on.
 
 Two emulated hosts with 4 rails (every NIC capped, default 1000 Mbit/s). Host 0
-drives the plugin's v11 table as NCCL's proxy does (tests/spread_peer.py): one
+drives the plugin's v11 table as NCCL's proxy does (tests/helpers/spread_peer.py): one
 connection per channel, one channel per NIC, every channel an equal share of
 each step in 512 KiB messages with 8 in flight, all polled from one thread, the
 step ending when the slowest channel ends; host 1 receives and checks every
@@ -29,8 +29,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
-PEER = os.path.join(TESTS, "spread_peer.py")
+HELPERS = os.path.join(REPO, "tests", "helpers")
+PEER = os.path.join(HELPERS, "spread_peer.py")
 NICS = [f"eth{i}" for i in range(4)]
 PHASES = {"free": [], "slow1": [], "down1": [0], "down2": [0, 1]}  # phase: rails down
 SLOW_RAIL, SLOW_PERCENT = 0, 10.0
@@ -44,7 +44,7 @@ def run(settings: dict, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "RECCL_NICS": ",".join(NICS), "RECCL_TRANSPORT": "tcp",
                **settings, "RECCL_HEARTBEAT_MS": str(args.heartbeat_ms),
-               "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, REPO, os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [HELPERS, REPO, os.environ.get("PYTHONPATH")]))}
         common = ["--driver", "plugin", "--dir", tmp, "--phases", ",".join(PHASES),
                   "--step-bytes", str(args.step_mb << 20), "--message-bytes", str(args.message_kb << 10),
                   "--window", str(args.window), "--warmup", str(args.warmup),

@@ -68,13 +68,14 @@ def run_forked_ranks(what: str, procs: int, target, args: Sequence, patience_s: 
 
 
 def load_standalone(module: str):
-    """torch_reccl/<module>.py by path. Importing it as torch_reccl.<module> would import
-    the torch_reccl package (and load the extension) in a launcher or a Gloo rank."""
+    """torch_reccl.<module> ("bench.rank") by path. Importing it as torch_reccl.<module> would
+    import the torch_reccl package (and load the extension) in a launcher or a Gloo rank."""
     import importlib.util
 
-    name = f"reccl_{module}_standalone"
+    name = f"reccl_{module.replace('.', '_')}_standalone"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "torch_reccl", f"{module}.py"))
+        path = os.path.join(REPO, "torch_reccl", *module.split(".")) + ".py"
+        spec = importlib.util.spec_from_file_location(name, path)
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded
         spec.loader.exec_module(loaded)

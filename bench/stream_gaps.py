@@ -28,7 +28,8 @@ TIMEOUT_S = 60.0
 
 def receiver(nics, size, window, handles, stop):
     import numpy as np
-    from torch_reccl.transport import Transport, TimeoutError as RTimeout
+
+    from torch_reccl.transport import TimeoutError as RTimeout, Transport
 
     transport = Transport({"RECCL_NICS": nics})
     listener = transport.listen(0)
@@ -57,6 +58,7 @@ def receiver(nics, size, window, handles, stop):
 def run(nics: str, size: int, window: int, seconds: float) -> dict:
     """One size's record: rate and the gaps between send completions."""
     import numpy as np
+
     from torch_reccl.transport import Transport
 
     ctx = mp.get_context("spawn")

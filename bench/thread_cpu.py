@@ -23,9 +23,8 @@ import sys
 import time
 from typing import List
 
-from reccl_bench_runs import load_standalone, write_json  # beside this file
-
-procstat = load_standalone("procstat")  # by path: Gloo's ranks must not import torch_reccl
+import procstat  # beside this file; imports nothing of torch_reccl (Gloo's ranks must not)
+from reccl_bench_runs import write_json  # beside this file
 
 
 def rank_main(rank: int, size: int, port: int, backend: str, mib: int, warmup: int, iters: int,

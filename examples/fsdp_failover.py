@@ -1,6 +1,6 @@
 """FSDP (fully_shard, FSDP2) training through a NIC failure on the "reccl" backend.
 
-CPU (any machine; runs as it is, tested in tests/test_examples.py):
+CPU (any machine; runs as it is, tested in tests/tools/test_examples.py):
 
     torchrun --nproc-per-node 2 examples/fsdp_failover.py
     torchrun --nproc-per-node 2 examples/fsdp_failover.py --fault-step -1     # no fault
@@ -25,6 +25,7 @@ import sys
 
 import torch_reccl  # noqa: F401 - first: registers "reccl" and points NCCL at the plugin
 
+# isort: split
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh

@@ -20,6 +20,7 @@ import sys
 
 import torch_reccl  # noqa: F401 - first: registers "reccl" and points NCCL at the plugin
 
+# isort: split
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel

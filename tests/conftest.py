@@ -29,6 +29,15 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# Peer scripts, harnesses and stand-ins (tests/helpers) are imported by name, as they
+# import each other when run as scripts; bench/'s measuring modules (procstat: threads,
+# wake-ups and fds from /proc) too, by the tests as by the bench scripts beside them.
+HELPERS = os.path.join(TESTS, "helpers")
+sys.path.insert(0, HELPERS)
+sys.path.append(os.path.join(REPO, "bench"))
+
 # Tests that need a Debian package carry a marker; where it is missing they skip
 # with the reason and the install line (`bash scripts/test.sh` as root installs both).
 SYSTEM_NEEDS = {
@@ -499,6 +508,7 @@ def init_rank_groups(rank, port, world, group_sizes=(), timeout_s=60, store_time
 
     import torch
     import torch.distributed as dist
+
     from torch_reccl.backend import Options
 
     torch.set_num_threads(1)

@@ -38,7 +38,7 @@ every rank must use the same kind of store)::
 Why it does not grow with N: there is one key, whoever publishes; the collector never
 asks a rank (or a rank's key) anything, it waits for whatever arrives next; a rank
 that dies simply stops pushing. Per batch: 1 request from its publisher, 1 pop call
-(2 wire requests) at the collector. Measured (tests/test_job_events.py, a counting
+(2 wire requests) at the collector. Measured (tests/pg/test_job_events.py, a counting
 proxy around the collector's store): 0 collector calls and 0 publisher requests in
 a 2 s idle window, at N = 2 and N = 6 alike; with a 0.5 s heartbeat, 6 to 8 calls
 in 2 s, again for both N. (The per-rank design this replaced polled every 0.2 s and

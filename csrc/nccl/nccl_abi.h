@@ -1,7 +1,7 @@
 // Our own declarations of NCCL's network plugin ABI (ext-net), versions 8, 10,
 // 11 and 12, written from NCCL's public plugin documentation and headers. Field
 // order is the ABI: change nothing without checking NCCL's definition. Plain C
-// too: tests/c/plugin_dlopen.c drives the library through these tables.
+// too: tests/helpers/c/plugin_dlopen.c drives the library through these tables.
 #pragma once
 
 #ifdef __cplusplus

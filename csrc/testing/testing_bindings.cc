@@ -98,7 +98,7 @@ SendRequest::Op opFromName(const std::string& op) {
 }
 
 // Raw verbs objects of the emulation, so tests can check its RC semantics
-// directly (tests/test_ib_emulation.py).
+// directly (tests/transport/test_ib_emulation.py).
 void bindRawVerbs(py::module_& m) {
   py::class_<PyRegion, std::shared_ptr<PyRegion>>(m, "IbMemoryRegion")
       .def_property_readonly("lkey", [](const PyRegion& r) { return r.region->lkey(); })

@@ -8,8 +8,8 @@ skips ``init_process_group`` when torch.distributed is already initialised and a
 that group's rank and world size; otherwise it calls
 ``init_process_group(backend=args.distributed_backend, ...)`` with
 ``--distributed-backend`` limited to ``choices=['nccl', 'gloo']``. Run on CPU
-(tests/test_examples.py): this launcher under torchrun and without it, from
-tests/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py,
+(tests/tools/test_examples.py): this launcher under torchrun and without it, from
+tests/helpers/megatron_checkout/ (a stand-in for a Megatron-LM checkout: pretrain_gpt.py,
 megatron/training/training.py and dist_signal_handler.py behave as Megatron's do at
 the points used here), with ``--exit-signal-handler``, ``--reccl-wandb`` with an
 offline run and ``--reccl-fault-schedule``.

@@ -24,6 +24,7 @@ import importlib.util
 import os
 
 import pytest
+
 from conftest import needs_gpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))

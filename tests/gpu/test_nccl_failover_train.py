@@ -28,9 +28,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import EventLog, gpu_of, needs_gpus, two_host_env
 
-from torch_reccl.launch import spawn_bounded
+from torch_reccl.cli.launch import spawn_bounded
+
+from conftest import EventLog, gpu_of, needs_gpus, two_host_env
 
 pytestmark = needs_gpus(1)
 

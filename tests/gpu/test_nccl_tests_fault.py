@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import needs_gpus
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -30,9 +30,10 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import BACKUP, PRIMARY, needs_gpus, two_host_env
 
-from torch_reccl.launch import spawn_bounded
+from torch_reccl.cli.launch import spawn_bounded
+
+from conftest import BACKUP, PRIMARY, needs_gpus, two_host_env
 
 pytestmark = needs_gpus(2)
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 import pytest
+
 from conftest import needs_gpus, two_host_env
 
 pytestmark = needs_gpus(1)

@@ -21,9 +21,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import EventLog, gpu_of, needs_gpus, two_host_env
 
-from torch_reccl.launch import spawn_bounded
+from torch_reccl.cli.launch import spawn_bounded
+
+from conftest import EventLog, gpu_of, needs_gpus, two_host_env
 
 pytestmark = needs_gpus(1)
 
@@ -38,8 +39,9 @@ def expected_sum(step: int, n: int) -> torch.Tensor:
 
 def worker(rank: int, out_dir: str):
     os.environ.update(two_host_env(rank, "reccl-host"))
-    import torch_reccl  # sets NCCL_NET_PLUGIN to our library
     from torch.distributed import ProcessGroupNCCL
+
+    import torch_reccl  # sets NCCL_NET_PLUGIN to our library
     from torch_reccl.backend import backend_info, fault_picture
 
     events = EventLog()

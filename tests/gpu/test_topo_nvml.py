@@ -1,7 +1,7 @@
 """GPU check of torch_reccl.gpu_topo against the real NVML and `nvidia-smi topo -m`:
 needs a CUDA GPU and pynvml (``pip install nvidia-ml-py``, or ``.[nvml]``); each
 comparison with nvidia-smi needs nvidia-smi; skipped with the reason otherwise.
-tests/test_gpu_topo.py runs the same code on a stand-in NVML without GPUs.
+tests/tools/test_gpu_topo.py runs the same code on a stand-in NVML without GPUs.
 
 1. NVML answers (source "nvml"), and lists the GPUs nvidia-smi lists, by PCI bus id.
 2. Every GPU pair's label (NV# from NVLink links, else PIX/PXB/PHB/NODE/SYS from
@@ -25,9 +25,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import needs_gpus
 
 from torch_reccl import gpu_topo
+
+from conftest import needs_gpus
 
 pytestmark = needs_gpus(1)
 

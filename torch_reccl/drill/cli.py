@@ -8,8 +8,8 @@ As root, builds an emulated rail-optimized fabric (docs/fabric.md), starts one
 training rank per host (data-parallel over the "reccl" backend on CPU, a small
 MLP with fixed seeds), applies the fault schedule as real kernel events, shows a live
 progress line, prints a summary and writes a PNG of throughput over time and
-loss per step (over the fault-free reference with --verify), faults marked. The fabric is always torn down (also on Ctrl-C
-and SIGTERM).
+loss per step (over the fault-free reference with --verify), faults marked. The fabric
+is always torn down (also on Ctrl-C and SIGTERM).
 
 Without root (or --mode inject) the ranks run on this machine over loopback
 NICs 127.0.0.1, 127.0.0.2, ... and each fault is injected inside the ranks with
@@ -35,13 +35,11 @@ import sys
 import time
 from typing import List, Optional
 
+from torch_reccl.cli.launch import FabricPlacement, LoopbackPlacement, terminated_by_signal, unique_fabric_name
+from torch_reccl.cli.progress import isatty
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
-from torch_reccl.drill.runner import (RunResult, Settings, interruptions, median, per_rank,
-                                      run_training, step_times)
+from torch_reccl.drill.runner import RunResult, Settings, interruptions, median, per_rank, run_training, step_times
 from torch_reccl.drill.schedule import check_topology, fault_spans, parse_schedule
-from torch_reccl.launch import (FabricPlacement, LoopbackPlacement, terminated_by_signal,
-                                unique_fabric_name)
-from torch_reccl.progress import isatty
 
 DEFAULT_SCHEDULE = "rail1:down@10s,rail1:up@20s"
 DEFAULT_DURATION_S = 30.0

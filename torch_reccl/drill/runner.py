@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from torch_reccl.cli.launch import Job, LaunchError
 from torch_reccl.drill.schedule import Fault, take_due
-from torch_reccl.launch import Job, LaunchError
 
 TICK_S = 0.05            # how often the driver checks the schedule and the ranks
 UPDATE_EVERY_S = 0.25    # how often the live line is redrawn

@@ -11,7 +11,7 @@ data. Runs under ``torchrun`` as is::
 
     torchrun --nproc-per-node 2 -m torch_reccl.drill.trainer --steps 200
 
-Messages to the driver (``@reccl`` lines, :func:`torch_reccl.launch.report`):
+Messages to the driver (``@reccl`` lines, :func:`torch_reccl.cli.launch.report`):
 ``start`` (rank 0: the epoch time training began), ``step`` (rank 0, every
 step: loss averaged over ranks, step time, samples/s), ``event`` (every rank:
 each torch_reccl event), ``done`` (every rank: steps, final loss, SHA-256 of
@@ -94,12 +94,11 @@ def main(argv=None) -> int:
     if (args.steps is None) == (args.duration is None):
         parser.error("give exactly one of --steps and --duration")
 
-    from torch_reccl.launch import listen_for_commands, report
-
     import torch
     import torch.distributed as dist
 
     import torch_reccl
+    from torch_reccl.cli.launch import listen_for_commands, report
     from torch_reccl.events import flush_events
 
     torch.set_num_threads(1)

@@ -485,8 +485,8 @@ class Fabric:
         """(netns, root links) that carry this fabric's name now."""
         ns = [n for n in _pr_netns().listnetns() if n.startswith(self.netns_prefix)]
         with _iproute() as ipr:
-            links = [l.get("ifname") for l in ipr.get_links()]
-        links = [l for l in links if l and l.startswith(self.link_prefix)]
+            links = [link.get("ifname") for link in ipr.get_links()]
+        links = [name for name in links if name and name.startswith(self.link_prefix)]
         return sorted(ns), sorted(links)
 
     def up(self) -> "Fabric":
@@ -677,8 +677,8 @@ class Fabric:
         _kill_ns_processes(namespaces)
         errors = []
         with _iproute() as ipr:
-            links = [(l["index"], l.get("ifname"), l.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND"))
-                     for l in ipr.get_links()]
+            links = [(link["index"], link.get("ifname"), link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND"))
+                     for link in ipr.get_links()]
             mine = [x for x in links if x[1] and x[1].startswith(link_prefix)]
             # veths first (deleting one end deletes the other, inside the netns),
             # then the bridges
@@ -701,8 +701,8 @@ class Fabric:
                 os.unlink(p)
         left_ns = [n for n in pns.listnetns() if n.startswith(ns_prefix)]
         with _iproute() as ipr:
-            left_links = [l.get("ifname") for l in ipr.get_links()
-                          if (l.get("ifname") or "").startswith(link_prefix)]
+            left_links = [link.get("ifname") for link in ipr.get_links()
+                          if (link.get("ifname") or "").startswith(link_prefix)]
         if errors or left_ns or left_links:
             raise FabricError(
                 f"fabric {name!r}: teardown incomplete; left: netns {left_ns}, links "

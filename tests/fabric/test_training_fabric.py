@@ -1,0 +1,224 @@
+"""Training through real faults in the emulated fabric, with DCR.
+
+Two emulated hosts with two rails each run a small training loop over the
+"reccl" backend (tests/helpers/fabric_train.py, one channel per NIC). A fault hits at a
+chosen step: a NIC losing its link, a whole rail's switch going down, a flapping
+link, a silent blackhole, a NIC going down and coming back. The final parameters
+and the loss curve must be bit-identical to the fault-free run, and DCR must
+engage (and, after healing, disengage) at the same op on every rank, as the
+rebalance events show. Needs root (network namespaces).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from torch_reccl.fabric import Fabric
+
+from conftest import HELPERS, REPO
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
+
+WORKER = os.path.join(HELPERS, "fabric_train.py")
+STEPS = 60
+ENV = {"RECCL_HEARTBEAT_MS": "300", "RECCL_CONNECT_TIMEOUT_MS": "1000",
+       "RECCL_NICS": "eth0,eth1"}
+
+
+def reclaim_stale(name: str) -> None:
+    """Tear down a fabric of this test-owned name left by a run that died
+    (its owner process is gone); one whose owner still runs is left alone, and
+    up() then says so."""
+    owner = Fabric.builder_pid(name)
+    if owner and os.path.exists(f"/proc/{owner}"):
+        return
+    Fabric.cleanup(name)  # idempotent: nothing left, nothing done
+
+
+def emulated_fabric(hosts: int, name: str):
+    """A module-scoped `fabric` fixture: `hosts` emulated hosts with two rails
+    of 2 Gbit/s, up for the module's tests and torn down after."""
+
+    @pytest.fixture(scope="module")
+    def fabric():
+        reclaim_stale(name)
+        fab = Fabric(hosts=hosts, rails=2, rate_mbit=2000, name=name)
+        fab.up()
+        try:
+            yield fab
+        finally:
+            fab.down()
+
+    return fabric
+
+
+fabric = emulated_fabric(hosts=2, name="tr")
+
+
+class Run:
+    """One training run: a worker per host; rank 0 pauses at the given steps."""
+
+    _port = 29600
+
+    def __init__(self, fab: Fabric, pauses=(), env=None, deadline=90.0, argv=()):
+        Run._port += 1
+        self.fab = fab
+        self.deadline = time.monotonic() + deadline
+        argv_common = ["--world", str(fab.hosts), "--master", fab.mgmt_ip(0),
+                       "--port", str(Run._port), "--steps", str(STEPS)]
+        for step in pauses:
+            argv_common += ["--pause", str(step)]
+        argv_common += list(argv)  # more fabric_train.py options
+        full_env = {**os.environ, **ENV, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+        self.procs = [
+            fab.popen(h, [sys.executable, WORKER, "--rank", str(h)] + argv_common,
+                      env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+            for h in range(fab.hosts)
+        ]
+
+    def wait_pause(self, step: int) -> None:
+        line = self._readline(0)
+        assert line.strip() == f"PAUSE {step}", f"expected PAUSE {step}, got {line!r}\n{self.logs()}"
+
+    def resume(self, wait_for: str = "") -> None:
+        self.procs[0].stdin.write(f"go {wait_for}\n")
+        self.procs[0].stdin.flush()
+
+    def _readline(self, rank: int) -> str:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.procs[rank].stdout, selectors.EVENT_READ)
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not sel.select(timeout=left):
+            self.kill()
+            raise AssertionError(f"rank {rank} produced no output in time\n{self.logs()}")
+        return self.procs[rank].stdout.readline()
+
+    def results(self) -> list:
+        out = []
+        for rank, proc in enumerate(self.procs):
+            try:
+                stdout, stderr = proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"rank {rank} hung\n{self.logs()}")
+            assert proc.returncode == 0, f"rank {rank} failed ({proc.returncode}):\n{stderr[-4000:]}"
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+        return out
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
+    def logs(self) -> str:
+        self.kill()
+        text = []
+        for rank, proc in enumerate(self.procs):
+            try:
+                _, err = proc.communicate(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort for a failure message
+                err = ""
+            text.append(f"--- rank {rank}\n{(err or '')[-3000:]}")
+        return "\n".join(text)
+
+
+@pytest.fixture(scope="module")
+def reference(fabric):
+    run = Run(fabric)
+    results = run.results()
+    assert results[0]["params"] == results[1]["params"]
+    assert results[0]["channels"] == 2
+    assert all(not r["rebalances"] for r in results), results
+    return results[0]
+
+
+def check_identical(results, reference) -> None:
+    for r in results:
+        assert r["params"] == reference["params"], "final parameters differ from the fault-free run"
+        assert r["losses"] == reference["losses"], "loss curve differs from the fault-free run"
+
+
+def rebalance_ops(results) -> list:
+    """(op, plan, channels carrying no data) per rank; the same list on every rank."""
+    per_rank = [[(e["op"], e["plan"], e["detail"]) for e in r["rebalances"]] for r in results]
+    for rank, events in enumerate(per_rank[1:], start=1):
+        assert events == per_rank[0], f"rank 0 and rank {rank} switched plans differently: {per_rank}"
+    return per_rank[0]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("fault", ["nic_down", "rail_down",
+                                   pytest.param("blackhole", marks=pytest.mark.needs_nft), "flap"])
+def test_fault_then_heal(fabric, reference, fault):
+    run = Run(fabric, pauses=(20, 40))
+    flapper = None
+    try:
+        run.wait_pause(20)
+        if fault == "nic_down":
+            fabric.nic_down(0, 1)
+        elif fault == "rail_down":
+            fabric.rail_down(1)
+        elif fault == "blackhole":
+            fabric.blackhole(1, 1)
+        elif fault == "flap":
+            flapper = fabric.flap(0, 1, period_s=0.2, count=6)
+        run.resume("" if fault == "flap" else "avoid")
+        run.wait_pause(40)
+        if flapper is not None:
+            assert flapper.join(timeout=30), "flapping did not end"
+        fabric.heal()
+        run.resume("clear")
+        results = run.results()
+    finally:
+        if flapper is not None:
+            flapper.stop()
+        fabric.heal()
+        run.kill()
+    check_identical(results, reference)
+    switches = rebalance_ops(results)
+    if fault != "flap":  # a flap may heal between two collectives: no plan needed
+        assert len(switches) >= 2, switches
+        assert "channel 1 of 2 carry no data" in switches[0][2], switches
+        assert 20 <= switches[0][0], switches
+        assert switches[-1][2] == "every channel carries data", switches
+        assert switches[-1][0] >= 40 * 2, switches  # two collectives per step
+
+
+@pytest.mark.timeout(120)
+def test_nic_down_to_the_end(fabric, reference):
+    run = Run(fabric, pauses=(10,))
+    try:
+        run.wait_pause(10)
+        fabric.nic_down(1, 0)
+        run.resume("avoid")
+        results = run.results()
+    finally:
+        fabric.heal()
+        run.kill()
+    check_identical(results, reference)
+    switches = rebalance_ops(results)
+    assert len(switches) == 1 and "channel 0 of 2 carry no data" in switches[0][2], switches
+
+
+@pytest.mark.timeout(120)
+def test_dcr_disabled(fabric, reference):
+    run = Run(fabric, pauses=(10,), env={"RECCL_DCR": "0"})
+    try:
+        run.wait_pause(10)
+        fabric.nic_down(0, 1)
+        run.resume()
+        results = run.results()
+    finally:
+        fabric.heal()
+        run.kill()
+    check_identical(results, reference)
+    assert rebalance_ops(results) == []

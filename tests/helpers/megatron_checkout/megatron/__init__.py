@@ -1,0 +1,1 @@
+"""Stand-in for Megatron-LM's ``megatron`` package (tests/helpers/megatron_checkout)."""

@@ -1,1 +1,0 @@
-"""Stand-in for Megatron-LM's ``megatron`` package (tests/megatron_checkout)."""

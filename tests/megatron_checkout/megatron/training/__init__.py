@@ -1,1 +1,0 @@
-"""Stand-in for Megatron-LM's ``megatron.training`` (tests/megatron_checkout)."""

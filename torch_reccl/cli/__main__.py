@@ -1,0 +1,5 @@
+import sys
+
+from torch_reccl.cli import main
+
+sys.exit(main())
