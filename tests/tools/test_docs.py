@@ -336,12 +336,12 @@ DESIGN_FILE = re.compile(r"\bDESIGN\.md\b")
 
 def outside_path_offenders(doc: str, text: str) -> List[str]:
     out = []
-    base = os.path.join(ROOT, os.path.dirname(doc))
+    base = os.path.join(REPO, os.path.dirname(doc))
     for number, line in enumerate(lines_of(text), 1):
         for match in RELATIVE_UP.finditer(line):
             path = match.group(1).rstrip(".,:;")
             resolved = os.path.normpath(os.path.join(base, path))
-            if os.path.relpath(resolved, ROOT).startswith(".."):
+            if os.path.relpath(resolved, REPO).startswith(".."):
                 out.append(f"{doc}:{number}: {path} names a path outside the repository")
             elif not (glob.glob(resolved) or glob.glob(resolved + ".*")):
                 out.append(f"{doc}:{number}: {path} does not exist")
