@@ -18,8 +18,7 @@ from torch_reccl.backend import Options
 from torch_reccl.settings import DOC_BEGIN, DOC_END, markdown, settings
 from torch_reccl.transport import _C, ConfigError, Transport
 
-from conftest import BACKUP, NICS, PRIMARY, REPO, reccl_env
-from conftest import testing as load_testing
+from conftest import BACKUP, NICS, PRIMARY, REPO, reccl_env, testing as load_testing
 
 _testing = load_testing()  # decode_handle, choose_backups
 

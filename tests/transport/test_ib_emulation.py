@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from torch_reccl._native import testing as emulations
-from torch_reccl.transport import _C, ConfigError, RecclError
+from torch_reccl.transport import ConfigError, RecclError
 
 from nccl_net_harness import DmaBufArena
 

@@ -34,8 +34,7 @@ from torch_reccl.transport import (
 )
 
 import procstat
-from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, wait_until
-from conftest import testing as load_testing
+from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, testing as load_testing, wait_until
 
 _testing = load_testing()  # decode_handle
 
