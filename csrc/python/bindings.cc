@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "core/config.h"
+#include "core/connection.h"
 #include "core/error.h"
 #include "core/frame.h"
 #include "core/grey_detector.h"
@@ -465,6 +466,18 @@ PYBIND11_MODULE(_C, m) {
       spreading.append(entry);
     }
     d["spreading"] = spreading;
+    // Connections with no usable path now, waiting for one (`stalled` events).
+    py::list stalled;
+    for (const StallInfo& info : stalledConnections()) {
+      py::dict entry;
+      entry["connection"] = info.connection;
+      entry["peer"] = info.peer;
+      entry["since"] = info.sinceWallNs / 1e9;
+      entry["paths"] = info.paths;
+      stalled.append(entry);
+    }
+    d["stalled"] = stalled;
+    d["stalls"] = stallsReported();
     return d;
   });
   m.def("parse_frame", [](py::bytes data) {
