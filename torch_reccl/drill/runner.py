@@ -34,11 +34,12 @@ class Settings:
     start_timeout_s: float = 180.0
     stall_timeout_s: float = 60.0
     run_timeout_s: float = 1800.0
+    backend: str = "reccl"
 
     def trainer_argv(self, commands: bool) -> List[str]:
         argv = [sys.executable, "-m", "torch_reccl.drill.trainer", "--batch", str(self.batch),
                 "--width", str(self.width), "--depth", str(self.depth), "--seed", str(self.seed),
-                "--timeout", str(self.collective_timeout_s)]
+                "--timeout", str(self.collective_timeout_s), "--backend", self.backend]
         argv += ["--steps", str(self.steps)] if self.steps is not None else \
             ["--duration", str(self.duration_s)]
         if commands:
@@ -64,6 +65,7 @@ class RunResult:
     not_applied: List[Fault] = dataclasses.field(default_factory=list)
     done: Dict[int, dict] = dataclasses.field(default_factory=dict)
     error: Optional[str] = None
+    failed_t: Optional[float] = None           # when the error ended the run (s since t0)
     world: int = 0
 
     @property
@@ -80,6 +82,7 @@ class RunResult:
     def to_json(self) -> dict:
         return {
             "label": self.label, "t0": self.t0, "world": self.world, "error": self.error,
+            "failed_t": self.failed_t,
             "finished": self.finished, "steps": self.steps, "events": self.events,
             "applied": [{"fault": a.fault.text, "t": a.t, "step": a.step, "what": a.what}
                         for a in self.applied],
@@ -160,6 +163,8 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                 result.error = f"the ranks did not exit within {FINISH_TIMEOUT_S:.0f} s\n{job.logs()}"
             _drain(job, result)
     result.not_applied = pending
+    if result.error is not None and result.t0 is not None:
+        result.failed_t = time.time() - result.t0
     for event in result.events:  # events may arrive before rank 0's "start"
         event["t"] = float(event["time"]) - result.t0 if result.t0 is not None else None
     result.events.sort(key=lambda e: e["time"])
