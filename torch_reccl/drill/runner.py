@@ -113,7 +113,10 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                 got = job.next_message(TICK_S)
                 if got is not None:
                     rank, message = got
-                    if _absorb(result, rank, message):
+                    started_training = result.t0 is None
+                    # The stall bound counts from training's start: setting up the
+                    # group (start_timeout_s) is not a stall.
+                    if _absorb(result, rank, message) or (started_training and result.t0 is not None):
                         last_step_at = time.monotonic()
                     if result.error:
                         break
@@ -158,13 +161,13 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                     break
         except LaunchError as error:
             result.error = f"could not apply a fault: {error}\n{job.logs()}"
+        if result.error is not None and result.t0 is not None:
+            result.failed_t = time.time() - result.t0
         if result.error is None:
             if not job.wait(FINISH_TIMEOUT_S):
                 result.error = f"the ranks did not exit within {FINISH_TIMEOUT_S:.0f} s\n{job.logs()}"
             _drain(job, result)
     result.not_applied = pending
-    if result.error is not None and result.t0 is not None:
-        result.failed_t = time.time() - result.t0
     for event in result.events:  # events may arrive before rank 0's "start"
         event["t"] = float(event["time"]) - result.t0 if result.t0 is not None else None
     result.events.sort(key=lambda e: e["time"])
