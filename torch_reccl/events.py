@@ -32,7 +32,8 @@ EVENT_KINDS = (
     "connection_failed",
     "handshake_rejected",
     "degraded",    # a NIC up but far slower than its peers (grey failure): traffic moved off it
-    "recovered",   # a degraded NIC back near its peers' goodput: traffic returned
+    "recovered",   # a degraded NIC back near its peers' goodput, or a stalled connection moving traffic again
+    "stalled",     # a connection with no usable path, waiting for one (at its start, then ever more rarely)
     "slowdown",
 )
 

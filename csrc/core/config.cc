@@ -87,9 +87,19 @@ constexpr SettingSpec kSettings[] = {
             "silence (ms) between two NICs, while this process runs, after which every path "
             "between them is declared dead (catches silent drops); one beat per NIC pair every "
             "quarter of it when nothing else crosses"),
-    integer("RECCL_NO_PATH_TIMEOUT_MS", "10000", 100, 600000, storeNumber<&Config::noPathTimeoutMs>,
-            "how long a connection with no usable path waits for one before its operations fail "
-            "with an error naming every path and why it is down (ms)"),
+    integer("RECCL_NO_PATH_TIMEOUT_MS", "120000", 100, 3600000, storeNumber<&Config::noPathTimeoutMs>,
+            "how long a connection with no usable path waits for one (ms): its requests stay "
+            "pending and resume bit for bit when a path returns, so a host may lose every NIC, or "
+            "two hosts every common rail, this long (a ToR reload, a link-maintenance window); "
+            "then its operations fail with an error naming every path and why it is down. One "
+            "setting for every process group and the NCCL plugin; a group's `timeout=` still "
+            "bounds each of its operations (docs/transport.md, \"No path left\")"),
+    integer("RECCL_PEER_GONE_TIMEOUT_MS", "10000", 100, 3600000,
+            storeNumber<&Config::peerGoneTimeoutMs>,
+            "how long a connection with no usable path waits when the peer's host answers for the "
+            "peer but nothing is there: every failure since traffic last moved is a refused dial "
+            "(nothing listens on the peer's port) or a path ended by an end of stream or a reset, "
+            "i.e. the peer process died on a live host (ms); at most RECCL_NO_PATH_TIMEOUT_MS"),
     integer("RECCL_CONNECT_TIMEOUT_MS", "5000", 100, 120000, storeNumber<&Config::connectTimeoutMs>,
             "bound on one dial attempt and on a handshake (ms)"),
     integer("RECCL_NSOCKS", "4", 1, 16, storeNumber<&Config::socketsPerPath>, "data sockets per path"),

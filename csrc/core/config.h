@@ -18,7 +18,8 @@ namespace reccl {
 struct Config {
   std::vector<std::string> nics;   // RECCL_NICS; empty = auto-detect
   int heartbeatMs;                 // RECCL_HEARTBEAT_MS: silence that fails a path
-  int noPathTimeoutMs;             // RECCL_NO_PATH_TIMEOUT_MS: no path -> ops fail
+  int noPathTimeoutMs;             // RECCL_NO_PATH_TIMEOUT_MS: no path this long -> ops fail
+  int peerGoneTimeoutMs;           // RECCL_PEER_GONE_TIMEOUT_MS: the same when the peer process is gone
   int connectTimeoutMs;            // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
   int socketsPerPath;              // RECCL_NSOCKS: data sockets per path
   int ioThreads;                   // RECCL_IO_THREADS: I/O threads per NIC; 0 = by cores

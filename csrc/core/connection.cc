@@ -1,6 +1,9 @@
 #include "core/connection.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
 #include <thread>
 
 #include "core/grey_detector.h"
@@ -8,6 +11,52 @@
 #include "core/log.h"
 
 namespace reccl {
+
+namespace {
+
+// The first `stalled` report comes after this long without a path (a failover
+// onto a live path never gets there); the next ones at doubling intervals up to
+// kStallReportMax, so a long outage costs a handful of events per connection.
+constexpr Millis kStallReportFirst(1000);
+constexpr Millis kStallReportMax(30000);
+
+struct StallBoard {
+  std::mutex mutex;
+  std::map<uint64_t, StallInfo> stalled;
+  uint64_t reported = 0;
+};
+
+StallBoard& stallBoard() {
+  static StallBoard* board = new StallBoard();  // never destroyed: connections may outlive statics
+  return *board;
+}
+
+}  // namespace
+
+std::vector<StallInfo> stalledConnections() {
+  StallBoard& board = stallBoard();
+  std::lock_guard<std::mutex> lock(board.mutex);
+  std::vector<StallInfo> out;
+  for (const auto& [id, info] : board.stalled) out.push_back(info);
+  return out;
+}
+
+uint64_t stallsReported() {
+  StallBoard& board = stallBoard();
+  std::lock_guard<std::mutex> lock(board.mutex);
+  return board.reported;
+}
+
+bool peerHostAnswered(const std::string& failure) {
+  // The transports' own words (IoResult, TcpPath), and strerror's in this
+  // process's locale, whichever wrote the text.
+  static const std::string kAnswers[] = {std::strerror(ECONNREFUSED), std::strerror(ECONNRESET),
+                                         std::strerror(EPIPE), "connection closed by peer"};
+  for (const std::string& answer : kAnswers) {
+    if (failure.find(answer) != std::string::npos) return true;
+  }
+  return false;
+}
 
 Connection::Connection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates)
     : env_(std::move(env)), id_(id) {
@@ -18,7 +67,11 @@ Connection::Connection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate
   }
 }
 
-Connection::~Connection() { destroyAllPaths(); }
+Connection::~Connection() {
+  destroyAllPaths();
+  Lock lock(mutex_);
+  endStallLocked(false);
+}
 
 void Connection::destroyAllPaths() {
   std::vector<std::shared_ptr<Path>> paths;
@@ -104,8 +157,7 @@ void Connection::failPathLocked(int index, Reason reason, const std::string& det
   Slot& slot = slots_.at(index);
   if (slot.state != SlotState::kUp) return;
   slot.state = SlotState::kFailed;
-  slot.lastFailure = reason;
-  slot.lastDetail = detail;
+  noteFailureLocked(index, reason, detail);
   shutdownPathLocked(*slot.path);
   if (!closed_ && !peerClosed_) {
     NicHealth& health = NicHealth::instance();
@@ -207,9 +259,18 @@ std::string Connection::slotSummaryLocked() const {
   return out;
 }
 
+void Connection::noteFailureLocked(int index, Reason reason, const std::string& detail) {
+  Slot& slot = slots_.at(index);
+  slot.lastFailure = reason;
+  slot.lastDetail = detail;
+  slot.lastFailureAt = Clock::now();
+  slot.peerAnswered = peerHostAnswered(detail);
+}
+
 void Connection::failConnectionLocked(const std::string& why) {
   if (!error_.empty()) return;
   error_ = why;
+  endStallLocked(false);
   RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName + " failed: " + why);
   Event event;
   event.kind = EventKind::kConnectionFailed;
@@ -255,22 +316,120 @@ void Connection::checkActiveSlotLocked() {
   onActiveLostLocked(lost, slots_.at(lost).lastFailure);
 }
 
+void Connection::emitStallEvent(EventKind kind, Reason reason, int64_t durationNs,
+                                const std::string& detail) {
+  Event event;
+  event.kind = kind;
+  event.reason = reason;
+  event.connectionId = id_;
+  event.durationNs = durationNs;
+  const int nic = active_ >= 0 ? slots_.at(active_).nics.localNic : slots_.at(0).nics.localNic;
+  event.nic = env_.localNicNames.at(nic);
+  event.peer = env_.peerName;
+  event.detail = detail;
+  NicHealth::instance().emit(std::move(event));
+}
+
+bool Connection::peerGoneLocked() const {
+  bool answered = false;
+  for (const Slot& slot : slots_) {
+    if (slot.state == SlotState::kUp) return false;
+    // Older failures are of paths traffic moved without; a down local NIC
+    // tells nothing of the peer.
+    if (slot.lastFailure == Reason::kNone || slot.lastFailureAt < movedAt_) continue;
+    if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
+    if (!slot.peerAnswered) return false;
+    answered = true;
+  }
+  return answered;
+}
+
+void Connection::endStallLocked(bool recovered) {
+  if (!stallReported_) return;
+  stallReported_ = false;
+  {
+    StallBoard& board = stallBoard();
+    std::lock_guard<std::mutex> lock(board.mutex);
+    board.stalled.erase(id_);
+  }
+  if (!recovered) return;
+  const int64_t stalledNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                Clock::now() - stalledSince_).count();
+  emitStallEvent(EventKind::kRecovered, Reason::kHealed, stalledNs,
+                 "traffic moves again after " + std::to_string(stalledNs / 1000000) +
+                     " ms without a usable path" +
+                     (active_ >= 0 ? ", on " + slotName(active_) : std::string()));
+  RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName +
+                       " moves traffic again after " + std::to_string(stalledNs / 1000000) +
+                       " ms without a usable path");
+}
+
 void Connection::checkStalledLocked(bool stalled, const char* what) {
+  const Clock::time_point now = Clock::now();
   if (!stalled) {
+    if (stalled_) endStallLocked(true);
     stalled_ = false;
+    movedAt_ = now;
+    everMoved_ = true;
     return;
   }
-  Clock::time_point now = Clock::now();
   if (!stalled_) {
     stalled_ = true;
     stalledSince_ = now;
+    stalledSinceWallNs_ = wallNs();
+    goneSince_ = {};
+    stallReportEvery_ = kStallReportFirst;
+    nextStallReport_ = now + kStallReportFirst;
+  }
+  const int noPathMs = env_.config.noPathTimeoutMs;
+  const int goneMs = env_.config.peerGoneTimeoutMs;
+  if (goneMs < noPathMs && peerGoneLocked()) {
+    if (goneSince_ == Clock::time_point{}) goneSince_ = now;
+    if (now - goneSince_ > Millis(goneMs)) {
+      failConnectionLocked(std::string(what) + " for " + std::to_string(goneMs) +
+                           " ms while the peer's host answered for it with nothing there "
+                           "(dials refused, paths ended by an end of stream or a reset): the "
+                           "peer process is gone (RECCL_PEER_GONE_TIMEOUT_MS); paths: " +
+                           slotSummaryLocked());
+      return;
+    }
+  } else {
+    goneSince_ = {};
+  }
+  if (now - stalledSince_ > Millis(noPathMs)) {
+    failConnectionLocked(std::string(what) + " for " + std::to_string(noPathMs) +
+                         " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + slotSummaryLocked());
     return;
   }
-  if (now - stalledSince_ > Millis(env_.config.noPathTimeoutMs)) {
-    failConnectionLocked(std::string(what) + " for " +
-                         std::to_string(env_.config.noPathTimeoutMs) +
-                         " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + slotSummaryLocked());
+  if (!everMoved_ || now < nextStallReport_) return;
+  const int64_t stalledMs = std::chrono::duration_cast<Millis>(now - stalledSince_).count();
+  const std::string paths = slotSummaryLocked();
+  Reason latest = Reason::kNone;  // of the most recent failure
+  Clock::time_point latestAt{};
+  for (const Slot& slot : slots_) {
+    if (slot.lastFailure != Reason::kNone && slot.lastFailureAt >= latestAt) {
+      latest = slot.lastFailure;
+      latestAt = slot.lastFailureAt;
+    }
   }
+  emitStallEvent(EventKind::kStalled, latest, stalledMs * 1000000,
+                 std::string(what) + " for " + std::to_string(stalledMs) +
+                     " ms; requests wait up to " + std::to_string(noPathMs) +
+                     " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + paths);
+  if (!stallReported_) {
+    RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName + ": " + what +
+                         " for " + std::to_string(stalledMs) + " ms; waiting up to " +
+                         std::to_string(noPathMs) + " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + paths);
+  }
+  {
+    StallBoard& board = stallBoard();
+    std::lock_guard<std::mutex> lock(board.mutex);
+    if (!stallReported_) ++board.reported;
+    board.stalled[id_] = StallInfo{id_, env_.peerName, stalledSinceWallNs_, paths};
+  }
+  stallReported_ = true;
+  stallReportEvery_ = std::min(stallReportEvery_ * 2, kStallReportMax);
+  nextStallReport_ = now + stallReportEvery_;
 }
 
 void Connection::onNicHealth(int healthId, bool up, Reason reason) {
@@ -318,6 +477,7 @@ void Connection::close() {
   }
   {
     Lock lock(mutex_);
+    endStallLocked(false);
     retireAllPathsLocked("connection closed");
   }
   active.reset();

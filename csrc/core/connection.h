@@ -1,6 +1,7 @@
 // What the two ends of a connection share: a fixed list of candidate paths
 // (primary, backup, then last-resort rails), their states, the fence that keeps
-// a failed path's threads from outliving it, and the bound on having no path.
+// a failed path's threads from outliving it, and the wait for a path when none
+// is left: its bounds (an outage, a peer process gone) and its `stalled` reports.
 #pragma once
 
 #include <condition_variable>
@@ -38,6 +39,23 @@ ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
                                 const std::vector<NicInfo>& nics,
                                 const std::vector<int>& healthIds, const std::string& peer,
                                 const void* registrar);
+
+// A connection stalled now (reported by a `stalled` event), for stats().
+struct StallInfo {
+  uint64_t connection = 0;
+  std::string peer;
+  int64_t sinceWallNs = 0;  // when traffic stopped (system clock)
+  std::string paths;        // every path with its state and last failure
+};
+// The connections of this process stalled now, and the stalls reported since it started.
+std::vector<StallInfo> stalledConnections();
+uint64_t stallsReported();
+
+// True when a failure's text says the peer's host answered for the peer: a
+// dial refused (nothing listens on the port), or a path ended by an end of
+// stream or a reset. A peer process that died looks like this; a link or host
+// that is down does not (silence, no route, a dial timing out).
+bool peerHostAnswered(const std::string& failure);
 
 struct PathCandidate {
   int localNic = 0;
@@ -83,6 +101,8 @@ class Connection : public PathOwner, public Serviced {
     uint64_t pathId = 0;
     Reason lastFailure = Reason::kNone;
     std::string lastDetail;
+    Clock::time_point lastFailureAt{};
+    bool peerAnswered = false;  // the last failure came from the peer's host (peerHostAnswered)
     Clock::time_point nextDial{};
     int backoffMs = 0;
     bool everUp = false;
@@ -111,8 +131,20 @@ class Connection : public PathOwner, public Serviced {
   // Safety net against a hang: an active index whose slot is not up (should not
   // happen) is dropped with a warning, so failover or the no-path bound applies.
   void checkActiveSlotLocked();
-  // Enforces RECCL_NO_PATH_TIMEOUT_MS while `stalled` holds.
+  // Records a failure of slot `index` (a path's or a dial's).
+  void noteFailureLocked(int index, Reason reason, const std::string& detail);
+  // While `stalled` (no path carries traffic) holds: reports it (`stalled`
+  // events, at 1, 2, 4, ... 30 s) and enforces RECCL_NO_PATH_TIMEOUT_MS, or
+  // RECCL_PEER_GONE_TIMEOUT_MS while peerGoneLocked(). Once it ends after a
+  // report: `recovered`.
   void checkStalledLocked(bool stalled, const char* what);
+  // Every failure since traffic last moved, on a local NIC that is up, came
+  // from the peer's host (peerHostAnswered), and there is at least one.
+  bool peerGoneLocked() const;
+  // Ends a reported stall: `recovered` when traffic moves again, else (the
+  // connection failed or closed) only the bookkeeping.
+  void endStallLocked(bool recovered);
+  void emitStallEvent(EventKind kind, Reason reason, int64_t durationNs, const std::string& detail);
   std::string slotSummaryLocked() const;
   std::string slotName(int index) const;
   void emitPathEvent(EventKind kind, int index, Reason reason, const std::string& detail);
@@ -152,7 +184,14 @@ class Connection : public PathOwner, public Serviced {
   std::string error_;
   std::shared_ptr<void> keepAlive_;
   Clock::time_point stalledSince_{};
+  int64_t stalledSinceWallNs_ = 0;
   bool stalled_ = false;
+  Clock::time_point movedAt_{};      // traffic last moved (a round found no stall)
+  bool everMoved_ = false;            // a stall before any traffic is a slow start: not reported
+  Clock::time_point goneSince_{};     // peerGoneLocked() has held since; {} while it does not
+  Clock::time_point nextStallReport_{};
+  Millis stallReportEvery_{0};
+  bool stallReported_ = false;
 };
 
 // Registers a NicHealth listener that passes every change of one of `healthIds`

@@ -17,6 +17,7 @@ const char* eventKindName(EventKind kind) {
     case EventKind::kRebalance: return "rebalance";
     case EventKind::kDegraded: return "degraded";
     case EventKind::kRecovered: return "recovered";
+    case EventKind::kStalled: return "stalled";
   }
   return "unknown";
 }

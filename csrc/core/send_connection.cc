@@ -324,8 +324,8 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
         NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic));
     if (closed_ || !error_.empty() || !path || !usable) {
       slot.state = SlotState::kIdle;
-      slot.lastFailure = Reason::kError;
-      slot.lastDetail = path ? (usable ? "connection closed" : "local NIC down") : error;
+      noteFailureLocked(index, Reason::kError,
+                        path ? (usable ? "connection closed" : "local NIC down") : error);
       slot.backoffMs = slot.backoffMs == 0 ? 50 : std::min(slot.backoffMs * 2, 2000);
       slot.nextDial = Clock::now() + Millis(slot.backoffMs);
       discard = std::move(path);

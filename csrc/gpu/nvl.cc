@@ -6,6 +6,14 @@
 
 namespace reccl {
 
+namespace {
+// The bound on one GPU copy of the staging. A copy waits for no network: only a
+// hung GPU or driver keeps it from finishing, so it stays at the 10 s every
+// wait had before the wait for a path (RECCL_NO_PATH_TIMEOUT_MS) grew to ride
+// out outages.
+constexpr int kCopyTimeoutMs = 10000;
+}  // namespace
+
 std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo>& nics,
                                  std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                  std::string* why) {
@@ -98,7 +106,7 @@ Nvl::Region::Region(Nvl& nvl, int gpu, uint8_t* base, size_t size)
       base_(base),
       size_(size),
       mirror_(nvl.cuda_, gpu, size),
-      stager_(nvl.cuda_, nvl.config_.nvlMaxBytes, nvl.config_.noPathTimeoutMs) {
+      stager_(nvl.cuda_, nvl.config_.nvlMaxBytes, kCopyTimeoutMs) {
   std::vector<int> transits;
   for (size_t nic = 0; nic < nvl.healthIds_.size(); ++nic) {
     transits.push_back(nvl.map_.transitGpu(gpu, static_cast<int>(nic)));

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core/config.h"
+#include "core/connection.h"
 #include "core/error.h"
 #include "core/health.h"
 #include "core/spread.h"
@@ -407,6 +408,18 @@ void bindStats(py::module_& m) {
       spreading.append(entry);
     }
     d["spreading"] = spreading;
+    // Connections with no usable path now, waiting for one (`stalled` events).
+    py::list stalled;
+    for (const StallInfo& info : stalledConnections()) {
+      py::dict entry;
+      entry["connection"] = info.connection;
+      entry["peer"] = info.peer;
+      entry["since"] = info.sinceWallNs / 1e9;
+      entry["paths"] = info.paths;
+      stalled.append(entry);
+    }
+    d["stalled"] = stalled;
+    d["stalls"] = stallsReported();
     return d;
   });
 }

@@ -61,7 +61,8 @@ def test_non_reccl_variables_are_ignored():
 
 INT_VARS = {
     "RECCL_HEARTBEAT_MS": (10, 60000),
-    "RECCL_NO_PATH_TIMEOUT_MS": (100, 600000),
+    "RECCL_NO_PATH_TIMEOUT_MS": (100, 3600000),
+    "RECCL_PEER_GONE_TIMEOUT_MS": (100, 3600000),
     "RECCL_CONNECT_TIMEOUT_MS": (100, 120000),
     "RECCL_NSOCKS": (1, 16),
     "RECCL_IO_THREADS": (0, 64),

@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("--pause", type=int, action="append", default=[])
     parser.add_argument("--width", type=int, default=192)
     parser.add_argument("--channels", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=60,
+                        help="the process group's timeout (s): the bound on every collective")
     parser.add_argument("--sync", choices=("all_reduce", "shards"), default="all_reduce",
                         help="how the gradient is summed: one all_reduce, or (as ZeRO and FSDP "
                              "do) reduce_scatter_tensor into shards, then all_gather_into_tensor")
@@ -66,7 +68,7 @@ def main() -> int:
     store = dist.TCPStore(args.master, args.port, args.world, is_master=args.rank == 0,
                           timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("reccl", store=store, rank=args.rank, world_size=args.world,
-                            timeout=datetime.timedelta(seconds=60),
+                            timeout=datetime.timedelta(seconds=args.timeout),
                             pg_options=Options(channels=args.channels))
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(64, args.width), torch.nn.Tanh(),

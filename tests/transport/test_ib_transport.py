@@ -347,8 +347,14 @@ def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabr
     primary NIC placed the first chunks (they were on the wire when the sender's
     port went down, and landed before the receiver fenced that path), its
     backup NIC the rest. The GPU flush (NCCL's iflush) must order both NICs'
-    writes, so it reads through each; before, only through the active one."""
-    f = fabric()
+    writes, so it reads through each; before, only through the active one.
+    The held chunks land through B0 only while its path stands: the hold also
+    holds A0's heartbeats, so a hold longer than RECCL_HEARTBEAT_MS (300 ms in
+    this suite; a slow moment of a loaded box, e.g. behind the threads earlier
+    tests leave running) failed B0's path by silence first, its QP took none of
+    them and the flush rightly read through B1 alone. The port event, not
+    silence, must cause the failover here: the heartbeat is far longer."""
+    f = fabric(HEARTBEAT_MS=5000)
     send, recv = f.pair()
     size = 32 * CHUNK
     src, dst = DmaBufArena(size, "ib-src"), DmaBufArena(size, "ib-dst")

@@ -2,7 +2,7 @@
 
     reccl drill [--fault SCHEDULE] [--hosts 2] [--rails 2] [--rate-mbit 200]
                 [--steps N | --duration 30s] [--verify] [--mode auto|fabric|inject]
-                [--plot reccl-drill.png | --no-plot] [--json PATH]
+                [--compare gloo] [--plot reccl-drill.png | --no-plot] [--json PATH]
 
 As root, builds an emulated rail-optimized fabric (docs/fabric.md), starts one
 training rank per host (data-parallel over the "reccl" backend on CPU, a small
@@ -17,6 +17,14 @@ torch_reccl.inject_fault on the NIC the schedule names.
 
 --verify then runs the same number of steps without faults and checks that the
 final parameters are bit-identical.
+
+--compare gloo first runs the same job over Gloo (on NIC 0 of each host, as a
+job pinned to one rail) through the same fault schedule on the same fabric,
+then over reccl, each with its own fault-free reference, and reports for each:
+survived or died (when, with what error), steps completed, longest stall, final
+parameters equal to its fault-free run or not; the plot shows both. Without
+root there is no fault to give Gloo (inject_fault acts inside reccl only): its
+run is then fault-free, and the report says so.
 
 Fault schedule (--fault may repeat): TARGET:ACTION@WHEN[,...]
   TARGET  railR (NIC R of every host), hHnicR (NIC R of host H), nicR (host 0)
@@ -195,7 +203,7 @@ def summary(run: RunResult, reference: Optional[RunResult], verify: Optional[dic
                   f"max {_ms(max(pause))}") if pause else ""
         lines.append(f"  {kind + 's':<12} {count}{f' ({ranks})' if ranks else ''}{timing}")
     others = {k: run.count(k) for k in ("nic_down", "nic_up", "path_down", "rebalance",
-                                        "degraded", "recovered")}
+                                        "degraded", "recovered", "stalled")}
     lines.append("  events       " + ", ".join(f"{k} {n}" for k, n in others.items()))
     if verify is not None:
         lines.append("  verify       " + verify["line"])
@@ -205,6 +213,49 @@ def summary(run: RunResult, reference: Optional[RunResult], verify: Optional[dic
         lines.append(f"  ERROR        {run.error}")
     elif reference is not None and reference.error:
         lines.append(f"  ERROR        reference run: {reference.error}")
+    return lines
+
+
+def longest_stall(run: RunResult) -> float:
+    """The longest wait for a step: the slowest step, or from the last step to
+    the end of a run that died (a hang the stall or collective timeout ended)."""
+    longest = max((s["step_s"] for s in run.steps[1:]), default=0.0)
+    if run.error is not None and run.failed_t is not None:
+        longest = max(longest, run.failed_t - run.end_t)
+    return longest
+
+
+def outcome(run: RunResult, faulted: bool) -> dict:
+    """Survived or died (when, with what error): one backend's row of --compare."""
+    row = {"backend": run.label, "steps": len(run.steps), "longest_stall_s": round(longest_stall(run), 2),
+           "faults_applied": len(run.applied) if faulted else 0, "survived": run.finished}
+    if not run.finished:
+        lines = [line for line in (run.error or "").splitlines() if line.strip()]
+        # the rank's own last words name the cause: the exception line in its log
+        cause = next((line.strip() for line in reversed(lines) if "Error" in line or "error" in line),
+                     lines[0] if lines else "?")
+        row["died_at_s"] = None if run.failed_t is None else round(run.failed_t, 1)
+        row["error"] = cause[:240]
+    return row
+
+
+def comparison_lines(rows: List[dict]) -> List[str]:
+    lines = ["comparison (same fault schedule, same fabric):",
+             f"  {'backend':<8} {'outcome':<44} {'steps':>6} {'longest stall':>14}  final parameters"]
+    for row in rows:
+        if row["survived"]:
+            what = "survived" + ("" if row["faults_applied"] else " (no fault applied)")
+        else:
+            at = f" at {row['died_at_s']:.1f} s" if row.get("died_at_s") is not None else ""
+            what = f"DIED{at}"
+        same = row.get("identical")
+        verdict = ("bit-identical to its fault-free run" if same else
+                   "DIFFER from its fault-free run" if same is False else "not compared")
+        lines.append(f"  {row['backend']:<8} {what:<44} {row['steps']:>6} {row['longest_stall_s']:>12.1f} s  {verdict}")
+        if not row["survived"]:
+            lines.append(f"  {'':<8} error: {row['error']}")
+        if row.get("note"):
+            lines.append(f"  {'':<8} {row['note']}")
     return lines
 
 
@@ -284,6 +335,9 @@ def run(args) -> int:
     fabric = None
     run_result: Optional[RunResult] = None
     reference: Optional[RunResult] = None
+    baseline: Optional[RunResult] = None            # --compare: the Gloo run
+    baseline_reference: Optional[RunResult] = None
+    baseline_note = ""
     with terminated_by_signal():
         try:
             if mode == "fabric":
@@ -302,37 +356,50 @@ def run(args) -> int:
                           f"to torch_reccl.inject_fault on loopback NICs", file=sys.stderr)
                     mode = "inject"
             if fabric is not None:
-                placement = FabricPlacement(fabric)
                 fabric_faults = FabricFaults(fabric, args.flap_period, args.flap_count)
+                placement_for = lambda: FabricPlacement(fabric)  # noqa: E731
                 make_applier = lambda job: fabric_faults  # noqa: E731
-                where = placement.describe()
+                where = placement_for().describe()
                 how = fabric_faults.describe()
             else:
-                placement = LoopbackPlacement(args.hosts, args.rails)
-                make_applier = lambda job: InjectedFaults(job, placement, args.flap_period,  # noqa: E731
+                placement_for = lambda: LoopbackPlacement(args.hosts, args.rails)  # noqa: E731
+                make_applier = lambda job: InjectedFaults(job, job.placement, args.flap_period,  # noqa: E731
                                                           args.flap_count)
-                where = placement.describe()
+                where = placement_for().describe()
                 how = InjectedFaults.describe() + (
                     " (NIC R is 127.0.0.{R+1}; no rate cap without the fabric)")
             length = f"{settings.steps} steps" if settings.steps else f"{settings.duration_s:g} s"
             print(f"reccl drill: {where}; training {length}; {how}", file=sys.stderr)
             print(f"reccl drill: fault schedule: {', '.join(f.text for f in faults) or 'none'}",
                   file=sys.stderr)
-            live = LiveLine(settings, len(faults))
-            run_result = run_training("drill", placement, settings, faults, make_applier,
+
+            def train(label: str, backend: str, run_faults, steps: Optional[int] = None) -> RunResult:
+                run_settings = Settings(**{**settings.__dict__, "backend": backend})
+                if steps is not None:  # a reference: as many steps as the run it checks
+                    run_settings = Settings(**{**run_settings.__dict__, "steps": steps, "duration_s": None})
+                live = LiveLine(run_settings, len(run_faults))
+                result = run_training(label, placement_for(), run_settings, run_faults, make_applier,
                                       commands=fabric is None, on_update=live.update)
-            live.finish(run_result)
-            if fabric is not None:
-                fabric_faults.heal_all()
-            if args.verify and run_result.finished:
-                ref_settings = Settings(**{**settings.__dict__, "steps": len(run_result.steps),
-                                           "duration_s": None})
+                live.finish(result)
+                if fabric is not None:
+                    fabric_faults.heal_all()
+                return result
+
+            def check_run(result: RunResult, backend: str) -> Optional[RunResult]:
+                if not ((args.verify or args.compare) and result.finished):
+                    return None
+                return train(f"{backend} reference", backend, [], steps=len(result.steps))
+
+            if args.compare:
                 if fabric is None:
-                    placement = LoopbackPlacement(args.hosts, args.rails)
-                live = LiveLine(ref_settings, 0)
-                reference = run_training("reference", placement, ref_settings, [], make_applier,
-                                         commands=fabric is None, on_update=live.update)
-                live.finish(reference)
+                    # inject_fault acts on reccl's own NICs: Gloo's sockets never see it
+                    baseline_note = ("no fault applied: without root there is no fault to give Gloo "
+                                     "(inject_fault acts inside reccl only); its fault-free baseline")
+                    print(f"reccl drill: {args.compare}: {baseline_note}", file=sys.stderr)
+                baseline = train(args.compare, args.compare, faults if fabric is not None else [])
+                baseline_reference = check_run(baseline, args.compare)
+            run_result = train("reccl" if args.compare else "drill", "reccl", faults)
+            reference = check_run(run_result, "reccl")
         except KeyboardInterrupt:
             print("\nreccl drill: interrupted; tearing down", file=sys.stderr)
             return 130
@@ -341,16 +408,26 @@ def run(args) -> int:
                 fabric.down()
 
     verify = verify_runs(run_result, reference) if reference is not None else None
+    rows = []
+    if baseline is not None:
+        for result, ref in ((baseline, baseline_reference), (run_result, reference)):
+            row = outcome(result, bool(result.applied))
+            row["identical"] = verify_runs(result, ref)["identical"] if ref is not None else None
+            if result is baseline and baseline_note:
+                row["note"] = baseline_note
+            rows.append(row)
     plot_path = None
     if not args.no_plot and run_result.steps:
         from torch_reccl.drill.plot import plot_drill
 
         title = (f"reccl drill: {where}\nfaults: {', '.join(f.text for f in faults) or 'none'}")
         try:
-            plot_path = plot_drill(run_result, args.plot, title, reference, flap_s)
+            plot_path = plot_drill(run_result, args.plot, title, reference, flap_s, baseline=baseline)
         except ImportError as error:
             print(f"reccl drill: no plot: {error}", file=sys.stderr)
     print("\n".join(summary(run_result, reference, verify, where, plot_path, flap_s)))
+    if rows:
+        print("\n".join(comparison_lines(rows)))
     ok = (run_result.finished and (verify is None or verify["identical"])
           and not run_result.not_applied)
     if run_result.finished:
@@ -368,6 +445,10 @@ def run(args) -> int:
                   "settings": settings.__dict__, "run": run_result.to_json(),
                   "reference": reference.to_json() if reference else None, "verify": verify,
                   "plot": plot_path, "ok": ok}
+        if baseline is not None:
+            record["compare"] = {"rows": rows, "baseline": baseline.to_json(),
+                                 "baseline_reference": baseline_reference.to_json()
+                                 if baseline_reference else None}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
     return 0 if ok else 1
@@ -390,6 +471,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"train this long (default {DEFAULT_DURATION_S:g}s)")
     parser.add_argument("--verify", action="store_true",
                         help="then run the same steps fault-free and compare parameters bit for bit")
+    parser.add_argument("--compare", choices=("gloo",), default=None,
+                        help="first run the same job and faults over this baseline backend, each "
+                             "backend checked against its own fault-free run")
     parser.add_argument("--mode", choices=("auto", "fabric", "inject"), default="auto",
                         help="fabric (root), inject (inject_fault on loopback), auto (default)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, metavar="PATH",

@@ -12,6 +12,10 @@ it, so where the runs are bit-identical the markers sit exactly on the line; the
 panel states the largest |loss difference| over the steps both runs have. The
 faults are marked at the steps they came after.
 
+With --compare, the baseline run (Gloo) is drawn too, in its own colour: its
+throughput in the top panel, ending with a cross where it died, and its losses
+in the bottom one.
+
 Drawn on matplotlib's Agg canvas directly, so no display is needed.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch_reccl.drill.schedule import fault_spans
 
 SMOOTH_STEPS = 9
 FAULT_COLOR = "tab:red"
+BASELINE_COLOR = "tab:brown"
 
 
 def moving_median(values, window: int):
@@ -50,7 +55,7 @@ def steps_done_by(run: RunResult, t: float) -> float:
 
 
 def drill_figure(run: RunResult, title: str, reference: Optional[RunResult] = None,
-                 flap_s: Optional[float] = None):
+                 flap_s: Optional[float] = None, baseline: Optional[RunResult] = None):
     """The two panels as a matplotlib Figure (Agg canvas attached)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -64,6 +69,8 @@ def drill_figure(run: RunResult, title: str, reference: Optional[RunResult] = No
     spans = fault_spans([(a.fault, a.t) for a in run.applied], run.end_t, flap_s)
     _throughput_panel(rate_axes, run, reference, spans)
     _loss_panel(loss_axes, run, reference, spans)
+    if baseline is not None:
+        _baseline(rate_axes, loss_axes, baseline)
     rate_axes.set_title(title, fontsize=10)
     figure.tight_layout()
     return figure
@@ -100,6 +107,21 @@ def _throughput_panel(axes, run: RunResult, reference: Optional[RunResult], span
     axes.grid(alpha=0.3)
 
 
+def _baseline(rate_axes, loss_axes, baseline: RunResult) -> None:
+    """The --compare run: its throughput and losses, and where it died."""
+    if baseline.steps:
+        t = [s["t"] for s in baseline.steps]
+        rate_axes.plot(t, moving_median([s["samples_per_s"] for s in baseline.steps], SMOOTH_STEPS),
+                       color=BASELINE_COLOR, lw=1.4, label=f"{baseline.label} (median)")
+        loss_axes.plot([s["step"] for s in baseline.steps], [s["loss"] for s in baseline.steps], "x",
+                       ms=3, color=BASELINE_COLOR, label=baseline.label)
+    if not baseline.finished and baseline.failed_t is not None:
+        rate_axes.plot([baseline.failed_t], [0], "X", color=BASELINE_COLOR, ms=10, clip_on=False,
+                       label=f"{baseline.label} died ({baseline.failed_t:.0f} s)", ls="none")
+    rate_axes.legend(loc="lower right", fontsize=8)
+    loss_axes.legend(loc="upper right", fontsize=8)
+
+
 def _loss_panel(axes, run: RunResult, reference: Optional[RunResult], spans) -> None:
     if reference is not None and reference.steps:
         axes.plot([s["step"] for s in reference.steps], [s["loss"] for s in reference.steps],
@@ -132,6 +154,6 @@ def _loss_panel(axes, run: RunResult, reference: Optional[RunResult], spans) -> 
 
 
 def plot_drill(run: RunResult, path: str, title: str, reference: Optional[RunResult] = None,
-               flap_s: Optional[float] = None) -> str:
-    drill_figure(run, title, reference, flap_s).savefig(path, dpi=110)
+               flap_s: Optional[float] = None, baseline: Optional[RunResult] = None) -> str:
+    drill_figure(run, title, reference, flap_s, baseline).savefig(path, dpi=110)
     return path

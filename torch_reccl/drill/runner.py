@@ -34,11 +34,12 @@ class Settings:
     start_timeout_s: float = 180.0
     stall_timeout_s: float = 60.0
     run_timeout_s: float = 1800.0
+    backend: str = "reccl"
 
     def trainer_argv(self, commands: bool) -> List[str]:
         argv = [sys.executable, "-m", "torch_reccl.drill.trainer", "--batch", str(self.batch),
                 "--width", str(self.width), "--depth", str(self.depth), "--seed", str(self.seed),
-                "--timeout", str(self.collective_timeout_s)]
+                "--timeout", str(self.collective_timeout_s), "--backend", self.backend]
         argv += ["--steps", str(self.steps)] if self.steps is not None else \
             ["--duration", str(self.duration_s)]
         if commands:
@@ -64,6 +65,7 @@ class RunResult:
     not_applied: List[Fault] = dataclasses.field(default_factory=list)
     done: Dict[int, dict] = dataclasses.field(default_factory=dict)
     error: Optional[str] = None
+    failed_t: Optional[float] = None           # when the error ended the run (s since t0)
     world: int = 0
 
     @property
@@ -80,6 +82,7 @@ class RunResult:
     def to_json(self) -> dict:
         return {
             "label": self.label, "t0": self.t0, "world": self.world, "error": self.error,
+            "failed_t": self.failed_t,
             "finished": self.finished, "steps": self.steps, "events": self.events,
             "applied": [{"fault": a.fault.text, "t": a.t, "step": a.step, "what": a.what}
                         for a in self.applied],
@@ -110,7 +113,10 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                 got = job.next_message(TICK_S)
                 if got is not None:
                     rank, message = got
-                    if _absorb(result, rank, message):
+                    started_training = result.t0 is None
+                    # The stall bound counts from training's start: setting up the
+                    # group (start_timeout_s) is not a stall.
+                    if _absorb(result, rank, message) or (started_training and result.t0 is not None):
                         last_step_at = time.monotonic()
                     if result.error:
                         break
@@ -155,6 +161,8 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
                     break
         except LaunchError as error:
             result.error = f"could not apply a fault: {error}\n{job.logs()}"
+        if result.error is not None and result.t0 is not None:
+            result.failed_t = time.time() - result.t0
         if result.error is None:
             if not job.wait(FINISH_TIMEOUT_S):
                 result.error = f"the ranks did not exit within {FINISH_TIMEOUT_S:.0f} s\n{job.logs()}"

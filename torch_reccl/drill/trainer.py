@@ -1,7 +1,8 @@
 """The training job of ``reccl drill``: one rank, torchrun-compatible.
 
 A small MLP learns a fixed random "teacher" classifier from synthetic data,
-data-parallel over the ``reccl`` backend on CPU tensors: the parameters start
+data-parallel over the ``reccl`` backend (or, ``--backend gloo``, the baseline
+the drill compares it with) on CPU tensors: the parameters start
 as rank 0's, and every step averages the gradients with one all_reduce, as DDP
 does (DDP itself works with reccl too, but it imports torch._dynamo, which
 takes seconds on a small machine). Everything is seeded (the
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="bound on every collective (s)")
+    parser.add_argument("--backend", choices=("reccl", "gloo"), default="reccl",
+                        help="the process group's backend (gloo: the baseline, on GLOO_SOCKET_IFNAME)")
     parser.add_argument("--commands", action="store_true", help="read inject commands on stdin")
     args = parser.parse_args(argv)
     if (args.steps is None) == (args.duration is None):
@@ -120,7 +123,7 @@ def main(argv=None) -> int:
 
         listen_for_commands(on_command)
 
-    dist.init_process_group("reccl", timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
     world = dist.get_world_size()
     model = build_model(torch, args.width, args.depth, args.seed)
     params = list(model.parameters())

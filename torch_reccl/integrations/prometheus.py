@@ -12,7 +12,8 @@ From events (labels ``rank``, ``nic``; job-wide on rank 0):
 From this process's ``torch_reccl.stats()``, read at scrape time (label ``nic``):
 ``reccl_nic_up`` (1 usable, 0 not), ``reccl_bytes_sent_total``,
 ``reccl_bytes_received_total``, ``reccl_nic_failovers_total``,
-``reccl_events_dropped_total``. Each process serves its own NIC counters, so give
+``reccl_events_dropped_total``, ``reccl_stalled_connections`` (connections with no
+usable path now, waiting for one: an outage) and ``reccl_stalls_total``. Each process serves its own NIC counters, so give
 each rank that should be scraped its own port. Needs ``pip install prometheus_client``.
 """
 from __future__ import annotations
@@ -49,7 +50,12 @@ class _NicStatsCollector:
             moved.add_metric([name], nic["failovers"])
         dropped = core.CounterMetricFamily("reccl_events_dropped", "events lost to a full event ring")
         dropped.add_metric([], snapshot.get("events_dropped", 0))
-        return [up, sent, received, moved, dropped]
+        stalled = core.GaugeMetricFamily("reccl_stalled_connections",
+                                         "connections with no usable path now, waiting for one")
+        stalled.add_metric([], len(snapshot.get("stalled", [])))
+        stalls = core.CounterMetricFamily("reccl_stalls", "stalls reported (stalled events that began one)")
+        stalls.add_metric([], snapshot.get("stalls", 0))
+        return [up, sent, received, moved, dropped, stalled, stalls]
 
 
 class PrometheusSink:
