@@ -95,7 +95,9 @@ setup(
         "plot": ["matplotlib"],
         "nvml": ["nvidia-ml-py"],  # reccl topo's and NVL's NVLink answers (torch_reccl/gpu_topo.py)
         "integrations": ["wandb", "tensorboard", "prometheus_client"],
+        # ruff and clang-format pinned: tests/tools/test_style.py checks the tree against them.
         "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
+                 "ruff==0.17.6", "clang-format==23.1.5",
                  "wandb", "tensorboard", "prometheus_client"],
     },
     # Built in this order: the extensions link the library.

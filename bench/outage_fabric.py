@@ -2,14 +2,14 @@
 (training) and the NCCL plugin (a message stream) ride them out.
 
 training: two emulated hosts with two rails (2 Gbit/s per NIC) train the small
-MLP of tests/fabric_train.py over the "reccl" backend, 40 steps; at step 20 a
+MLP of tests/helpers/fabric_train.py over the "reccl" backend, 40 steps; at step 20 a
 real outage starts for --seconds: `host` = every NIC of host 1 loses its link,
 `pair` = host 0 loses rail 0 and host 1 rail 1 at once (no common healthy
 rail). Reports whether training finished, the longest stall (`recovered`
 events), how many `stalled` events each rank saw, and whether the final
 parameters equal the fault-free run's.
 
-plugin: the NCCL net plugin's send and receive comms (tests/nccl_net_harness.py
+plugin: the NCCL net plugin's send and receive comms (tests/helpers/nccl_net_harness.py
 drives the plugin tables as NCCL's proxy does: isend/irecv, test() polled)
 stream 150 messages from host 0 to host 1; after the first ones, every NIC of
 host 1 loses its link for --seconds. Reports whether every request completed
@@ -52,7 +52,7 @@ def training(fab, seconds: float, outage, port: int, timeout_s: float) -> dict:
             "--timeout", str(timeout_s)]
     if outage:
         argv += ["--pause", "20"]
-    worker = os.path.join(TESTS, "fabric", "outage_train.py")
+    worker = os.path.join(TESTS, "helpers", "outage_train.py")
     procs = [fab.popen(h, [sys.executable, worker, "--rank", str(h)] + argv, env=default_env(),
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for h in range(2)]

@@ -17,7 +17,8 @@ import pytest
 
 from torch_reccl import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import REPO as ROOT
+
 
 
 def rows_by_backend(record) -> dict:

@@ -1,4 +1,4 @@
-"""tests/fabric_train.py with the outage's events: one rank of the same
+"""tests/helpers/fabric_train.py with the outage's events: one rank of the same
 training run, which also records every `stalled`, `recovered` and
 `connection_failed` event it sees and, after fabric_train.py's result line,
 prints one more JSON line: {"events": [...], "stalls": stats()["stalls"]}.
@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HELPERS = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("stalled", "recovered", "connection_failed")
 
 
@@ -19,7 +19,7 @@ def main() -> int:
 
     events = []
     torch_reccl.on_event(lambda e: events.append(e.to_dict()), kinds=KINDS)
-    sys.path.insert(0, TESTS)
+    sys.path.insert(0, HELPERS)
     import fabric_train
 
     code = fabric_train.main()

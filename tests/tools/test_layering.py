@@ -20,10 +20,9 @@ import os
 import re
 from typing import Dict, List, Set
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-while not os.path.isdir(os.path.join(ROOT, "csrc")):  # tests/ or a folder below it
-    ROOT = os.path.dirname(ROOT)
-CSRC = os.path.join(ROOT, "csrc")
+from conftest import REPO
+
+CSRC = os.path.join(REPO, "csrc")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 TRANSPORT_FACTORY = "transport/make_transport.cc"
 
