@@ -20,7 +20,6 @@ from torch_reccl import cli
 from conftest import REPO as ROOT
 
 
-
 def rows_by_backend(record) -> dict:
     return {row["backend"]: row for row in record["compare"]["rows"]}
 
