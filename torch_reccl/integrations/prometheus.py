@@ -14,7 +14,8 @@ From this process's ``torch_reccl.stats()``, read at scrape time (label ``nic``)
 ``reccl_bytes_received_total``, ``reccl_nic_failovers_total``,
 ``reccl_events_dropped_total``, ``reccl_stalled_connections`` (connections with no
 usable path now, waiting for one: an outage) and ``reccl_stalls_total``. Each process
-serves its own NIC counters, so give each rank that should be scraped its own port. Needs ``pip install prometheus_client``.
+serves its own NIC counters, so give each rank that should be scraped its own port.
+Needs ``pip install prometheus_client``.
 """
 from __future__ import annotations
 
