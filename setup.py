@@ -95,8 +95,9 @@ setup(
         "plot": ["matplotlib"],
         "nvml": ["nvidia-ml-py"],  # reccl topo's and NVL's NVLink answers (torch_reccl/gpu_topo.py)
         "integrations": ["wandb", "tensorboard", "prometheus_client"],
+        # expecttest: torch's own distributed suite (bench/torch_dist_suite.py) imports it.
         "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
-                 "wandb", "tensorboard", "prometheus_client"],
+                 "wandb", "tensorboard", "prometheus_client", "expecttest"],
     },
     # Built in this order: the extensions link the library.
     ext_modules=[
