@@ -21,14 +21,16 @@ Three modes, each a separate worker process per world size:
 * ``reccl-as-gloo``: for the tests the suite gates on the literal name "gloo"
   (skipped under ``reccl``, passed under ``gloo``). ``BACKEND=gloo``, so every gate
   (the decorators, evaluated at import, and the ``BACKEND == "gloo"`` checks at run
-  time) sees "gloo"; in every process (the worker and the ranks it spawns) this
-  module replaces the ``ProcessGroupGloo`` constructor that torch's
-  ``distributed_c10d._new_process_group_helper`` (and the DETAIL-debug wrapper's
-  helper group) calls with one that builds a reccl backend, and makes
-  ``isinstance(x, ProcessGroupGloo)`` in that module accept it. So every process
-  group is a reccl one, while ``dist.get_backend`` and the group's backend type
-  say "gloo". A test that fails only here is refused by torch for non-Gloo
-  backends or a reccl gap; the comparison says which tests those are.
+  time) sees "gloo". In every process (the worker and the ranks it spawns) this
+  module wraps ``torch.distributed.distributed_c10d._new_process_group_helper``,
+  which ``init_process_group`` and ``new_group`` call for every group: asked for
+  "gloo", it makes the group with "reccl" (the reccl creator, the same group a
+  reccl job gets) and then records "gloo" as the group's backend in torch's
+  world map, which is what ``dist.get_backend`` reads. The group's own name
+  (``pg.name()``, DDP's logging data) stays "reccl", and torch's internal helper
+  group of the DETAIL-debug wrapper (made with ``ProcessGroupGloo`` directly)
+  stays Gloo. A name-gated test that fails here is refused by torch for
+  non-Gloo backends or is a reccl gap; the comparison lists them.
 
 Bounds: each test has ``--test-timeout`` seconds (torch's MultiProcessTestCase
 kills its ranks past it, ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``); a worker that makes
@@ -57,8 +59,8 @@ import time
 import unittest
 from typing import Dict, List, Optional
 
-GLOO_NAME_ENV = "RECCL_SUITE_AS_GLOO"
-WORKER_ENV = "RECCL_SUITE_WORKER"
+GLOO_NAME_ENV = "TORCH_DIST_SUITE_AS_GLOO"  # not RECCL_*: reccl checks those names
+WORKER_ENV = "TORCH_DIST_SUITE_WORKER"
 MODES = ("gloo", "reccl", "reccl-as-gloo")
 # The fast subset (a few minutes on 2 cores): collectives, p2p, groups, DDP basics.
 FAST_SUBSET = [f"^test_{name}$" for name in (
@@ -72,39 +74,23 @@ FAST_SUBSET = [f"^test_{name}$" for name in (
 # --------------------------------------------------------------------------- worker side
 
 def _install_reccl_as_gloo() -> None:
-    """Makes torch's Gloo construction build reccl backends (mode reccl-as-gloo)."""
+    """Makes every "gloo" group a reccl group that get_backend() calls "gloo"."""
     import torch.distributed.distributed_c10d as c10d
 
-    import torch_reccl.backend as reccl_backend
+    real = c10d._new_process_group_helper
 
-    real = c10d.ProcessGroupGloo
+    def new_process_group_helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                                 group_name, *args, **kwargs):
+        if str(backend) != c10d.Backend.GLOO:
+            return real(group_size, group_rank, global_ranks_in_group, backend, store, group_name,
+                        *args, **kwargs)
+        pg, prefix_store = real(group_size, group_rank, global_ranks_in_group, c10d.Backend("reccl"),
+                                store, group_name, *args, **kwargs)
+        if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
+            c10d._world.pg_map[pg] = (c10d.Backend.GLOO, prefix_store)
+        return pg, prefix_store
 
-    class _GlooType(type):
-        def __instancecheck__(cls, obj):
-            return isinstance(obj, real) or type(obj).__name__ == "Backend" and _is_reccl(obj)
-
-    def _is_reccl(obj) -> bool:
-        try:
-            reccl_backend._pg_native()._reccl_backend_info(obj)
-            return True
-        except TypeError:
-            return False
-
-    class _Options:
-        def __init__(self, store, rank, size, timeout):
-            self.store, self.group_rank, self.group_size, self.timeout = store, rank, size, timeout
-            self.group_id, self.global_ranks_in_group = "gloo-named", []
-
-    class ProcessGroupGloo(metaclass=_GlooType):
-        def __new__(cls, store, rank, size, timeout=datetime.timedelta(minutes=30)):
-            return reccl_backend._create_cpu_backend(_Options(store, rank, size, timeout),
-                                                     reccl_backend.Options())
-
-        create_device = staticmethod(real.create_device)
-        create_default_device = staticmethod(real.create_default_device)
-        _Options = real._Options
-
-    c10d.ProcessGroupGloo = ProcessGroupGloo
+    c10d._new_process_group_helper = new_process_group_helper
 
 
 def _prepare_worker_imports() -> None:

@@ -17,14 +17,16 @@ std::string keyOf(uint64_t generation, const std::string& what) {
   return "reccl/monitored_barrier/" + std::to_string(generation) + "/" + what;
 }
 
-// Waits up to `bound` (> 0) for `key`; false past it. Store::wait takes 0 as
-// "no timeout", so a spent bound only checks.
+// Waits up to `bound` for `key`; false past it. Store::wait takes 0 as "no
+// timeout", so a spent bound only checks. Stores differ in what they throw on a
+// timeout (TCPStore DistStoreError, FileStore a plain c10::Error): the check
+// after it tells a timeout (false) from a broken store (it throws again).
 bool arrivedWithin(c10d::Store& store, const std::string& key, milliseconds bound) {
   if (bound.count() <= 0) return store.check({key});
   try {
     store.wait({key}, bound);
     return true;
-  } catch (const c10::DistStoreError&) {
+  } catch (const c10::Error&) {
     return store.check({key});
   }
 }
