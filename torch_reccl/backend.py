@@ -127,20 +127,46 @@ def _create_backend(dist_options, pg_options):
     (so every NCCL feature works and CUDA ops pay no dispatch cost); its NIC
     failover comes from our net plugin, its fault picture from the reccl control
     plane, which also counts the NCCL collectives issued."""
-    options = pg_options if isinstance(pg_options, Options) else Options()
-    cpu = _create_cpu_backend(dist_options, options)
-    if not _cuda_backend_wanted():
-        return cpu
     import torch
     from torch.distributed import ProcessGroup
 
-    cuda = _create_nccl_backend(dist_options, pg_options)
-    _pg_native()._reccl_attach_device_backend(cpu, cuda)
-    pg = ProcessGroup(dist_options.store, dist_options.group_rank, dist_options.group_size)
-    pg._set_default_backend(ProcessGroup.BackendType.NCCL)
-    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, cpu)
-    pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, cuda)
+    options = pg_options if isinstance(pg_options, Options) else Options()
+    cpu = _create_cpu_backend(dist_options, options)
+    cuda = None
+    if _cuda_backend_wanted():
+        cuda = _create_nccl_backend(dist_options, pg_options)
+        _pg_native()._reccl_attach_device_backend(cpu, cuda)
+    # A ProcessGroup of our own (not the one torch would make around a returned
+    # Backend) so the group names itself "reccl" to C++ callers such as DDP's
+    # logging data; torch's default names a registered backend "custom"
+    # (ProcessGroup::getBackendName returns backendTypeToString(CUSTOM)). torch
+    # takes a ProcessGroup from the creator as the group itself
+    # (distributed_c10d._new_process_group_helper), so what it would do to a
+    # returned Backend happens here: the DETAIL-debug wrapper, registration.
+    cpu = _debug_wrapped(dist_options, cpu)
+    pg = _pg_native()._reccl_process_group(dist_options.store, dist_options.group_rank,
+                                           dist_options.group_size)
+    if cuda is None:
+        pg._set_default_backend(ProcessGroup.BackendType.CUSTOM)
+        for device in ("cpu", "cuda"):
+            pg._register_backend(torch.device(device), ProcessGroup.BackendType.CUSTOM, cpu)
+    else:
+        pg._set_default_backend(ProcessGroup.BackendType.NCCL)
+        pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, cpu)
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, cuda)
     return pg
+
+
+def _debug_wrapped(dist_options, cpu):
+    """`cpu` in torch's collective-checking wrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL,
+    as torch wraps every backend it registers itself."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if c10d.get_debug_level() != c10d.DebugLevel.DETAIL or not c10d.is_gloo_available():
+        return cpu
+    return c10d._create_process_group_wrapper(
+        wrapped_pg=cpu, store_prefix=str(dist_options.group_id), store=dist_options.store,
+        rank=dist_options.group_rank, world_size=dist_options.group_size, timeout=dist_options.timeout)
 
 
 def register() -> None:
@@ -179,6 +205,42 @@ def _cpu_backend(group):
 
     pg = group if group is not None else dist.group.WORLD
     return pg._get_backend(torch.device("cpu"))
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier`` for reccl groups, which torch refuses
+    (it raises for every backend but Gloo: ``get_backend(group) != Backend.GLOO`` in
+    torch/distributed/distributed_c10d.py). Same semantics and messages as Gloo's:
+    rank 0 waits up to ``timeout`` (a timedelta or seconds; default: the group's
+    timeout) for every other rank and raises ``DistBackendError`` naming the first
+    rank that did not arrive ("Rank 2 failed to pass monitoredBarrier in 1000 ms"),
+    or every such rank with ``wait_all_ranks`` ("Ranks 1, 2 failed to ..."); the
+    other ranks raise when rank 0 does not release them within ``timeout``. Runs
+    through the group's store, so it works while peers are stuck in a collective.
+    A process outside ``group`` returns at once."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_group, _rank_not_in_group
+
+    if _rank_not_in_group(group):
+        return
+    pg = group if group is not None else _get_default_group()
+    backend = dist.get_backend(pg)
+    if backend != BACKEND_NAME:
+        raise ValueError(f"torch_reccl.monitored_barrier: the group's backend is {backend!r}, "
+                         f"not 'reccl'; use torch.distributed.monitored_barrier for Gloo groups")
+    if not isinstance(wait_all_ranks, bool):
+        raise ValueError(f"torch_reccl.monitored_barrier: wait_all_ranks={wait_all_ranks!r} is "
+                         "not valid: expected True or False")
+    if timeout is None:
+        pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, datetime.timedelta)):
+        raise ValueError(f"torch_reccl.monitored_barrier: timeout={timeout!r} is not valid: "
+                         "expected a datetime.timedelta, seconds, or None for the group's timeout")
+    seconds = _seconds(timeout)
+    if seconds < 0:
+        raise ValueError(f"torch_reccl.monitored_barrier: timeout={timeout!r} is negative")
+    pg.monitored_barrier(datetime.timedelta(seconds=seconds), wait_all_ranks=wait_all_ranks)
 
 
 def backend_info(group=None) -> Dict[str, Any]:

@@ -16,6 +16,7 @@
 #include "engine/reduce.h"
 #include "engine/reduce_scatter.h"
 #include "engine/scatter.h"
+#include "pg/monitored_barrier.h"
 #include "pg/shared_transport.h"
 #include "pg/store_rendezvous.h"
 #include "pg/tensor_args.h"
@@ -182,10 +183,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
   auto work = c10::make_intrusive<RecclWork>(rank_, type, title, std::move(outputs),
                                              seq_.fetch_add(1) + 1);
   OpQueue::Job job;
-  job.run = [comm, work, timeout, body = std::move(body)] {
+  job.run = [comm, work, timeout, body = std::move(body), title, group = options_.group,
+             rank = rank_, size = size_] {
     std::exception_ptr error;
     try {
       body(*comm, timeout);
+    } catch (const TimeoutError& e) {
+      error = backendError(timedOutMessage(title, group, rank, size, timeout, e.what()));
     } catch (const std::exception& e) {
       error = backendError(messageOf(e));
     } catch (...) {
@@ -237,6 +241,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
+    return sparseAllreduce(tensors[0], opts);
+  }
   const at::Tensor t = singleTensor(tensors, "all_reduce");
   const DataType dt = toDataType(t.scalar_type(), "all_reduce");
   const ReduceOp op = toReduceOp(opts.reduceOp, "all_reduce");
@@ -251,6 +258,108 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allreduce(std::vector<at::Tens
                    reccl::allreduce(c, buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op,
                                     timeout);
                    copyBack(t, buf);
+                 });
+}
+
+namespace {
+
+// Per rank, gathered before the indices and values: sparse_dim, dense_dim,
+// nnz, then the sizes (unused entries 0).
+constexpr int64_t kSparseMetaFixed = 3;
+constexpr int64_t kSparseMaxDims = 64;
+constexpr int64_t kSparseMetaLength = kSparseMetaFixed + kSparseMaxDims;
+
+// The rows of `gathered` ([ranks, padded]) cut to each rank's `lengths`,
+// reshaped by `shapeOf`.
+std::vector<at::Tensor> unpad(const at::Tensor& gathered, const std::vector<int64_t>& lengths,
+                              const std::function<std::vector<int64_t>(size_t)>& shapeOf) {
+  std::vector<at::Tensor> pieces;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    pieces.push_back(gathered.select(0, static_cast<int64_t>(r)).narrow(0, 0, lengths[r]).reshape(shapeOf(r)));
+  }
+  return pieces;
+}
+
+// Gathers `flat` (1-D, contiguous) from every rank, each padded to `padded` elements.
+at::Tensor allgatherPadded(Communicator& c, const at::Tensor& flat, int64_t padded, int size,
+                           milliseconds timeout) {
+  at::Tensor in = at::zeros({padded}, flat.options());
+  in.narrow(0, 0, flat.numel()).copy_(flat);
+  at::Tensor out = at::empty({size, padded}, flat.options());
+  if (padded > 0) {
+    reccl::allgather(c, in.data_ptr(), out.data_ptr(), static_cast<size_t>(padded),
+                     toDataType(flat.scalar_type(), "all_reduce"), timeout);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Gloo's algorithm (ProcessGroupGloo's AsyncSparseAllreduceWork), so results are
+// bit for bit Gloo's: coalesce, gather every rank's shape and nnz, gather the
+// indices and values, add the ranks' tensors in rank order, coalesce.
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(const at::Tensor& tensor,
+                                                                  const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensor.device().is_cpu(), "reccl all_reduce: the sparse tensor is on ",
+              tensor.device(), "; the reccl CPU engine takes CPU tensors");
+  TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM,
+              "reccl all_reduce: sparse tensors reduce with ReduceOp.SUM only (as with Gloo)");
+  TORCH_CHECK(tensor.dim() <= kSparseMaxDims, "reccl all_reduce: a sparse tensor of ", tensor.dim(),
+              " dimensions; at most ", kSparseMaxDims, " are supported");
+  toDataType(tensor.scalar_type(), "all_reduce");
+  const at::Tensor t = tensor;
+  const int rank = rank_, size = size_;
+  return enqueue(c10d::OpType::ALLREDUCE, "reccl:sparse_all_reduce", {t}, timeoutOf(opts.timeout),
+                 [t, rank, size](Communicator& c, milliseconds timeout) {
+                   at::AutoDispatchBelowAutograd belowAutograd;
+                   const at::Tensor input = t.coalesce();
+                   at::Tensor meta = at::zeros({kSparseMetaLength}, at::kLong);
+                   int64_t* m = meta.data_ptr<int64_t>();
+                   m[0] = input.sparse_dim();
+                   m[1] = input.dense_dim();
+                   m[2] = input._nnz();
+                   for (int64_t d = 0; d < input.dim(); ++d) m[kSparseMetaFixed + d] = input.size(d);
+                   const at::Tensor metas = allgatherPadded(c, meta, kSparseMetaLength, size, timeout);
+                   std::vector<int64_t> nnz(size);
+                   for (int r = 0; r < size; ++r) {
+                     TORCH_CHECK(metas[r].narrow(0, 0, 2).equal(meta.narrow(0, 0, 2)) &&
+                                     metas[r].narrow(0, kSparseMetaFixed, kSparseMaxDims)
+                                         .equal(meta.narrow(0, kSparseMetaFixed, kSparseMaxDims)),
+                                 "reccl all_reduce: sparse tensors differ in shape between ranks: "
+                                 "rank ", rank, " has ", input.sizes(), " (sparse_dim ",
+                                 input.sparse_dim(), "), rank ", r, " has sparse_dim ",
+                                 metas[r][0].item<int64_t>(), ", dense_dim ",
+                                 metas[r][1].item<int64_t>());
+                     nnz[r] = metas[r][2].item<int64_t>();
+                   }
+                   const int64_t sparseDim = input.sparse_dim();
+                   const std::vector<int64_t> valueShape = input.sizes().slice(sparseDim).vec();
+                   int64_t denseNumel = 1;
+                   for (int64_t d : valueShape) denseNumel *= d;
+                   const int64_t maxNnz = *std::max_element(nnz.begin(), nnz.end());
+                   std::vector<int64_t> indexLengths, valueLengths;
+                   for (int64_t n : nnz) {
+                     indexLengths.push_back(n * sparseDim);
+                     valueLengths.push_back(n * denseNumel);
+                   }
+                   const std::vector<at::Tensor> indices =
+                       unpad(allgatherPadded(c, input._indices().contiguous().reshape({-1}),
+                                             maxNnz * sparseDim, size, timeout),
+                             indexLengths, [&](size_t r) { return std::vector<int64_t>{sparseDim, nnz[r]}; });
+                   const std::vector<at::Tensor> values =
+                       unpad(allgatherPadded(c, input._values().contiguous().reshape({-1}),
+                                             maxNnz * denseNumel, size, timeout),
+                             valueLengths, [&](size_t r) {
+                               std::vector<int64_t> shape{nnz[r]};
+                               shape.insert(shape.end(), valueShape.begin(), valueShape.end());
+                               return shape;
+                             });
+                   at::Tensor output =
+                       at::sparse_coo_tensor(indices[0], values[0], input.sizes(), input.options());
+                   for (int r = 1; r < size; ++r) {
+                     output += at::sparse_coo_tensor(indices[r], values[r], input.sizes(), input.options());
+                   }
+                   t.copy_(output.coalesce());
                  });
 }
 
@@ -682,6 +791,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::barrier(const c10d::BarrierOpt
                  [](Communicator& c, milliseconds timeout) { reccl::barrier(c, timeout); });
 }
 
+void ProcessGroupReccl::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // c10d's "unset" is negative; 0 is a real (spent) bound, as for Gloo.
+  const milliseconds timeout = opts.timeout.count() < 0 ? options_.timeout : opts.timeout;
+  reccl::monitoredBarrier(*store_, monitoredBarriers_.fetch_add(1) + 1, rank_, size_, timeout,
+                          waitAllRanks);
+}
+
 // ------------------------------------------------------------------ point to point
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::p2pWork(c10d::OpType type,
@@ -695,8 +811,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::p2pWork(c10d::OpType type,
     // transport failure.
     if (auto comm = weak.lock()) comm->abort(why);
   };
-  return c10::make_intrusive<RecclP2pWork>(rank_, type, std::move(op), std::move(keepAlive),
-                                           options_.timeout, std::move(onSuccess), onFailure);
+  return c10::make_intrusive<RecclP2pWork>(rank_, size_, options_.group, type, std::move(op),
+                                           std::move(keepAlive), options_.timeout,
+                                           std::move(onSuccess), onFailure);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::send(std::vector<at::Tensor>& tensors, int dstRank,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "engine/communicator.h"
@@ -106,6 +107,8 @@ class ProcessGroupReccl : public c10d::Backend {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // Gloo's monitored barrier (pg/monitored_barrier.h), on the caller's thread.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -143,6 +146,9 @@ class ProcessGroupReccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reject(c10d::OpType type, const char* title, OpDescriptor desc,
                                         std::chrono::milliseconds requested);
   std::chrono::milliseconds timeoutOf(std::chrono::milliseconds requested) const;
+  // all_reduce of a sparse COO tensor (SUM), exactly as Gloo computes it.
+  c10::intrusive_ptr<c10d::Work> sparseAllreduce(const at::Tensor& tensor,
+                                                 const c10d::AllreduceOptions& opts);
   // The engine; built on first use. Throws once released.
   std::shared_ptr<Communicator> communicator(const char* op);
   void startEngine();  // with releaseMutex_ held
@@ -159,8 +165,17 @@ class ProcessGroupReccl : public c10d::Backend {
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<OpQueue> queue_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> monitoredBarriers_{0};
   mutable std::mutex releaseMutex_;  // guards comm_, queue_, deviceOps_, released_
   bool released_ = false;
+};
+
+// The ProcessGroup of a reccl group: torch's own, except that it names itself
+// "reccl" (torch's names a registered backend "custom"; DDP logs this name).
+class RecclProcessGroup : public c10d::ProcessGroup {
+ public:
+  using c10d::ProcessGroup::ProcessGroup;
+  const std::string getBackendName() const override { return "reccl"; }
 };
 
 // A new reccl backend; what the Python creator function calls.

@@ -11,11 +11,20 @@ std::exception_ptr backendError(const std::string& message) {
       c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }
 
+std::string timedOutMessage(const char* title, const std::string& group, int rank, int size,
+                            std::chrono::milliseconds timeout, const std::string& detail) {
+  std::string op = title;
+  if (op.rfind("reccl:", 0) == 0) op = op.substr(6);
+  return "[reccl] Timed out waiting " + std::to_string(timeout.count()) + "ms for " + op +
+         " on process group '" + group + "' (rank " + std::to_string(rank) + " of " +
+         std::to_string(size) + "): " + detail;
+}
+
 namespace {
 std::string waitTimeoutMessage(std::chrono::milliseconds timeout) {
-  return "reccl: Work.wait() timed out after " + std::to_string(timeout.count()) +
-         " ms; the operation is still running (it fails on its own at the process group "
-         "timeout)";
+  return "[reccl] Timed out waiting " + std::to_string(timeout.count()) +
+         "ms in Work.wait(); the operation is still running (it fails on its own at the "
+         "process group timeout)";
 }
 }  // namespace
 
@@ -58,19 +67,21 @@ void RecclWork::fail(std::exception_ptr error) {
 
 // ------------------------------------------------------------------ RecclP2pWork
 
-RecclP2pWork::RecclP2pWork(int rank, c10d::OpType type, std::shared_ptr<P2pOp> op,
-                           std::vector<at::Tensor> keepAlive,
+RecclP2pWork::RecclP2pWork(int rank, int size, std::string group, c10d::OpType type,
+                           std::shared_ptr<P2pOp> op, std::vector<at::Tensor> keepAlive,
                            std::chrono::milliseconds defaultTimeout,
                            std::function<void()> onSuccess,
                            std::function<void(const std::string&)> onFailure)
     : c10d::Work(rank, type, op->isSend() ? "reccl:send" : "reccl:recv"),
+      size_(size),
+      group_(std::move(group)),
       op_(std::move(op)),
       keepAlive_(std::move(keepAlive)),
       defaultTimeout_(defaultTimeout),
       onSuccess_(std::move(onSuccess)),
       onFailure_(std::move(onFailure)) {}
 
-void RecclP2pWork::finishOnce(std::exception_ptr error) {
+void RecclP2pWork::finishOnce(std::exception_ptr error, std::chrono::milliseconds bound) {
   {
     std::lock_guard<std::mutex> lock(finishMutex_);
     if (finished_) return;
@@ -85,13 +96,19 @@ void RecclP2pWork::finishOnce(std::exception_ptr error) {
   }
   if (error && onFailure_) {
     std::string message = "p2p failed";
+    bool timedOut = false;
     try {
       std::rethrow_exception(error);
+    } catch (const TimeoutError& e) {
+      message = e.what();
+      timedOut = true;
     } catch (const std::exception& e) {
       message = e.what();
     }
     onFailure_(message);
-    error = backendError(message);
+    error = backendError(timedOut ? timedOutMessage(op_->isSend() ? "send" : "recv", group_, rank_,
+                                                    size_, bound, message)
+                                  : message);
   }
   finish(error);
 }
@@ -103,9 +120,9 @@ bool RecclP2pWork::isCompleted() {
   }
   try {
     if (!op_->test()) return false;
-    finishOnce(nullptr);
+    finishOnce(nullptr, defaultTimeout_);
   } catch (...) {
-    finishOnce(std::current_exception());
+    finishOnce(std::current_exception(), defaultTimeout_);
   }
   return true;
 }
@@ -120,9 +137,9 @@ bool RecclP2pWork::wait(std::chrono::milliseconds timeout) {
     const std::chrono::milliseconds bound = timeout.count() > 0 ? timeout : defaultTimeout_;
     try {
       op_->wait(bound);
-      finishOnce(nullptr);
+      finishOnce(nullptr, bound);
     } catch (...) {
-      finishOnce(std::current_exception());
+      finishOnce(std::current_exception(), bound);
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -46,7 +46,8 @@ class RecclP2pWork : public c10d::Work {
   // `onSuccess` runs once when the op completed (e.g. copies a staging buffer
   // back); `onFailure` once when it failed (aborts the communicator, whose
   // connections may still hold the buffer).
-  RecclP2pWork(int rank, c10d::OpType type, std::shared_ptr<P2pOp> op,
+  // `rank`, `size`, `group`: the process group, for the timeout message.
+  RecclP2pWork(int rank, int size, std::string group, c10d::OpType type, std::shared_ptr<P2pOp> op,
                std::vector<at::Tensor> keepAlive, std::chrono::milliseconds defaultTimeout,
                std::function<void()> onSuccess, std::function<void(const std::string&)> onFailure);
 
@@ -57,8 +58,11 @@ class RecclP2pWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return keepAlive_; }
 
  private:
-  void finishOnce(std::exception_ptr error);
+  // `bound`: the wait that ran out, when `error` is a timeout.
+  void finishOnce(std::exception_ptr error, std::chrono::milliseconds bound);
 
+  const int size_;
+  const std::string group_;
   std::shared_ptr<P2pOp> op_;
   std::vector<at::Tensor> keepAlive_;
   const std::chrono::milliseconds defaultTimeout_;
@@ -70,5 +74,11 @@ class RecclP2pWork : public c10d::Work {
 
 // The c10::DistBackendError for a failed op (Python: torch.distributed.DistBackendError).
 std::exception_ptr backendError(const std::string& message);
+
+// A timed-out op's message, worded like torch's backends ("Timed out waiting
+// <bound>ms for ..." as ProcessGroupGloo), naming the op, the group and this
+// rank; `detail`: the engine's account of what it waited for.
+std::string timedOutMessage(const char* title, const std::string& group, int rank, int size,
+                            std::chrono::milliseconds timeout, const std::string& detail);
 
 }  // namespace reccl

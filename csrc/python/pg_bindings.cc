@@ -74,6 +74,14 @@ void bindBackendCreation(py::module_& m) {
 // What tools and tests read of a live backend, and its link to the GPU backend.
 void bindBackendTools(py::module_& m) {
   m.def(
+      "_reccl_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+        return c10::intrusive_ptr<c10d::ProcessGroup>(
+            c10::make_intrusive<reccl::RecclProcessGroup>(store, rank, size));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"),
+      "A ProcessGroup that names itself \"reccl\" (no backends registered yet).");
+  m.def(
       "_reccl_backend_info",
       [](const c10::intrusive_ptr<c10d::Backend>& backend) {
         reccl::ProcessGroupReccl* pg = asReccl(backend);
