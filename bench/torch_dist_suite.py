@@ -44,7 +44,6 @@ every test's status and first line.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -90,8 +89,9 @@ def _install_reccl_as_gloo() -> None:
 
 def _prepare_worker_imports() -> None:
     """Runs at import in the worker and in every rank it spawns (before the suite's import)."""
-    import torch_reccl  # noqa: F401 - registers "reccl"
     from torch.testing._internal.common_distributed import DistTestCases
+
+    import torch_reccl  # noqa: F401 - registers "reccl"
 
     for feature in ("ddp", "subgroup", "plugin"):
         DistTestCases.backend_feature[feature].add("reccl")

@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 # cheap (torch_reccl.sim, the CLI and spawned test peers never load torch).
 from torch_reccl import backend  # noqa: E402,F401
 from torch_reccl._native import inject_fault, nics, plugin_path, stats  # noqa: E402
-from torch_reccl.events import flush_events, on_event  # noqa: E402
 from torch_reccl.backend import monitored_barrier  # noqa: E402
+from torch_reccl.events import flush_events, on_event  # noqa: E402
 from torch_reccl.gpu_topo import export_nvlink_peers  # noqa: E402
 from torch_reccl.nccl_setup import point_nccl_at_plugin  # noqa: E402
 

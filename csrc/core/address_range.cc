@@ -23,8 +23,8 @@ bool AddressRange::tryParse(const std::string& text, AddressRange* out, std::str
     return false;
   }
   const int maxBits = range.ipv6 ? 128 : 32;
-  if (prefix.empty() || prefix.size() > 3 || prefix.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(prefix) > maxBits) {
+  if (prefix.empty() || prefix.size() > 3 ||
+      prefix.find_first_not_of("0123456789") != std::string::npos || std::stoi(prefix) > maxBits) {
     *why = "the prefix length must be 0.." + std::to_string(maxBits);
     return false;
   }

@@ -9,14 +9,14 @@ using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
 
 inline int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             Clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
 }
 
 // The steady-clock instant of a nowNs() value.
 inline Clock::time_point atNs(int64_t ns) {
-  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
 }
 
 // Wall-clock time for events, so users can line them up with their logs.

@@ -63,7 +63,8 @@ constexpr SettingSpec integer(const char* name, const char* defaultValue, int64_
   return {name, SettingType::kInt, defaultValue, nullptr, lo, hi, nullptr, option, doc, store};
 }
 
-constexpr SettingSpec flag(const char* name, const char* defaultValue, Store store, const char* doc) {
+constexpr SettingSpec flag(const char* name, const char* defaultValue, Store store,
+                           const char* doc) {
   return {name, SettingType::kBool, defaultValue, nullptr, 0, 1, nullptr, nullptr, doc, store};
 }
 
@@ -87,7 +88,8 @@ constexpr SettingSpec kSettings[] = {
             "silence (ms) between two NICs, while this process runs, after which every path "
             "between them is declared dead (catches silent drops); one beat per NIC pair every "
             "quarter of it when nothing else crosses"),
-    integer("RECCL_NO_PATH_TIMEOUT_MS", "120000", 100, 3600000, storeNumber<&Config::noPathTimeoutMs>,
+    integer("RECCL_NO_PATH_TIMEOUT_MS", "120000", 100, 3600000,
+            storeNumber<&Config::noPathTimeoutMs>,
             "how long a connection with no usable path waits for one (ms): its requests stay "
             "pending and resume bit for bit when a path returns, so a host may lose every NIC, or "
             "two hosts every common rail, this long (a ToR reload, a link-maintenance window); "
@@ -102,12 +104,14 @@ constexpr SettingSpec kSettings[] = {
             "i.e. the peer process died on a live host (ms); at most RECCL_NO_PATH_TIMEOUT_MS"),
     integer("RECCL_CONNECT_TIMEOUT_MS", "5000", 100, 120000, storeNumber<&Config::connectTimeoutMs>,
             "bound on one dial attempt and on a handshake (ms)"),
-    integer("RECCL_NSOCKS", "4", 1, 16, storeNumber<&Config::socketsPerPath>, "data sockets per path"),
-    integer("RECCL_IO_THREADS", "0", 0, 64, storeNumber<&Config::ioThreads>,
-            "TCP transport: I/O threads per NIC in use, each an epoll loop in one process-wide pool "
-            "serving every path's sockets (the CPU engine's and the NCCL plugin's alike), so threads "
-            "do not grow with connections; 0 = 2 on hosts with 8 or more cores, else 1 "
-            "(docs/transport.md)"),
+    integer("RECCL_NSOCKS", "4", 1, 16, storeNumber<&Config::socketsPerPath>,
+            "data sockets per path"),
+    integer(
+        "RECCL_IO_THREADS", "0", 0, 64, storeNumber<&Config::ioThreads>,
+        "TCP transport: I/O threads per NIC in use, each an epoll loop in one process-wide pool "
+        "serving every path's sockets (the CPU engine's and the NCCL plugin's alike), so threads "
+        "do not grow with connections; 0 = 2 on hosts with 8 or more cores, else 1 "
+        "(docs/transport.md)"),
     // The bound is the wire's (a data frame carries at most one chunk); the CPU
     // engine's pipelining unit shares it, so one setting has one range.
     integer("RECCL_CHUNK_BYTES", "1048576", 4096, kMaxChunkBytes, storeNumber<&Config::chunkBytes>,
@@ -177,7 +181,8 @@ constexpr SettingSpec kSettings[] = {
     choice("RECCL_ALGO", "auto", "auto|ring|halving", storeText<&Config::algo>,
            "CPU engine: how an all_reduce, reduce_scatter or all_gather larger than "
            "RECCL_SMALL_BYTES moves its data. `auto` takes halving while the buffer is at most "
-           "RECCL_HALVING_BYTES_PER_RANK x the group's ranks, the ring above; `ring` forces the ring (N-1 dependent steps per phase); `halving` "
+           "RECCL_HALVING_BYTES_PER_RANK x the group's ranks, the ring above; `ring` forces the "
+           "ring (N-1 dependent steps per phase); `halving` "
            "forces recursive halving for the reduce-scatter phase and recursive doubling for the "
            "all-gather phase (log2 N steps per phase, the same bytes as the ring; all_reduce "
            "runs both: Rabenseifner's). Every channel and DCR plan runs either; the same on "
@@ -258,8 +263,8 @@ constexpr SettingSpec kSettings[] = {
             "holding an IPv4 address, or one in `RECCL_IB_ADDR_RANGE`; never link-local, RoCE v1 "
             "or a GID of unknown type; chosen afresh after a link flap). A forced index must hold "
             "a GID on every device, or the dial fails naming the table (docs/ib.md)"),
-    found("RECCL_IB_ADDR_RANGE", SettingType::kAddressRange, "IPv4-mapped RoCE v2 GIDs, any address",
-          storeText<&Config::ibAddressRange>,
+    found("RECCL_IB_ADDR_RANGE", SettingType::kAddressRange,
+          "IPv4-mapped RoCE v2 GIDs, any address", storeText<&Config::ibAddressRange>,
           "IB transport on RoCE: only a RoCE v2 GID whose address lies in this CIDR range is "
           "chosen (`10.0.0.0/16`, or an IPv6 range such as `fd00::/8` to use IPv6 GIDs), as "
           "`NCCL_IB_ADDR_RANGE`; a port without one fails its dials saying so"),
@@ -291,13 +296,14 @@ constexpr SettingSpec kSettings[] = {
           "NVL: CUDA device indices, the GPU next to each NIC in rail order, for NICs without a "
           "PCI path (loopback, veth, emulated fabrics)",
           0, 1023),
-    found("RECCL_NVLINK_PEERS", SettingType::kList,
-          "set by `import torch_reccl` from NVML when RECCL_NVL=on and pynvml and the NVIDIA "
-          "driver are present; else unknown: any GPU with CUDA peer access",
-          storeNvlinkPeers,
-          "NVL: the GPU pairs joined by NVLink, as PCI bus ids `0000:18:00.0-0000:2a:00.0` (comma "
-          "list), or `none`; a transit GPU must be one of the buffer GPU's NVLink peers (a detour "
-          "over PCIe peer access gains nothing). `reccl topo` shows what NVML reports (docs/nvl.md)"),
+    found(
+        "RECCL_NVLINK_PEERS", SettingType::kList,
+        "set by `import torch_reccl` from NVML when RECCL_NVL=on and pynvml and the NVIDIA "
+        "driver are present; else unknown: any GPU with CUDA peer access",
+        storeNvlinkPeers,
+        "NVL: the GPU pairs joined by NVLink, as PCI bus ids `0000:18:00.0-0000:2a:00.0` (comma "
+        "list), or `none`; a transit GPU must be one of the buffer GPU's NVLink peers (a detour "
+        "over PCIe peer access gains nothing). `reccl topo` shows what NVML reports (docs/nvl.md)"),
 };
 
 const SettingSpec* findSetting(const std::string& name) {
@@ -327,7 +333,8 @@ std::vector<std::string> splitOn(const std::string& text, char separator) {
   }
 }
 
-[[noreturn]] void invalid(const SettingSpec& spec, const std::string& label, const std::string& value) {
+[[noreturn]] void invalid(const SettingSpec& spec, const std::string& label,
+                          const std::string& value) {
   throw ConfigError(label + "=" + value + " is not valid: expected " + describeValid(spec));
 }
 
@@ -335,7 +342,8 @@ int64_t parseInt(const std::string& label, const std::string& value, int64_t lo,
   char* end = nullptr;
   errno = 0;
   // strtoll skips leading blanks; accept exactly what we print: digits, maybe a sign.
-  bool clean = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
+  bool clean =
+      !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
   long long parsed = std::strtoll(value.c_str(), &end, 10);
   if (!clean || errno != 0 || *end != '\0' || parsed < lo || parsed > hi) {
     throw ConfigError(label + "=" + value + " is not valid: expected an integer in " +
@@ -351,10 +359,8 @@ SettingTable settings() { return {kSettings, sizeof(kSettings) / sizeof(kSetting
 std::string describeValid(const SettingSpec& spec) {
   const std::string range = std::to_string(spec.lo) + ".." + std::to_string(spec.hi);
   switch (spec.type) {
-    case SettingType::kInt:
-      return "an integer in " + range;
-    case SettingType::kBool:
-      return "0 or 1";
+    case SettingType::kInt: return "an integer in " + range;
+    case SettingType::kBool: return "0 or 1";
     case SettingType::kChoice: {
       std::vector<std::string> choices = splitOn(spec.choices, '|');
       std::string out;
@@ -363,26 +369,21 @@ std::string describeValid(const SettingSpec& spec) {
       }
       return out;
     }
-    case SettingType::kList:
-      return "a comma list without empty entries";
-    case SettingType::kIntList:
-      return "a comma list of integers in " + range;
-    case SettingType::kAddress:
-      return "one interface name or local IPv4 address";
+    case SettingType::kList: return "a comma list without empty entries";
+    case SettingType::kIntList: return "a comma list of integers in " + range;
+    case SettingType::kAddress: return "one interface name or local IPv4 address";
     case SettingType::kAddressRange:
       return "an IPv4 or IPv6 network in CIDR form (`10.0.0.0/16`, `fd00::/8`)";
-    case SettingType::kText:
-      break;
+    case SettingType::kText: break;
   }
   return "a non-empty string";
 }
 
-SettingValue parseSetting(const SettingSpec& spec, const std::string& value, const std::string& label) {
+SettingValue parseSetting(const SettingSpec& spec, const std::string& value,
+                          const std::string& label) {
   SettingValue out;
   switch (spec.type) {
-    case SettingType::kInt:
-      out.number = parseInt(label, value, spec.lo, spec.hi);
-      break;
+    case SettingType::kInt: out.number = parseInt(label, value, spec.lo, spec.hi); break;
     case SettingType::kBool:
       if (value != "0" && value != "1") invalid(spec, label, value);
       out.number = value == "1";
@@ -420,7 +421,8 @@ SettingValue parseSetting(const SettingSpec& spec, const std::string& value, con
       AddressRange range;
       std::string why;
       if (!AddressRange::tryParse(value, &range, &why)) {
-        throw ConfigError(label + "=" + value + " is not valid: " + why + "; " + AddressRange::kValidForm);
+        throw ConfigError(label + "=" + value + " is not valid: " + why + "; " +
+                          AddressRange::kValidForm);
       }
       out.text = value;
       break;
@@ -444,7 +446,8 @@ void checkOption(const std::string& option, const std::string& value) {
 
 Config::Config() {
   for (const SettingSpec& spec : kSettings) {
-    if (spec.defaultValue != nullptr) spec.store(*this, parseSetting(spec, spec.defaultValue, spec.name));
+    if (spec.defaultValue != nullptr)
+      spec.store(*this, parseSetting(spec, spec.defaultValue, spec.name));
   }
 }
 
@@ -454,7 +457,8 @@ Config Config::fromEnv(const std::map<std::string, std::string>& env) {
     if (name.rfind("RECCL_", 0) != 0) continue;
     const SettingSpec* spec = findSetting(name);
     if (spec == nullptr) {
-      throw ConfigError("unknown setting " + name + "; valid RECCL_* variables are: " + validNames());
+      throw ConfigError("unknown setting " + name +
+                        "; valid RECCL_* variables are: " + validNames());
     }
     spec->store(config, parseSetting(*spec, value, name));
   }
@@ -473,9 +477,10 @@ Config Config::fromProcessEnv() {
 }
 
 void Config::applyLogLevel() const {
-  static const std::map<std::string, LogLevel> kLevels = {
-      {"NONE", LogLevel::kNone}, {"WARN", LogLevel::kWarn},
-      {"INFO", LogLevel::kInfo}, {"TRACE", LogLevel::kTrace}};
+  static const std::map<std::string, LogLevel> kLevels = {{"NONE", LogLevel::kNone},
+                                                          {"WARN", LogLevel::kWarn},
+                                                          {"INFO", LogLevel::kInfo},
+                                                          {"TRACE", LogLevel::kTrace}};
   setLogLevel(kLevels.at(debug));
 }
 

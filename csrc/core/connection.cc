@@ -110,7 +110,7 @@ std::string Connection::slotName(int index) const {
   if (remote.empty()) {  // not connected yet: name the address it will dial
     const auto& known = env_.remoteNicAddresses;
     remote = slot.nics.remoteNic < static_cast<int>(known.size()) ? known[slot.nics.remoteNic]
-                                                                   : env_.peerName;
+                                                                  : env_.peerName;
   }
   return role + " " + local + "->" + remote + "/nic" + std::to_string(slot.nics.remoteNic);
 }
@@ -174,8 +174,7 @@ void Connection::failPathLocked(int index, Reason reason, const std::string& det
   env_.supervisor->poke();
 }
 
-uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path,
-                                       PathCandidate nics) {
+uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path, PathCandidate nics) {
   slots_.at(index).nics = nics;
   return installPathLocked(index, std::move(path));
 }
@@ -183,7 +182,8 @@ uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path,
 uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
   Slot& slot = slots_.at(index);
   if (slot.path) {
-    if (slot.state == SlotState::kUp) failPathLocked(index, Reason::kError, "replaced by a new dial");
+    if (slot.state == SlotState::kUp)
+      failPathLocked(index, Reason::kError, "replaced by a new dial");
     shutdownPathLocked(*slot.path);
     retired_.push_back(std::move(slot.path));
   }
@@ -271,7 +271,8 @@ void Connection::failConnectionLocked(const std::string& why) {
   if (!error_.empty()) return;
   error_ = why;
   endStallLocked(false);
-  RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName + " failed: " + why);
+  RECCL_LOG(kWarn,
+            "connection " + std::to_string(id_) + " to " + env_.peerName + " failed: " + why);
   Event event;
   event.kind = EventKind::kConnectionFailed;
   event.reason = Reason::kTimeout;
@@ -353,8 +354,8 @@ void Connection::endStallLocked(bool recovered) {
     board.stalled.erase(id_);
   }
   if (!recovered) return;
-  const int64_t stalledNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                Clock::now() - stalledSince_).count();
+  const int64_t stalledNs =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - stalledSince_).count();
   emitStallEvent(EventKind::kRecovered, Reason::kHealed, stalledNs,
                  "traffic moves again after " + std::to_string(stalledNs / 1000000) +
                      " ms without a usable path" +
@@ -419,7 +420,8 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
   if (!stallReported_) {
     RECCL_LOG(kWarn, "connection " + std::to_string(id_) + " to " + env_.peerName + ": " + what +
                          " for " + std::to_string(stalledMs) + " ms; waiting up to " +
-                         std::to_string(noPathMs) + " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + paths);
+                         std::to_string(noPathMs) +
+                         " ms (RECCL_NO_PATH_TIMEOUT_MS); paths: " + paths);
   }
   {
     StallBoard& board = stallBoard();
@@ -509,7 +511,8 @@ void Connection::onControl(uint64_t pathId, const ControlFrame& frame) {
             env_.localHealthIds.at(slots_[frame.notify.pathIndex].nics.localNic));
       }
       failPathLocked(frame.notify.pathIndex, Reason::kPeer,
-                     std::string("peer saw ") + reasonName(static_cast<Reason>(frame.notify.reason)));
+                     std::string("peer saw ") +
+                         reasonName(static_cast<Reason>(frame.notify.reason)));
     }
     return;
   }
@@ -565,9 +568,8 @@ int Connection::activeLocalNic() const {
 }
 
 ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
-                                const std::vector<NicInfo>& nics,
-                                const std::vector<int>& healthIds, const std::string& peer,
-                                const void* registrar) {
+                                const std::vector<NicInfo>& nics, const std::vector<int>& healthIds,
+                                const std::string& peer, const void* registrar) {
   ConnectionEnv env;
   env.registrar = registrar;
   env.config = config;

@@ -36,9 +36,8 @@ struct ConnectionEnv {
 
 // The environment of a connection of a transport with these NICs.
 ConnectionEnv makeConnectionEnv(const Config& config, Supervisor* supervisor,
-                                const std::vector<NicInfo>& nics,
-                                const std::vector<int>& healthIds, const std::string& peer,
-                                const void* registrar);
+                                const std::vector<NicInfo>& nics, const std::vector<int>& healthIds,
+                                const std::string& peer, const void* registrar);
 
 // A connection stalled now (reported by a `stalled` event), for stats().
 struct StallInfo {

@@ -23,7 +23,8 @@ enum class EventKind : uint8_t {
   kHandshakeRejected,
   kRebalance,  // a process group switched channel plans (DCR)
   kDegraded,   // a NIC is up but far slower than its peers: traffic moves off it
-  kRecovered,  // a degraded NIC is back near its peers' goodput, or a stalled connection moves traffic
+  kRecovered,  // a degraded NIC is back near its peers' goodput, or a stalled connection moves
+               // traffic
   kStalled,    // a connection that carried traffic has had no usable path for a while
 };
 

@@ -101,9 +101,9 @@ FrameHeader parseFrameHeader(const uint8_t* bytes, size_t length) {
   } else if (header.bodyBytes < sizeof(ResyncHeader) || header.bodyBytes > kMaxControlBody ||
              (header.bodyBytes - sizeof(ResyncHeader)) % sizeof(ResyncEntry) != 0) {
     throw ProtocolError("RESYNC frame with a " + std::to_string(header.bodyBytes) +
-                        "-byte body; expected " + std::to_string(sizeof(ResyncHeader)) +
-                        " + n*" + std::to_string(sizeof(ResyncEntry)) + " with n <= " +
-                        std::to_string(kMaxOutstanding));
+                        "-byte body; expected " + std::to_string(sizeof(ResyncHeader)) + " + n*" +
+                        std::to_string(sizeof(ResyncEntry)) +
+                        " with n <= " + std::to_string(kMaxOutstanding));
   }
   return header;
 }
@@ -134,7 +134,9 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
       const HelloAckBody ack = readBody<HelloAckBody>(body);
       out.helloAccepted = ack.accepted == 1;
       out.helloAcceptorTransport = ack.acceptorTransport;
-      if (ack.sameHostReads > 1) throw ProtocolError("HELLO_ACK with same-host flag " + std::to_string(ack.sameHostReads) + " (0 or 1)");
+      if (ack.sameHostReads > 1)
+        throw ProtocolError("HELLO_ACK with same-host flag " + std::to_string(ack.sameHostReads) +
+                            " (0 or 1)");
       out.helloSameHostReads = ack.sameHostReads == 1;
       break;
     }
@@ -162,14 +164,12 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
       }
       out.entries.resize(count);
       if (count > 0) {
-        std::memcpy(out.entries.data(), body + sizeof(ResyncHeader),
-                    count * sizeof(ResyncEntry));
+        std::memcpy(out.entries.data(), body + sizeof(ResyncHeader), count * sizeof(ResyncEntry));
       }
       break;
     }
     case FrameType::kHeartbeat:
-    case FrameType::kClose:
-      break;
+    case FrameType::kClose: break;
     case FrameType::kData:
     case FrameType::kDataRef:
       throw ProtocolError(std::string(frameTypeName(out.type)) +
@@ -181,8 +181,7 @@ ControlFrame decodeControl(const FrameHeader& header, const uint8_t* body, size_
 std::vector<uint8_t> encodeHello(const HelloBody& body) {
   return frame(FrameType::kHello, &body, sizeof(body));
 }
-std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport,
-                                    bool sameHostReads) {
+std::vector<uint8_t> encodeHelloAck(bool accepted, uint64_t acceptorTransport, bool sameHostReads) {
   HelloAckBody body{static_cast<uint8_t>(accepted ? 1 : 0), acceptorTransport,
                     static_cast<uint8_t>(sameHostReads ? 1 : 0)};
   return frame(FrameType::kHelloAck, &body, sizeof(body));
@@ -205,8 +204,7 @@ std::vector<uint8_t> encodeResync(uint64_t epoch, uint64_t nextSeq,
   ResyncHeader header{epoch, nextSeq, static_cast<uint32_t>(entries.size())};
   std::memcpy(body.data(), &header, sizeof(header));
   if (!entries.empty()) {
-    std::memcpy(body.data() + sizeof(header), entries.data(),
-                entries.size() * sizeof(ResyncEntry));
+    std::memcpy(body.data() + sizeof(header), entries.data(), entries.size() * sizeof(ResyncEntry));
   }
   return frame(FrameType::kResync, body.data(), body.size());
 }

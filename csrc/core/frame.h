@@ -37,7 +37,7 @@ enum class FrameType : uint8_t {
   kCancel = 11,    // sender -> receiver: message `seq` will never come (it was too large)
   kPlace = 12,     // receiver -> sender: buffer `seq` is registered; how to write it directly
   kDataRef = 13,   // sender -> receiver on a same-host path's data sockets: a DataHeader and
-                   // where the payload is in the sender's memory; the receiver reads it there
+                  // where the payload is in the sender's memory; the receiver reads it there
 };
 const char* frameTypeName(FrameType type);
 
@@ -54,16 +54,16 @@ enum class SocketKind : uint8_t { kControl = 0, kData = 1 };
 struct HelloBody {
   uint16_t version;
   uint8_t socketKind;
-  uint8_t socketIndex;   // data sockets: 0..socketCount-1
-  uint8_t socketCount;   // data sockets in this path
-  uint8_t pathIndex;     // 0 primary, 1 backup, 2.. last-resort rails
-  uint8_t senderNic;     // the sender's NIC index (rail) for this path
-  uint8_t receiverNic;   // the receiver's NIC index the sender dialed
+  uint8_t socketIndex;  // data sockets: 0..socketCount-1
+  uint8_t socketCount;  // data sockets in this path
+  uint8_t pathIndex;  // 0 primary, 1 backup, 2.. last-resort rails
+  uint8_t senderNic;  // the sender's NIC index (rail) for this path
+  uint8_t receiverNic;  // the receiver's NIC index the sender dialed
   uint64_t listenId;
   uint64_t connectionId;
-  uint64_t pathNonce;    // one dial attempt: groups a path's sockets
-  uint64_t dialerTag;    // what the dialer says this connection is for (0: untagged);
-                         // lets one listener serve many connections (listener.h)
+  uint64_t pathNonce;  // one dial attempt: groups a path's sockets
+  uint64_t dialerTag;  // what the dialer says this connection is for (0: untagged);
+                       // lets one listener serve many connections (listener.h)
   uint8_t secret[kSecretBytes];
   char senderNicName[kNicNameBytes];
   uint64_t dialerTransport;  // the dialing transport's id (liveness per peer NIC pair)
@@ -80,7 +80,7 @@ struct HelloBody {
 struct HelloAckBody {
   uint8_t accepted;
   uint64_t acceptorTransport;  // the accepting transport's id (liveness per peer NIC pair)
-  uint8_t sameHostReads;       // 1: the offer was taken, payloads go as DATA_REF
+  uint8_t sameHostReads;  // 1: the offer was taken, payloads go as DATA_REF
 };
 
 struct CtsBody {
@@ -101,14 +101,14 @@ struct ActivateBody {
 
 struct ResyncEntry {
   uint64_t seq;
-  uint64_t capacity;      // posted buffer size
+  uint64_t capacity;  // posted buffer size
   uint64_t resumeOffset;  // first byte not known to have landed
 };
 
 struct ResyncHeader {
   uint64_t epoch;
   uint64_t nextSeq;  // receives posted so far; below it and absent = complete
-  uint32_t count;    // ResyncEntry records that follow
+  uint32_t count;  // ResyncEntry records that follow
 };
 
 struct CancelBody {
@@ -119,7 +119,7 @@ struct CancelBody {
 struct PlaceBody {
   uint64_t seq;
   uint8_t hostAccessible;  // 0: device memory (direct placement only)
-  uint8_t length;          // bytes of `placement` used, at most kMaxPlacementBytes
+  uint8_t length;  // bytes of `placement` used, at most kMaxPlacementBytes
   uint8_t reserved[6];
   uint8_t placement[kMaxPlacementBytes];  // the transport's encoding, opaque here
 };
@@ -144,8 +144,7 @@ struct DataRefBody {
 };
 #pragma pack(pop)
 
-constexpr size_t kMaxControlBody =
-    sizeof(ResyncHeader) + kMaxOutstanding * sizeof(ResyncEntry);
+constexpr size_t kMaxControlBody = sizeof(ResyncHeader) + kMaxOutstanding * sizeof(ResyncEntry);
 
 // A decoded control frame (not kData).
 struct ControlFrame {

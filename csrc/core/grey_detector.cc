@@ -78,8 +78,10 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
       track.peerFoundSlow = false;
       if (track.state == GreyState::kHealthy && track.lowNs >= settings_.sustainNs / 2 &&
           anotherUsable(i)) {
-        degrade(i, nowNs, describe("degraded", track.ratio, track.against, track.mbps) +
-                              "; the peer found the path slow too", changes);
+        degrade(i, nowNs,
+                describe("degraded", track.ratio, track.against, track.mbps) +
+                    "; the peer found the path slow too",
+                changes);
         continue;
       }
     }
@@ -191,7 +193,8 @@ void GreyDetector::degrade(size_t nic, int64_t nowNs, std::string detail,
   track.retryNs = settings_.retryNs;
   track.retryAtNs = nowNs + track.retryNs;
   track.lowNs = 0;
-  changes.push_back({static_cast<int>(nic), GreyState::kDegraded, track.ratio, true, std::move(detail)});
+  changes.push_back(
+      {static_cast<int>(nic), GreyState::kDegraded, track.ratio, true, std::move(detail)});
 }
 
 GreyMonitor& GreyMonitor::instance() {
@@ -200,8 +203,7 @@ GreyMonitor& GreyMonitor::instance() {
   return *monitor;
 }
 
-GreyMonitor::GreyMonitor()
-    : GreyMonitor(Config::fromProcessEnv()) {}
+GreyMonitor::GreyMonitor() : GreyMonitor(Config::fromProcessEnv()) {}
 
 GreyMonitor::GreyMonitor(const Config& config)
     : enabled_(config.grey), detector_(GreySettings::fromConfig(config)) {}

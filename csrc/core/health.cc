@@ -150,9 +150,8 @@ void NicHealth::removeListener(uint64_t token) {
 
 void NicHealth::emit(Event event) {
   if (event.wallNs == 0) event.wallNs = wallNs();
-  RECCL_LOG(kInfo, std::string(eventKindName(event.kind)) + " nic=" + event.nic +
-                       " peer=" + event.peer + " reason=" + reasonName(event.reason) + " " +
-                       event.detail);
+  RECCL_LOG(kInfo, std::string(eventKindName(event.kind)) + " nic=" + event.nic + " peer=" +
+                       event.peer + " reason=" + reasonName(event.reason) + " " + event.detail);
   events_.push(std::move(event));
 }
 

@@ -4,10 +4,10 @@
 // carries the per-NIC counters behind stats() and the event ring.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <array>
 #include <functional>
 #include <map>
 #include <mutex>

@@ -17,11 +17,11 @@ void setLogLevel(LogLevel level);
 LogLevel logLevel();
 void logLine(LogLevel level, const std::string& message);
 
-#define RECCL_LOG(level, msg)                                   \
-  do {                                                          \
-    if (::reccl::logLevel() >= ::reccl::LogLevel::level) {      \
-      ::reccl::logLine(::reccl::LogLevel::level, (msg));        \
-    }                                                           \
+#define RECCL_LOG(level, msg)                              \
+  do {                                                     \
+    if (::reccl::logLevel() >= ::reccl::LogLevel::level) { \
+      ::reccl::logLine(::reccl::LogLevel::level, (msg));   \
+    }                                                      \
   } while (0)
 
 // At most one line per `interval` for each key, so that whoever can make us log

@@ -48,7 +48,8 @@ class MemoryRegistration {
   void requireUsable(const void* transport, const void* data, uint64_t length,
                      const char* what) const {
     if (registrar() != transport) {
-      throw Error(std::string(what) + ": its registration was made by another transport; register "
+      throw Error(std::string(what) +
+                  ": its registration was made by another transport; register "
                   "it with the transport of this connection");
     }
     const uint64_t start = reinterpret_cast<uint64_t>(data);

@@ -38,8 +38,8 @@ std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
     if (!error_.empty()) throw Error("receive on a failed connection: " + error_);
     if (closed_) throw Error("receive on a closed connection");
     if (recvs_.size() >= kMaxOutstanding) {
-      throw Error("too many receives posted on one connection (" +
-                  std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+      throw Error("too many receives posted on one connection (" + std::to_string(kMaxOutstanding) +
+                  " at most); test() earlier ones first");
     }
     seq = nextSeq_++;
     request = std::make_shared<Request>(seq, data, capacity);
@@ -176,7 +176,8 @@ RecvConnection::ResyncAnswer RecvConnection::answerIfFencedLocked() {
   const Reason carried = static_cast<Reason>(pending.body.reason);
   const bool lostFirst = lostActiveFrom_ >= 0 && carried != Reason::kHealed;
   Reason reason = carried;
-  if (lostFirst && (rootCause(lostActiveReason_) || !rootCause(carried))) reason = lostActiveReason_;
+  if (lostFirst && (rootCause(lostActiveReason_) || !rootCause(carried)))
+    reason = lostActiveReason_;
   const int previous = pending.previous;
   const bool isSwitch = previous != index && (previous >= 0 || lostActiveFrom_ >= 0);
   const int from = previous >= 0 ? previous : lostActiveFrom_;
@@ -184,9 +185,9 @@ RecvConnection::ResyncAnswer RecvConnection::answerIfFencedLocked() {
   lostActiveFrom_ = -1;
   lostActiveNs_ = 0;
   if (isSwitch) {
-    emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover,
-                    from, index, reason, duration,
-                    -1, "receiver: " + slotName(from) + " => " + slotName(index));
+    emitSwitchEvent(reason == Reason::kHealed ? EventKind::kFailback : EventKind::kFailover, from,
+                    index, reason, duration, -1,
+                    "receiver: " + slotName(from) + " => " + slotName(index));
   }
   return answer;
 }
@@ -210,11 +211,12 @@ void RecvConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
       if (it == recvs_.end()) return;
       const uint64_t capacity = it->second.request->capacity();
       failRecvLocked(
-          it, "the sender's message of " + std::to_string(frame.cancel.bytes) + " bytes " +
-                  (frame.cancel.bytes > capacity
-                       ? "is larger than this posted receive of " + std::to_string(capacity) + " bytes"
-                       : std::string("cannot be carried: device memory (dma-buf) at one end travels "
-                                     "only by direct placement, which needs both buffers registered")));
+          it,
+          "the sender's message of " + std::to_string(frame.cancel.bytes) + " bytes " +
+              (frame.cancel.bytes > capacity
+                   ? "is larger than this posted receive of " + std::to_string(capacity) + " bytes"
+                   : std::string("cannot be carried: device memory (dma-buf) at one end travels "
+                                 "only by direct placement, which needs both buffers registered")));
       return;
     }
     default:
@@ -253,8 +255,8 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
           ? std::min<uint64_t>(chunkBytes_, header.messageBytes - header.offset)
           : 0;
   bool aligned = header.offset % chunkBytes_ == 0;
-  bool inside = header.offset < header.messageBytes ||
-                (header.messageBytes == 0 && header.offset == 0);
+  bool inside =
+      header.offset < header.messageBytes || (header.messageBytes == 0 && header.offset == 0);
   if (!aligned || !inside || header.bytes != expected) {
     throw ProtocolError("DATA chunk [" + std::to_string(header.offset) + ", +" +
                         std::to_string(header.bytes) + ") is not a chunk of a " +
@@ -263,7 +265,8 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
   }
   if (recv.messageBytes < 0) {
     recv.messageBytes = static_cast<int64_t>(header.messageBytes);
-    size_t chunks = header.messageBytes == 0 ? 1 : (header.messageBytes + chunkBytes_ - 1) / chunkBytes_;
+    size_t chunks =
+        header.messageBytes == 0 ? 1 : (header.messageBytes + chunkBytes_ - 1) / chunkBytes_;
     recv.landed.assign(chunks, 0);
   }
   if (placed && recv.place.empty()) {
@@ -384,8 +387,8 @@ void RecvConnection::service() {
       for (const auto& slot : slots_) {
         if (slot.state != SlotState::kUp) continue;
         for (const auto& [index, reason] : notifyQueue_) {
-          notices.push_back({slot.path, encodeNotify(static_cast<uint8_t>(index),
-                                                     static_cast<uint8_t>(reason))});
+          notices.push_back(
+              {slot.path, encodeNotify(static_cast<uint8_t>(index), static_cast<uint8_t>(reason))});
         }
         break;
       }

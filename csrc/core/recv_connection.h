@@ -99,8 +99,8 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   uint64_t resumeOffsetLocked(const PostedRecv& recv) const;
   // Fails a posted receive now, or once no path copies into it any more;
   // returns the next receive.
-  std::map<uint64_t, PostedRecv>::iterator failRecvLocked(std::map<uint64_t, PostedRecv>::iterator it,
-                                                          const std::string& why);
+  std::map<uint64_t, PostedRecv>::iterator failRecvLocked(
+      std::map<uint64_t, PostedRecv>::iterator it, const std::string& why);
 
   const uint64_t chunkBytes_;
   // How long copies of the old epoch get before their paths are stopped.

@@ -27,13 +27,14 @@ SendConnection::~SendConnection() {
 
 std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t bytes,
                                                const MemoryRegistration* registration) {
-  if (registration != nullptr) registration->requireUsable(env_.registrar, data, bytes, "send buffer");
+  if (registration != nullptr)
+    registration->requireUsable(env_.registrar, data, bytes, "send buffer");
   Lock lock(mutex_);
   if (!error_.empty()) throw Error("send on a failed connection: " + error_);
   if (closed_) throw Error("send on a closed connection");
   if (sends_.size() >= kMaxOutstanding) {
-    throw Error("too many sends in flight on one connection (" +
-                std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+    throw Error("too many sends in flight on one connection (" + std::to_string(kMaxOutstanding) +
+                " at most); test() earlier ones first");
   }
   uint64_t seq = nextSeq_++;
   auto request = std::make_shared<Request>(seq, const_cast<uint8_t*>(data), bytes);
@@ -82,8 +83,8 @@ bool SendConnection::checkCarriableLocked(uint64_t seq, PendingSend& send) {
   send.request->fail(std::string("message ") + std::to_string(seq) + " cannot be carried: the " +
                      (sourceOnDevice ? "send" : "receive") +
                      " buffer is device memory (dma-buf), which travels only by direct placement, "
-                     "and the " + (sourceOnDevice ? "receiver" : "sender") +
-                     " did not register its buffer");
+                     "and the " +
+                     (sourceOnDevice ? "receiver" : "sender") + " did not register its buffer");
   cancels_.push_back({seq, send.request->capacity()});  // so the receive fails too, not hangs
   env_.supervisor->poke();
   return false;
@@ -268,8 +269,8 @@ void SendConnection::applyResyncLocked(const ControlFrame& frame) {
       health.counters(env_.localHealthIds.at(slots_.at(switchFrom_).nics.localNic))
           .failovers.fetch_add(1);
     }
-    emitSwitchEvent(switchIsFailback_ ? EventKind::kFailback : EventKind::kFailover,
-                    switchFrom_, active_, switchReason_, nowNs() - switchStartNs_, replayed,
+    emitSwitchEvent(switchIsFailback_ ? EventKind::kFailback : EventKind::kFailover, switchFrom_,
+                    active_, switchReason_, nowNs() - switchStartNs_, replayed,
                     "sender: " + (switchFrom_ >= 0 ? slotName(switchFrom_) : std::string("?")) +
                         " => " + slotName(active_));
   }
@@ -320,8 +321,7 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
   {
     Lock lock(mutex_);
     Slot& slot = slots_.at(index);
-    bool usable =
-        NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic));
+    bool usable = NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic));
     if (closed_ || !error_.empty() || !path || !usable) {
       slot.state = SlotState::kIdle;
       noteFailureLocked(index, Reason::kError,
@@ -372,7 +372,8 @@ void SendConnection::dialLocked() {
     const int healthId = env_.localHealthIds.at(slot.nics.localNic);
     // A blackholed NIC would complete no handshake for real; dialing it would
     // only fail back onto a dead path.
-    if (!NicHealth::instance().usable(healthId) || NicHealth::instance().blackholed(healthId)) continue;
+    if (!NicHealth::instance().usable(healthId) || NicHealth::instance().blackholed(healthId))
+      continue;
     slot.state = SlotState::kDialing;
     std::weak_ptr<SendConnection> weak = shared_from_this();
     int index = static_cast<int>(i);
@@ -458,7 +459,8 @@ void SendConnection::growLanesLocked() {
 void SendConnection::publishLanesLocked() const {
   std::vector<std::string> nics;
   if (lanes_.slots().size() > 1) {
-    for (int lane : lanes_.slots()) nics.push_back(env_.localNicNames.at(slots_[lane].nics.localNic));
+    for (int lane : lanes_.slots())
+      nics.push_back(env_.localNicNames.at(slots_[lane].nics.localNic));
   }
   SpreadTable::instance().set(id_, env_.peerName, std::move(nics));
 }
@@ -512,8 +514,9 @@ std::shared_ptr<Path> SendConnection::maybeActivateLocked(
     frames->push_back(encodeNotify(static_cast<uint8_t>(lane), static_cast<uint8_t>(reason)));
   }
   lostLanes_.clear();
-  frames->push_back(encodeActivate(epoch_, static_cast<uint8_t>(best),
-                                   static_cast<uint8_t>(switchPending_ ? switchReason_ : Reason::kNone)));
+  frames->push_back(
+      encodeActivate(epoch_, static_cast<uint8_t>(best),
+                     static_cast<uint8_t>(switchPending_ ? switchReason_ : Reason::kNone)));
   return slots_.at(best).path;
 }
 

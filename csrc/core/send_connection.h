@@ -68,7 +68,8 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
     std::vector<NicBusy> busy;
     // Ends the busy time of the last posting, crediting each NIC its lane's bytes.
     void completeBusy() {
-      for (size_t i = 0; i < busy.size() && i < carried.size(); ++i) busy[i].complete(carried[i].second);
+      for (size_t i = 0; i < busy.size() && i < carried.size(); ++i)
+        busy[i].complete(carried[i].second);
       busy.clear();
     }
   };

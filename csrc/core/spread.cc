@@ -94,8 +94,8 @@ void SpreadLanes::acked(int slot, uint64_t bytes, Clock::time_point now) {
   meter.bytes += bytes;
   const auto span = now - meter.since;
   if (span >= kSampleSpan) {
-    const double rate = static_cast<double>(meter.bytes) /
-                        std::chrono::duration<double>(span).count();
+    const double rate =
+        static_cast<double>(meter.bytes) / std::chrono::duration<double>(span).count();
     meter.goodput = meter.goodput > 0 ? (1 - kEwmaGain) * meter.goodput + kEwmaGain * rate : rate;
     meter.since = now;
     meter.bytes = 0;

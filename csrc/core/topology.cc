@@ -49,8 +49,7 @@ std::string readSysfs(const std::string& path) {
 
 bool isLoopbackAddress(const std::string& address) {
   in_addr parsed{};
-  return inet_pton(AF_INET, address.c_str(), &parsed) == 1 &&
-         (ntohl(parsed.s_addr) >> 24) == 127;
+  return inet_pton(AF_INET, address.c_str(), &parsed) == 1 && (ntohl(parsed.s_addr) >> 24) == 127;
 }
 
 // The device behind a sysfs link ("/sys/class/net/eth0/device",
@@ -218,8 +217,7 @@ std::vector<NicInfo> discoverNics(const std::vector<std::string>& selection) {
         std::string available;
         for (const auto& nic : all) available += " " + nic.interface + "(" + nic.address + ")";
         throw ConfigError("RECCL_NICS entry '" + wanted +
-                          "' matches no local IPv4 interface or address; available:" +
-                          available);
+                          "' matches no local IPv4 interface or address; available:" + available);
       }
     }
   }
@@ -253,7 +251,8 @@ uint64_t hostKeyOf(const std::string& identity) {
 void checkNicIndex(int nic, size_t count, const std::string& kind) {
   if (nic < 0 || nic >= static_cast<int>(count)) {
     throw ConfigError("NIC index " + std::to_string(nic) + " out of range; this process has " +
-                      std::to_string(count) + " " + kind + " (0.." + std::to_string(count - 1) + ")");
+                      std::to_string(count) + " " + kind + " (0.." + std::to_string(count - 1) +
+                      ")");
   }
 }
 

@@ -50,13 +50,15 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
 }
 
 uint64_t pairHash(int from, int to, int size, uint64_t count) {
-  return mix64(mix64(static_cast<uint64_t>(from) * static_cast<uint64_t>(size) +
-                     static_cast<uint64_t>(to)) ^ count);
+  return mix64(
+      mix64(static_cast<uint64_t>(from) * static_cast<uint64_t>(size) + static_cast<uint64_t>(to)) ^
+      count);
 }
 
 // The lowest `limit` of the union of two sorted, disjoint lists.
 template <typename T, typename Key>
-std::vector<T> lowestOfBoth(const std::vector<T>& a, const std::vector<T>& b, size_t limit, Key key) {
+std::vector<T> lowestOfBoth(const std::vector<T>& a, const std::vector<T>& b, size_t limit,
+                            Key key) {
   std::vector<T> out;
   std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out),
              [&](const T& x, const T& y) { return key(x) < key(y); });
@@ -141,7 +143,8 @@ void encodeAgreement(const Agreement& a, int groupSize, uint8_t* out) {
   wire.version = kAgreementVersion;
   wire.flags = static_cast<uint8_t>((a.oddRank >= 0 ? kHasOdd : 0) | (a.failed ? kFailed : 0));
   wire.listedCount = static_cast<uint8_t>(std::min<size_t>(a.listed.size(), kListedDegradedRanks));
-  wire.missingCount = static_cast<uint8_t>(std::min<size_t>(a.missing.size(), kListedDegradedRanks));
+  wire.missingCount =
+      static_cast<uint8_t>(std::min<size_t>(a.missing.size(), kListedDegradedRanks));
   wire.firstRank = a.firstRank;
   wire.oddRank = a.oddRank;
   wire.countsDigest = a.countsDigest;
@@ -153,7 +156,11 @@ void encodeAgreement(const Agreement& a, int groupSize, uint8_t* out) {
   if (a.oddRank >= 0) encodeDescriptor(a.odd, a.oddRank, groupSize, wire.odd);
   for (int i = 0; i < wire.listedCount; ++i) {
     const DegradedRank& d = a.listed[i];
-    wire.listed[i] = {d.rank, 0, d.faults.opsDone, d.faults.backupChannels, d.faults.nicsDown,
+    wire.listed[i] = {d.rank,
+                      0,
+                      d.faults.opsDone,
+                      d.faults.backupChannels,
+                      d.faults.nicsDown,
                       d.faults.deviceOps};
   }
   std::memcpy(out, &wire, sizeof(wire));
@@ -167,8 +174,9 @@ Agreement decodeAgreement(const uint8_t* data, size_t bytes, int groupSize) {
   WireAgreement wire;
   std::memcpy(&wire, data, sizeof(wire));
   if (wire.magic != kAgreementMagic || wire.version != kAgreementVersion) {
-    throw ProtocolError("not a collective agreement (bad magic or version); the peer is out of "
-                        "step or runs another reccl version");
+    throw ProtocolError(
+        "not a collective agreement (bad magic or version); the peer is out of "
+        "step or runs another reccl version");
   }
   auto inGroup = [&](int64_t r) { return r >= 0 && r < groupSize; };
   if (wire.listedCount > kListedDegradedRanks || wire.missingCount > kListedDegradedRanks ||

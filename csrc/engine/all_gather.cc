@@ -26,8 +26,9 @@ void allgather(Communicator& comm, const void* in, void* out, size_t count, Data
              if (algorithm == Algorithm::kHalvingDoubling) {
                const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size);
                comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
-                 halvingDoubling(job, bytesOf(out), perRankBlocks(job, count, ranges[job.channel], false),
-                                 nullptr, true, sends);
+                 halvingDoubling(job, bytesOf(out),
+                                 perRankBlocks(job, count, ranges[job.channel], false), nullptr,
+                                 true, sends);
                });
                return;
              }

@@ -26,8 +26,8 @@ void allreduce(Communicator& comm, const void* in, void* out, size_t count, Data
              }
              const std::vector<Range> ranges = comm.channelPlan().split(count);
              if (algorithm == Algorithm::kHalvingDoubling) {
-               const size_t unit = chunkElems(comm, dtype, largestRange(ranges),
-                                              kHalvingSegmentsPerConnection);
+               const size_t unit =
+                   chunkElems(comm, dtype, largestRange(ranges), kHalvingSegmentsPerConnection);
                comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
                  halvingDoubling(job, bytesOf(out), allreduceBlocks(job, ranges[job.channel]), &op,
                                  true, sends);

@@ -57,7 +57,8 @@ void alltoall(Communicator& comm, const void* in, const std::vector<uint64_t>& s
             if (p == rank) continue;
             Range s = plan.split(sendCounts[p])[job.channel];
             s.offset += sendOffsets[p];
-            sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)), s, -1, pairUnit(sendCounts[p])});
+            sendTo.push_back(
+                {p, const_cast<uint8_t*>(bytesOf(in)), s, -1, pairUnit(sendCounts[p])});
             Range r = plan.split(recvCounts[p])[job.channel];
             r.offset += recvOffsets[p];
             recvFrom.push_back({p, bytesOf(out), r, -1, pairUnit(recvCounts[p])});

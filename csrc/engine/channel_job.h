@@ -1,6 +1,6 @@
 // What one channel of one collective works with: the connections (through
-// Links), the group's layout (the ring order), the op's context, the element type, the pipelining unit and the
-// channel's staging memory; plus the bookkeeping of sends in flight.
+// Links), the group's layout (the ring order), the op's context, the element type, the pipelining
+// unit and the channel's staging memory; plus the bookkeeping of sends in flight.
 #pragma once
 
 #include <algorithm>
@@ -92,9 +92,9 @@ inline Range chunkOf(const ChannelJob& job, const Range& range, size_t chunk) {
 // peer out of step).
 inline void checkArrived(const ChannelJob& job, uint64_t got, size_t expected, int peer) {
   if (got != expected) {
-    throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(peer) +
-                        " sent " + std::to_string(got) + " bytes on channel " +
-                        std::to_string(job.channel) + ", expected " + std::to_string(expected));
+    throw ProtocolError("reccl: " + job.ctx.label() + ": rank " + std::to_string(peer) + " sent " +
+                        std::to_string(got) + " bytes on channel " + std::to_string(job.channel) +
+                        ", expected " + std::to_string(expected));
   }
 }
 

@@ -40,8 +40,9 @@ Communicator::Communicator(std::shared_ptr<Transport> transport,
     units[r] = r;
   }
   // Large enough for the host exchange (one 64-bit identity per rank).
-  flat_ = std::make_unique<RecursiveDoubling>(
-      links_, ranks, units, std::max(options_.smallBytes, sizeof(uint64_t) * size));
+  flat_ =
+      std::make_unique<RecursiveDoubling>(links_, ranks, units,
+                                          std::max(options_.smallBytes, sizeof(uint64_t) * size));
   p2p_ = std::make_shared<P2p>(links_, options_.group);
   pool_ = std::make_unique<WorkerPool>();
   scratch_.resize(plan_.channels());
@@ -62,7 +63,8 @@ void Communicator::flush(Millis timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
   flat_->flush(timeout);
   if (twoLevel_) {
-    twoLevel_->flush(std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())));
+    twoLevel_->flush(
+        std::max(Millis(0), std::chrono::duration_cast<Millis>(deadline - Clock::now())));
   }
 }
 
@@ -258,13 +260,15 @@ void Communicator::diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& de
   std::vector<uint64_t> theirs(size_, 0);
   std::vector<std::shared_ptr<Request>> recvs(size_), sends(size_);
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_) recvs[p] = links_->receiver(p, 0, Lane::kCollective, ctx)->irecv(
-                         reinterpret_cast<uint8_t*>(&theirs[p]), sizeof(uint64_t));
+    if (p != rank_)
+      recvs[p] = links_->receiver(p, 0, Lane::kCollective, ctx)
+                     ->irecv(reinterpret_cast<uint8_t*>(&theirs[p]), sizeof(uint64_t));
   }
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_) sends[p] = links_->sender(p, 0, Lane::kCollective)->isend(
-                         reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&desc.sendCounts[p])),
-                         sizeof(uint64_t));
+    if (p != rank_)
+      sends[p] = links_->sender(p, 0, Lane::kCollective)
+                     ->isend(reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&desc.sendCounts[p])),
+                             sizeof(uint64_t));
   }
   PairVerdict verdict;
   for (int p = 0; p < size_; ++p) {
@@ -300,8 +304,8 @@ void Communicator::diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& de
       std::to_string(desc.seq) + ": in " + opKindName(desc.kind) + "(" + dataTypeName(desc.dtype) +
       ") rank " + std::to_string(verdict.from) + " sends " + std::to_string(verdict.sent) +
       " elements to rank " + std::to_string(verdict.to) + " but rank " +
-      std::to_string(verdict.to) + " expects " + std::to_string(verdict.expected) +
-      " from rank " + std::to_string(verdict.from) +
+      std::to_string(verdict.to) + " expects " + std::to_string(verdict.expected) + " from rank " +
+      std::to_string(verdict.from) +
       ". Every rank of a group must call the same collectives in the same order with matching "
       "dtype, size, root and reduce op.");
 }
@@ -312,8 +316,8 @@ void Communicator::forChannels(const OpContext& ctx, DataType dtype, size_t unit
   for (int c = 0; c < plan_.channels(); ++c) {
     if (plan_.weight(c) == 0) continue;  // DCR: no traffic at all on this channel
     jobs.push_back([&, c] {
-      ChannelJob job{*links_, *layout_, ctx, c, dtype, elementSize(dtype), unit, options_.window,
-                     scratch_[c]};
+      ChannelJob job{*links_, *layout_,        ctx,        c, dtype, elementSize(dtype),
+                     unit,    options_.window, scratch_[c]};
       SendList sends;
       fn(job, sends);
       sends.waitAll(job);

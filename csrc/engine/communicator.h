@@ -34,16 +34,16 @@
 #include <vector>
 
 #include "core/config.h"
+#include "engine/agreement.h"
 #include "engine/channel_job.h"
 #include "engine/channel_plan.h"
-#include "engine/agreement.h"
 #include "engine/data_type.h"
 #include "engine/descriptor.h"
 #include "engine/layout.h"
 #include "engine/links.h"
 #include "engine/p2p.h"
-#include "engine/recursive_doubling.h"
 #include "engine/rebalance.h"
+#include "engine/recursive_doubling.h"
 #include "engine/rendezvous.h"
 #include "engine/worker_pool.h"
 
@@ -59,18 +59,18 @@ struct CommOptions {
   std::string group = "";            // process group name, for errors
   Millis rendezvousTimeout{300000};  // bound on reading peers' handles
   size_t smallBytes;                 // recursive doubling up to this largest message
-  std::string algo;                  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather (collective.h)
-  size_t halvingBytesPerRank;        // auto: halving up to this x ranks (collective.h)
-  bool rebalance;                    // DCR
-  uint64_t dcrOffset;                // ops between the agreement and a new plan
-  std::string host = "";             // host identity (core/topology.h): equal = same host
+  std::string algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather (collective.h)
+  size_t halvingBytesPerRank;  // auto: halving up to this x ranks (collective.h)
+  bool rebalance;  // DCR
+  uint64_t dcrOffset;  // ops between the agreement and a new plan
+  std::string host = "";  // host identity (core/topology.h): equal = same host
 };
 
 // What the last agreement said of the group's faults.
 struct FaultPicture {
-  int64_t agreedAtOp = -1;     // op sequence number of that agreement (-1: none yet)
-  PlanProposal plan;           // the newest plan: pending if one is, else in force
-  uint64_t maxOpsDone = 0;     // of the most advanced rank
+  int64_t agreedAtOp = -1;  // op sequence number of that agreement (-1: none yet)
+  PlanProposal plan;  // the newest plan: pending if one is, else in force
+  uint64_t maxOpsDone = 0;  // of the most advanced rank
   uint32_t degradedRanks = 0;  // ranks on backups or with NICs down
   std::vector<DegradedRank> listed;  // the lowest of them (at most kListedDegradedRanks)
 };
@@ -111,8 +111,8 @@ class Communicator {
   // `dataPhase`, under the error policy above. `countsDigest`: all_to_all's.
   // A descriptor with a Rejection fails with MismatchError after phase 1.
   using DataPhase = std::function<void(const OpContext&)>;
-  void run(OpDescriptor desc, Millis timeout, const RdPayload& payload,
-           const DataPhase& dataPhase, uint64_t countsDigest = 0);
+  void run(OpDescriptor desc, Millis timeout, const RdPayload& payload, const DataPhase& dataPhase,
+           uint64_t countsDigest = 0);
   // The group's layout. The first call (the group's first collective, of
   // kind `kind`, on every rank) learns it: an exchange with every rank,
   // bounded by `timeout`, under run()'s error policy.
@@ -168,8 +168,8 @@ class Communicator {
   // agreement while the layout is not two-level.
   std::unique_ptr<RecursiveDoubling> flat_;
   std::unique_ptr<RecursiveDoubling> twoLevel_;  // host units in ring order
-  RecursiveDoubling* agreement_ = nullptr;      // the one in use; set with layout_
-  std::shared_ptr<const Layout> layout_;        // written once under planMutex_
+  RecursiveDoubling* agreement_ = nullptr;  // the one in use; set with layout_
+  std::shared_ptr<const Layout> layout_;  // written once under planMutex_
   ChannelPlan plan_;
   PlanState plans_;  // op thread only
   // Guards writes of plan_ (only the op thread writes it, and reads it freely)
@@ -181,7 +181,7 @@ class Communicator {
   std::shared_ptr<P2p> p2p_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<std::vector<uint8_t>> scratch_;  // per channel
-  std::vector<uint8_t> opScratch_;              // see opScratch()
+  std::vector<uint8_t> opScratch_;  // see opScratch()
   std::mutex opMutex_;
   uint64_t seq_ = 0;
   std::atomic<uint64_t> opsDone_{0};

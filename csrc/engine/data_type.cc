@@ -10,18 +10,14 @@ size_t elementSize(DataType type) {
   switch (type) {
     case DataType::kFloat16:
     case DataType::kBFloat16:
-    case DataType::kInt16:
-      return 2;
+    case DataType::kInt16: return 2;
     case DataType::kFloat32:
-    case DataType::kInt32:
-      return 4;
+    case DataType::kInt32: return 4;
     case DataType::kFloat64:
-    case DataType::kInt64:
-      return 8;
+    case DataType::kInt64: return 8;
     case DataType::kInt8:
     case DataType::kUInt8:
-    case DataType::kBool:
-      return 1;
+    case DataType::kBool: return 1;
   }
   throw ConfigError("unknown data type " + std::to_string(static_cast<int>(type)));
 }
@@ -43,8 +39,8 @@ const char* dataTypeName(DataType type) {
 }
 
 bool isFloating(DataType type) {
-  return type == DataType::kFloat16 || type == DataType::kBFloat16 ||
-         type == DataType::kFloat32 || type == DataType::kFloat64;
+  return type == DataType::kFloat16 || type == DataType::kBFloat16 || type == DataType::kFloat32 ||
+         type == DataType::kFloat64;
 }
 
 bool isValidDataType(uint8_t raw) {

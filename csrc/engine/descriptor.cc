@@ -104,7 +104,8 @@ std::string OpDescriptor::describe() const {
   }
   out << dataTypeName(dtype);
   if (hasCount(kind)) out << ", " << count << (count == 1 ? " element" : " elements");
-  if (kind == OpKind::kAlltoall) out << ", sends " << count << (count == 1 ? " element" : " elements");
+  if (kind == OpKind::kAlltoall)
+    out << ", sends " << count << (count == 1 ? " element" : " elements");
   if (hasOp(kind)) out << ", op=" << reduceOpName(op);
   if (hasRoot(kind)) out << ", root=" << root;
   out << ")";
@@ -151,17 +152,17 @@ DecodedDescriptor decodeDescriptor(const uint8_t* data, size_t bytes, int groupS
   WireDescriptor wire;
   std::memcpy(&wire, data, sizeof(wire));
   if (wire.magic != kDescriptorMagic || wire.version != kDescriptorVersion) {
-    throw ProtocolError("not a collective descriptor (bad magic or version); the peer is "
-                        "out of step or runs another reccl version");
+    throw ProtocolError(
+        "not a collective descriptor (bad magic or version); the peer is "
+        "out of step or runs another reccl version");
   }
   if (!validKind(wire.kind) || !isValidDataType(wire.dtype) || !isValidReduceOp(wire.op)) {
     throw ProtocolError("collective descriptor names an unknown kind, dtype or reduce op");
   }
   if (wire.groupSize != static_cast<uint32_t>(groupSize) || wire.sender < 0 ||
       wire.sender >= groupSize) {
-    throw ProtocolError("collective descriptor from a group of " +
-                        std::to_string(wire.groupSize) + " ranks (sender " +
-                        std::to_string(wire.sender) + "); this group has " +
+    throw ProtocolError("collective descriptor from a group of " + std::to_string(wire.groupSize) +
+                        " ranks (sender " + std::to_string(wire.sender) + "); this group has " +
                         std::to_string(groupSize));
   }
   DecodedDescriptor out;
@@ -199,8 +200,9 @@ bool sameOp(const OpDescriptor& a, const OpDescriptor& b) {
   if (a.seq != b.seq || a.kind != b.kind || !(a.rejection == b.rejection)) return false;
   if (a.kind == OpKind::kBarrier) return true;
   return a.dtype == b.dtype && a.planId == b.planId && a.chunkBytes == b.chunkBytes &&
-         a.channels == b.channels && a.algorithm == b.algorithm && (!hasCount(a.kind) || a.count == b.count) &&
-         (!hasRoot(a.kind) || a.root == b.root) && (!hasOp(a.kind) || a.op == b.op);
+         a.channels == b.channels && a.algorithm == b.algorithm &&
+         (!hasCount(a.kind) || a.count == b.count) && (!hasRoot(a.kind) || a.root == b.root) &&
+         (!hasOp(a.kind) || a.op == b.op);
 }
 
 std::string mismatchMessage(const std::string& group, int ra, const OpDescriptor& a, int rb,
@@ -217,7 +219,9 @@ std::string mismatchMessage(const std::string& group, int ra, const OpDescriptor
             std::to_string(b.channels) + " of " + std::to_string(b.chunkBytes) +
             "; the backend options must be the same on every rank)";
   } else if (a.kind == b.kind && a.algorithm != b.algorithm) {
-    extra = " (they chose different algorithms: RECCL_SMALL_BYTES and RECCL_ALGO must be the same on every rank)";
+    extra =
+        " (they chose different algorithms: RECCL_SMALL_BYTES and RECCL_ALGO must be the same on "
+        "every rank)";
   } else if (a.kind == b.kind && a.planId != b.planId) {
     extra = " (channel plans " + std::to_string(a.planId) + " and " + std::to_string(b.planId) +
             " differ)";

@@ -1,10 +1,9 @@
 // What each rank says it is doing at a collective: op sequence number, kind,
-// dtype, count, root, reduce op and the channel plan in force. Every collective starts by agreeing on the
-// descriptors of all ranks (agreement.h), so a mismatch raises the same error,
-// naming both sides, on every rank before any data moves. A rank whose own
-// arguments are invalid in a way the others cannot see (a list of the wrong
-// length, say) joins the agreement anyway with a Rejection in its descriptor,
-// so every rank fails that op at once, with the same message, rather than
+// dtype, count, root, reduce op and the channel plan in force. Every collective starts by agreeing
+// on the descriptors of all ranks (agreement.h), so a mismatch raises the same error, naming both
+// sides, on every rank before any data moves. A rank whose own arguments are invalid in a way the
+// others cannot see (a list of the wrong length, say) joins the agreement anyway with a Rejection
+// in its descriptor, so every rank fails that op at once, with the same message, rather than
 // waiting for it until the timeout.
 #pragma once
 
@@ -47,10 +46,10 @@ struct Rejection {
     kNone = 0,
     kListLength = 1,    // `argument` has `got` entries, `want` expected
     kElementCount = 2,  // argument[index] (index -1: argument) has `got` elements, `want` expected
-    kDtype = 3,         // argument[index] has another dtype than the op's
-    kNotRoot = 4,       // `argument` (`got` tensors) given on a rank that is not the root
-    kSplitSizes = 5,    // split sizes `argument` add up to `got`, the tensor has `want` rows
-    kIndivisible = 6,   // `argument` has `got` elements, not divisible over `want` ranks
+    kDtype = 3,  // argument[index] has another dtype than the op's
+    kNotRoot = 4,  // `argument` (`got` tensors) given on a rank that is not the root
+    kSplitSizes = 5,  // split sizes `argument` add up to `got`, the tensor has `want` rows
+    kIndivisible = 6,  // `argument` has `got` elements, not divisible over `want` ranks
   };
   static constexpr size_t kMaxArgumentName = 18;  // what the wire form holds
 
@@ -70,17 +69,17 @@ struct Rejection {
 };
 
 struct OpDescriptor {
-  uint64_t seq = 0;       // collectives issued on this communicator before this one
+  uint64_t seq = 0;  // collectives issued on this communicator before this one
   OpKind kind = OpKind::kBarrier;
   DataType dtype = DataType::kUInt8;
-  ReduceOp op = ReduceOp::kSum;   // reducing kinds only
-  int32_t root = -1;              // rooted kinds only
-  uint64_t count = 0;             // elements per rank (see each kind); alltoall: elements sent
-  uint64_t planId = 0;            // channel plan in force (DCR switches it at an agreed op)
-  uint64_t chunkBytes = 0;        // the communicator's pipelining unit (must agree)
-  uint32_t channels = 0;          // the communicator's channels (must agree)
-  uint8_t algorithm = 0;          // how the data moves (collective.h); must agree
-  Rejection rejection;            // set: this rank's arguments are invalid (never a valid op's equal)
+  ReduceOp op = ReduceOp::kSum;  // reducing kinds only
+  int32_t root = -1;  // rooted kinds only
+  uint64_t count = 0;  // elements per rank (see each kind); alltoall: elements sent
+  uint64_t planId = 0;  // channel plan in force (DCR switches it at an agreed op)
+  uint64_t chunkBytes = 0;  // the communicator's pipelining unit (must agree)
+  uint32_t channels = 0;  // the communicator's channels (must agree)
+  uint8_t algorithm = 0;  // how the data moves (collective.h); must agree
+  Rejection rejection;  // set: this rank's arguments are invalid (never a valid op's equal)
   // alltoall only (never on the wire): elements this rank sends to / receives from each rank.
   std::vector<uint64_t> sendCounts;
   std::vector<uint64_t> recvCounts;

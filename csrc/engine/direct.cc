@@ -5,8 +5,7 @@
 namespace reccl {
 
 void directExchange(ChannelJob& job, const std::vector<Transfer>& sendTo,
-                    const std::vector<Transfer>& recvFrom, SendList& sends,
-                    RegionSends* regions) {
+                    const std::vector<Transfer>& recvFrom, SendList& sends, RegionSends* regions) {
   const size_t elem = job.elem;
   struct Posted {
     std::shared_ptr<Request> request;
@@ -28,8 +27,8 @@ void directExchange(ChannelJob& job, const std::vector<Transfer>& sendTo,
     for (size_t k = 0; k * unit < t.elements.count; ++k) {
       Range c{t.elements.offset + k * unit, std::min(unit, t.elements.count - k * unit)};
       if (regions && t.segment >= 0) regions->waitFor(job, t.segment, k, -1);
-      posted.push_back({from->irecv(t.data + c.offset * elem, c.count * elem), t.peer,
-                        c.count * elem});
+      posted.push_back(
+          {from->irecv(t.data + c.offset * elem, c.count * elem), t.peer, c.count * elem});
     }
   }
   for (size_t i = 0; i < sendTo.size(); ++i) {

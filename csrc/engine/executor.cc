@@ -19,8 +19,7 @@ Executor& Executor::instance() {
 Executor::Executor() {
   // A forked child (a DataLoader worker, say) has none of the parent's
   // threads: it must not hand jobs to idlers that do not exist in it.
-  pthread_atfork([] { instance().mutex_.lock(); },
-                 [] { instance().mutex_.unlock(); },
+  pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().mutex_.unlock(); },
                  [] {
                    Executor& executor = instance();
                    executor.idle_.clear();

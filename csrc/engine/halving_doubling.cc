@@ -106,8 +106,8 @@ void receiveRegions(ChannelJob& job, int peer, uint8_t* buffer, const Regions& r
   for (size_t k = 0; k < window; ++k) post(k);
   for (size_t k = 0; k < chunks.size(); ++k) {
     const Range& c = chunks[k];
-    checkArrived(job, job.ctx.wait(*posted.front(), "data from", peer, job.channel),
-                 c.count * elem, peer);
+    checkArrived(job, job.ctx.wait(*posted.front(), "data from", peer, job.channel), c.count * elem,
+                 peer);
     posted.pop_front();
     if (op) {
       reduceInto(buffer + c.offset * elem, job.scratch.data() + (k % window) * slotBytes, c.count,
@@ -142,7 +142,8 @@ std::vector<Regions> rankBlocksBySlot(const ChannelJob& job, size_t count, const
   const HalvingCore core(job.size());
   std::vector<Regions> blocks(core.pow2);
   for (int v = 0; v < core.pow2; ++v) {
-    for (int p : core.positionsOf(v)) append(blocks[core.slotOf(v)], rankBlock(job, count, range, p));
+    for (int p : core.positionsOf(v))
+      append(blocks[core.slotOf(v)], rankBlock(job, count, range, p));
   }
   return blocks;
 }
@@ -204,14 +205,17 @@ void halvingDoubling(ChannelJob& job, uint8_t* work, const HalvingBlocks& plan,
       const int partner = rankOfSlot(slot ^ d);
       const int mid = lo + d;
       const bool upper = (slot & d) != 0;
-      const Regions give = upper ? blockSpan(plan.blocks, lo, mid) : blockSpan(plan.blocks, mid, hi);
-      const Regions keep = upper ? blockSpan(plan.blocks, mid, hi) : blockSpan(plan.blocks, lo, mid);
+      const Regions give =
+          upper ? blockSpan(plan.blocks, lo, mid) : blockSpan(plan.blocks, mid, hi);
+      const Regions keep =
+          upper ? blockSpan(plan.blocks, mid, hi) : blockSpan(plan.blocks, lo, mid);
       givenAt.push_back(sendRegions(job, partner, work, give, sends));
       receiveRegions(job, partner, work, keep, reduce);
       (upper ? lo : hi) = mid;
     }
     if (*reduce == ReduceOp::kAvg) {
-      for (const Range& r : plan.blocks[slot]) divideBy(work + r.offset * job.elem, r.count, job.dtype, n);
+      for (const Range& r : plan.blocks[slot])
+        divideBy(work + r.offset * job.elem, r.count, job.dtype, n);
     }
   }
 

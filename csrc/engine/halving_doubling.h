@@ -85,11 +85,10 @@ HalvingBlocks allreduceBlocks(const ChannelJob& job, const Range& range);
 // reduce_scatter (`reducing`) and all_gather over one block of `count`
 // elements per rank (rank r's at r * count), of which this channel moves
 // `range`: the block of virtual rank v (at slot slotOf(v)) is that range of
-// the block of the rank at each of its positions. A reduce_scatter's fold gives every rank's block and
-// returns the even position's own; an all_gather's gives the even position's
-// own and returns every other.
-HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& range,
-                            bool reducing);
+// the block of the rank at each of its positions. A reduce_scatter's fold gives every rank's block
+// and returns the even position's own; an all_gather's gives the even position's own and returns
+// every other.
+HalvingBlocks perRankBlocks(const ChannelJob& job, size_t count, const Range& range, bool reducing);
 
 // For chunkElems (collective.h), in units of the largest channel range: in an
 // all_reduce one connection carries at most one range per op (the fold, its

@@ -56,8 +56,8 @@ int Links::slotOf(int channel, Lane lane) const {
 
 Links::Link& Links::link(int peer, int channel, Lane lane) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
-    throw ConfigError("peer rank " + std::to_string(peer) + " is not another rank of this group of " +
-                      std::to_string(size_));
+    throw ConfigError("peer rank " + std::to_string(peer) +
+                      " is not another rank of this group of " + std::to_string(size_));
   }
   const int slot = slotOf(channel, lane);
   std::lock_guard<std::mutex> lock(mapMutex_);
@@ -88,10 +88,12 @@ Links::Peer& Links::peerEntry(int peer) {
 }
 
 void Links::checkHandles(int peer, const std::vector<uint8_t>& blob) {
-  if (blob.empty() || blob.size() % kHandleBytes != 0 || blob.size() / kHandleBytes > kMaxHandleNics) {
-    throw ProtocolError("rank " + std::to_string(peer) + " published " + std::to_string(blob.size()) +
-                        " bytes of listen handles, expected " + std::to_string(kHandleBytes) +
-                        " per NIC (1.." + std::to_string(kMaxHandleNics) + " NICs)");
+  if (blob.empty() || blob.size() % kHandleBytes != 0 ||
+      blob.size() / kHandleBytes > kMaxHandleNics) {
+    throw ProtocolError("rank " + std::to_string(peer) + " published " +
+                        std::to_string(blob.size()) + " bytes of listen handles, expected " +
+                        std::to_string(kHandleBytes) + " per NIC (1.." +
+                        std::to_string(kMaxHandleNics) + " NICs)");
   }
 }
 

@@ -49,8 +49,10 @@ std::string seconds(Millis ms) {
 std::string P2pOp::label() const {
   std::string group;
   if (auto owner = owner_.lock()) group = " in process group '" + owner->group() + "'";
-  if (send_) return "send to rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) + ")" + group;
-  if (anySource_ && peer_ < 0) return "recv from any rank (tag " + std::to_string(tag_) + ")" + group;
+  if (send_)
+    return "send to rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) + ")" + group;
+  if (anySource_ && peer_ < 0)
+    return "recv from any rank (tag " + std::to_string(tag_) + ")" + group;
   return "recv from rank " + std::to_string(peer_) + " (tag " + std::to_string(tag_) + ")" + group;
 }
 
@@ -83,12 +85,13 @@ void P2pOp::checkHeaderLocked() {
   DataType theirs = static_cast<DataType>(header.dtype);
   if (header.tag != tag_ || theirs != dtype_ || header.count != count_ || header.bytes != bytes_) {
     mismatch_ = true;
-    error_ = "reccl: send/recv mismatch" +
-             std::string(owner_.lock() ? " in process group '" + owner_.lock()->group() + "'" : "") +
-             ": rank " + std::to_string(header.sender) + " sent (" +
-             describeMessage(header.tag, theirs, header.count) + ") but this rank's recv from rank " +
-             std::to_string(peer_) + " expects (" + describeMessage(tag_, dtype_, count_) +
-             "); sends and recvs between two ranks match in posting order";
+    error_ =
+        "reccl: send/recv mismatch" +
+        std::string(owner_.lock() ? " in process group '" + owner_.lock()->group() + "'" : "") +
+        ": rank " + std::to_string(header.sender) + " sent (" +
+        describeMessage(header.tag, theirs, header.count) + ") but this rank's recv from rank " +
+        std::to_string(peer_) + " expects (" + describeMessage(tag_, dtype_, count_) +
+        "); sends and recvs between two ranks match in posting order";
     done_ = true;
   }
 }
@@ -154,7 +157,8 @@ void P2pOp::wait(Millis timeout) {
       uint64_t got;
       std::string error;
       if (posted_) {
-        next = headerRequest_ && !headerRequest_->test(&got, &error) ? headerRequest_ : dataRequest_;
+        next =
+            headerRequest_ && !headerRequest_->test(&got, &error) ? headerRequest_ : dataRequest_;
       }
     }
     Millis left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
@@ -174,8 +178,8 @@ P2p::P2p(std::shared_ptr<Links> links, std::string group)
 std::shared_ptr<P2pOp> P2p::send(int peer, int tag, const void* data, uint64_t count,
                                  DataType dtype) {
   if (peer < 0 || peer >= links_->size() || peer == links_->rank()) {
-    throw ConfigError("send to rank " + std::to_string(peer) + ": not another rank of this group of " +
-                      std::to_string(links_->size()));
+    throw ConfigError("send to rank " + std::to_string(peer) +
+                      ": not another rank of this group of " + std::to_string(links_->size()));
   }
   auto op = std::make_shared<P2pOp>();
   op->owner_ = weak_from_this();

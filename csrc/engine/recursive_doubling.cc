@@ -88,8 +88,8 @@ std::pair<int, int> RdSchedule::heldBefore(int step, bool partnerSide) const {
 
 namespace {
 
-std::function<void(const uint8_t*, size_t, size_t, bool)> reduceMerge(uint8_t* state, DataType dtype,
-                                                                   ReduceOp op) {
+std::function<void(const uint8_t*, size_t, size_t, bool)> reduceMerge(uint8_t* state,
+                                                                      DataType dtype, ReduceOp op) {
   const ReduceOp pairwise = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const size_t elem = elementSize(dtype);
   return [state, dtype, pairwise, elem](const uint8_t* theirs, size_t offset, size_t length,
@@ -170,7 +170,8 @@ void RecursiveDoubling::flush(Millis timeout) {
 std::vector<int> RecursiveDoubling::partners() const {
   std::vector<int> ranks;
   if (schedule_.parent() >= 0) ranks.push_back(order_[schedule_.parent()]);
-  for (const RdSchedule::Fold& child : schedule_.children()) ranks.push_back(order_[child.position]);
+  for (const RdSchedule::Fold& child : schedule_.children())
+    ranks.push_back(order_[child.position]);
   for (int s = 0; s < schedule_.steps(); ++s) ranks.push_back(order_[schedule_.partner(s)]);
   return ranks;
 }
@@ -186,7 +187,8 @@ void RecursiveDoubling::send(const OpContext& ctx, int slotIndex, int peer,
   const size_t bytes = kAgreementBytes + span.second;
   if (slot.tx.size() < bytes) slot.tx.resize(bytes);
   encodeAgreement(agreement, size_, slot.tx.data());
-  if (span.second) std::memcpy(slot.tx.data() + kAgreementBytes, payload.data + span.first, span.second);
+  if (span.second)
+    std::memcpy(slot.tx.data() + kAgreementBytes, payload.data + span.first, span.second);
   slot.pending = links_->sender(peer, 0, Lane::kCollective)->isend(slot.tx.data(), bytes);
 }
 
@@ -199,8 +201,8 @@ std::shared_ptr<Request> RecursiveDoubling::postReceive(int slotIndex, int peer,
 }
 
 Agreement RecursiveDoubling::receive(const OpContext& ctx, int slotIndex, int peer,
-                                     const Request& request, Clock::time_point until,
-                                     uint64_t* got, std::vector<int>* failure) {
+                                     const Request& request, Clock::time_point until, uint64_t* got,
+                                     std::vector<int>* failure) {
   if (!ctx.waitUntil(request, until, "the agreement message from", peer, 0, got)) {
     *failure = {peer};
     return {};
@@ -230,7 +232,8 @@ void RecursiveDoubling::fail(const OpContext& ctx, std::vector<int> missing,
       if (slot.pending && !slot.pending->wait(Millis(0))) continue;
       if (slot.tx.size() < kAgreementBytes) slot.tx.resize(kAgreementBytes);
       encodeAgreement(verdict, size_, slot.tx.data());
-      slot.pending = links_->sender(peer, 0, Lane::kCollective)->isend(slot.tx.data(), kAgreementBytes);
+      slot.pending =
+          links_->sender(peer, 0, Lane::kCollective)->isend(slot.tx.data(), kAgreementBytes);
       notices.push_back(slot.pending);
     } catch (const std::exception&) {
       // The partner is unreachable too; it will time out on its own.
@@ -263,12 +266,15 @@ void RecursiveDoubling::run(const OpContext& ctx, Agreement& agreement, const Rd
   // The last stage too gives up a margin early, so a rank waiting for the
   // result from a missing parent names it as the verdict does.
   const Millis margin = stageMargin(ctx.timeout(), schedule_.stages() + 1);
-  auto stageUntil = [&](int stage) { return ctx.deadline() - margin * (schedule_.stages() - stage); };
+  auto stageUntil = [&](int stage) {
+    return ctx.deadline() - margin * (schedule_.stages() - stage);
+  };
   auto span = [&](std::pair<int, int> positions) {
     return payload.bytes ? payload.held(positions.first, positions.second)
                          : std::pair<size_t, size_t>{0, 0};
   };
-  if (payload.bytes > payloadCapacity_) throw Error("internal: recursive-doubling payload too large");
+  if (payload.bytes > payloadCapacity_)
+    throw Error("internal: recursive-doubling payload too large");
   const size_t maxBytes = kAgreementBytes + payloadCapacity_;
   // Receives from `peer` into `slotIndex`, accepting its connection first if
   // needed; both bounded by the stage's deadline.

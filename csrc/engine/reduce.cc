@@ -52,7 +52,8 @@ void reduce(Communicator& comm, const void* in, void* out, size_t count, DataTyp
                } else {
                  for (int p = 0; p < size; ++p) {
                    const int theirs = job.layout.position(p);
-                   if (p != root) recvFrom.push_back({p, work, segs[theirs], theirs, job.chunkElems});
+                   if (p != root)
+                     recvFrom.push_back({p, work, segs[theirs], theirs, job.chunkElems});
                  }
                }
                directExchange(job, sendTo, recvFrom, sends, &regions);

@@ -94,14 +94,10 @@ template <typename A, typename Fn>
 void withOp(ReduceOp op, Fn&& fn) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return fn([](A a, A b) { return wrapAdd(a, b); });
-    case ReduceOp::kProduct:
-      return fn([](A a, A b) { return wrapMul(a, b); });
-    case ReduceOp::kMin:
-      return fn([](A a, A b) { return minOf(a, b); });
-    case ReduceOp::kMax:
-      return fn([](A a, A b) { return maxOf(a, b); });
+    case ReduceOp::kAvg: return fn([](A a, A b) { return wrapAdd(a, b); });
+    case ReduceOp::kProduct: return fn([](A a, A b) { return wrapMul(a, b); });
+    case ReduceOp::kMin: return fn([](A a, A b) { return minOf(a, b); });
+    case ReduceOp::kMax: return fn([](A a, A b) { return maxOf(a, b); });
     case ReduceOp::kBand:
     case ReduceOp::kBor:
     case ReduceOp::kBxor:
@@ -129,8 +125,7 @@ void withBoolOp(ReduceOp op, Fn&& fn) {
       return fn([](uint8_t a, uint8_t b) { return static_cast<uint8_t>((a & b) != 0); });
     case ReduceOp::kBxor:
       return fn([](uint8_t a, uint8_t b) { return static_cast<uint8_t>((a != 0) != (b != 0)); });
-    case ReduceOp::kAvg:
-      break;
+    case ReduceOp::kAvg: break;
   }
   throw ConfigError(std::string("reduce op ") + reduceOpName(op) + " is not valid for bool");
 }
@@ -223,7 +218,8 @@ const char* reduceOpName(ReduceOp op) {
 }
 
 bool isValidReduceOp(uint8_t raw) {
-  return raw >= static_cast<uint8_t>(ReduceOp::kSum) && raw <= static_cast<uint8_t>(ReduceOp::kBxor);
+  return raw >= static_cast<uint8_t>(ReduceOp::kSum) &&
+         raw <= static_cast<uint8_t>(ReduceOp::kBxor);
 }
 
 void checkReduceOp(ReduceOp op, DataType type) {
@@ -273,9 +269,8 @@ void reduceAll(void* dst, const void* const* inputs, int inputCount, size_t coun
     });
     return;
   }
-  withStorage(type, [&](auto tag) {
-    reduceAllTyped<decltype(tag)>(dst, inputs, inputCount, count, op);
-  });
+  withStorage(type,
+              [&](auto tag) { reduceAllTyped<decltype(tag)>(dst, inputs, inputCount, count, op); });
 }
 
 void divideBy(void* data, size_t count, DataType type, int divisor) {

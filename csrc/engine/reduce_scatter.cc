@@ -28,8 +28,8 @@ void reduceScatterOverChannels(Communicator& comm, const OpContext& ctx, uint8_t
   const size_t unit = chunkElems(comm, dtype, largestRange(ranges), size - 1);
   comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
     RegionSends regions(size);
-    ringReduceScatter(job, work, rankBlockSegments(job, count, ranges[job.channel]),
-                      job.position(), op, regions, sends);
+    ringReduceScatter(job, work, rankBlockSegments(job, count, ranges[job.channel]), job.position(),
+                      op, regions, sends);
   });
 }
 
@@ -48,7 +48,8 @@ void reduceScatter(Communicator& comm, const void* in, void* out, size_t count, 
   if (bytes) std::memcpy(work, in, bytes * size);
   comm.run(desc, timeout, rd ? reducePayload(work, count * size, dtype, op) : RdPayload{},
            [&](const OpContext& ctx) {
-             if (size > 1 && !rd) reduceScatterOverChannels(comm, ctx, work, count, dtype, op, algorithm);
+             if (size > 1 && !rd)
+               reduceScatterOverChannels(comm, ctx, work, count, dtype, op, algorithm);
              if (bytes) std::memcpy(out, work + rank * bytes, bytes);
              if (rd && op == ReduceOp::kAvg) divideBy(out, count, dtype, size);
            });

@@ -21,7 +21,8 @@ std::vector<Item> ringItems(const ChannelJob& job, const SegmentFn& seg, int fir
   for (int s = 0; s < job.size() - 1; ++s) {
     int j = job.mod(firstRecv - s);
     Range g = seg(j);
-    for (size_t k = 0; k < job.chunksOf(g.count); ++k) items.push_back({s, j, k, chunkOf(job, g, k)});
+    for (size_t k = 0; k < job.chunksOf(g.count); ++k)
+      items.push_back({s, j, k, chunkOf(job, g, k)});
   }
   return items;
 }
@@ -133,7 +134,8 @@ void ringAllgather(ChannelJob& job, uint8_t* buffer, const SegmentFn& seg, int o
   auto post = [&](size_t i) {
     const Item& it = items[i];
     if (regions) regions->waitFor(job, it.segment, it.chunk, next);
-    posted.push_back(ring->from->irecv(buffer + it.elements.offset * elem, it.elements.count * elem));
+    posted.push_back(
+        ring->from->irecv(buffer + it.elements.offset * elem, it.elements.count * elem));
   };
   for (size_t i = 0; i < window; ++i) post(i);
 
@@ -147,7 +149,8 @@ void ringAllgather(ChannelJob& job, uint8_t* buffer, const SegmentFn& seg, int o
     const size_t bytes = it.elements.count * elem;
     checkArrived(job, job.ctx.wait(*posted.front(), "data from", prev, job.channel), bytes, prev);
     posted.pop_front();
-    if (it.step < n - 2) sends.add(ring->to->isend(buffer + it.elements.offset * elem, bytes), next);
+    if (it.step < n - 2)
+      sends.add(ring->to->isend(buffer + it.elements.offset * elem, bytes), next);
     if (i + window < items.size()) post(i + window);
   }
 }
@@ -179,8 +182,8 @@ void chainBroadcast(ChannelJob& job, uint8_t* buffer, const Range& range, int ro
   for (size_t k = 0; k < window; ++k) post(k);
   for (size_t k = 0; k < chunks; ++k) {
     Range c = chunkOf(job, range, k);
-    checkArrived(job, job.ctx.wait(*posted.front(), "data from", prev, job.channel),
-                 c.count * elem, prev);
+    checkArrived(job, job.ctx.wait(*posted.front(), "data from", prev, job.channel), c.count * elem,
+                 prev);
     posted.pop_front();
     if (to) sends.add(to->isend(buffer + c.offset * elem, c.count * elem), next);
     if (k + window < chunks) post(k + window);

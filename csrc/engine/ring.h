@@ -2,8 +2,8 @@
 // as soon as it has arrived (and been reduced), so every step of the ring is
 // busy at once. The ring runs in the layout's order (layout.h: a host's ranks
 // next to each other); segment j of the ring is seg(j) (elements of the
-// buffer), j counted in that order, the same segmentation on every rank. Bandwidth-optimal for large
-// messages: each rank sends 2(N-1)/N of the data for an allreduce.
+// buffer), j counted in that order, the same segmentation on every rank. Bandwidth-optimal for
+// large messages: each rank sends 2(N-1)/N of the data for an allreduce.
 #pragma once
 
 #include <functional>

@@ -37,7 +37,8 @@ void scatter(Communicator& comm, const void* in, void* out, size_t count, DataTy
                if (rank == root) {
                  for (int p = 0; p < size; ++p) {
                    if (p != root) {
-                     sendTo.push_back({p, const_cast<uint8_t*>(bytesOf(in)),
+                     sendTo.push_back({p,
+                                       const_cast<uint8_t*>(bytesOf(in)),
                                        {p * count + range.offset, range.count}});
                    }
                  }

@@ -68,8 +68,10 @@ class CudaApi {
   virtual bool eventDone(const CudaEvent& event) = 0;
 
   // Copies queued on `stream`: device<->host and device->device (any devices).
-  virtual void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) = 0;
-  virtual void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) = 0;
+  virtual void copyToHostAsync(void* host, const void* device, size_t bytes,
+                               const CudaStream& stream) = 0;
+  virtual void copyToDeviceAsync(void* device, const void* host, size_t bytes,
+                                 const CudaStream& stream) = 0;
   virtual void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
                              const CudaStream& stream) = 0;
   // Waits for everything queued on `stream`, at most `timeoutMs`; throws Error

@@ -141,7 +141,8 @@ std::unique_ptr<CudaDriver> CudaDriver::load(std::string* error) {
     return nullptr;
   }
   int devices = 0;
-  if (symbols->init(0) != kSuccess || symbols->deviceGetCount(&devices) != kSuccess || devices == 0) {
+  if (symbols->init(0) != kSuccess || symbols->deviceGetCount(&devices) != kSuccess ||
+      devices == 0) {
     *error = "the CUDA driver sees no GPU";
     return nullptr;
   }
@@ -149,7 +150,9 @@ std::unique_ptr<CudaDriver> CudaDriver::load(std::string* error) {
 }
 
 CudaDriver::CudaDriver(void* library, std::unique_ptr<Symbols> symbols, int devices)
-    : library_(library), symbols_(std::move(symbols)), contexts_(static_cast<size_t>(devices), nullptr) {}
+    : library_(library),
+      symbols_(std::move(symbols)),
+      contexts_(static_cast<size_t>(devices), nullptr) {}
 
 CudaDriver::~CudaDriver() {
   // At process exit the driver may be shut down already; nothing to report then.
@@ -162,8 +165,10 @@ CudaDriver::~CudaDriver() {
 void CudaDriver::check(int status, const char* call) const {
   if (status == kSuccess) return;
   const char* text = nullptr;
-  if (symbols_->getErrorString(status, &text) != kSuccess || text == nullptr) text = "unknown error";
-  throw Error(std::string(call) + " failed: " + text + " (CUDA error " + std::to_string(status) + ")");
+  if (symbols_->getErrorString(status, &text) != kSuccess || text == nullptr)
+    text = "unknown error";
+  throw Error(std::string(call) + " failed: " + text + " (CUDA error " + std::to_string(status) +
+              ")");
 }
 
 void* CudaDriver::contextFor(int device) {
@@ -186,9 +191,11 @@ void* CudaDriver::contextFor(int device) {
 int CudaDriver::deviceOf(const void* pointer) {
   unsigned type = 0;
   int ordinal = -1;
-  if (symbols_->pointerGetAttribute(&type, kPointerAttributeMemoryType, devicePointer(pointer)) != kSuccess ||
+  if (symbols_->pointerGetAttribute(&type, kPointerAttributeMemoryType, devicePointer(pointer)) !=
+          kSuccess ||
       type != kMemoryTypeDevice ||
-      symbols_->pointerGetAttribute(&ordinal, kPointerAttributeDeviceOrdinal, devicePointer(pointer)) != kSuccess) {
+      symbols_->pointerGetAttribute(&ordinal, kPointerAttributeDeviceOrdinal,
+                                    devicePointer(pointer)) != kSuccess) {
     return -1;
   }
   return ordinal;
@@ -196,7 +203,8 @@ int CudaDriver::deviceOf(const void* pointer) {
 
 bool CudaDriver::isVirtualMemory(const void* pointer) {
   unsigned long long allocation = 0;
-  if (symbols_->memRetainAllocationHandle(&allocation, const_cast<void*>(pointer)) != kSuccess) return false;
+  if (symbols_->memRetainAllocationHandle(&allocation, const_cast<void*>(pointer)) != kSuccess)
+    return false;
   symbols_->memRelease(allocation);
   return true;
 }
@@ -221,11 +229,13 @@ bool CudaDriver::supportsDmaBuf(std::string* why) {
   for (int device = 0; device < deviceCount(); ++device) {
     int handle = 0, supported = 0;
     check(symbols_->deviceGet(&handle, device), "cuDeviceGet");
-    if (symbols_->deviceGetAttribute(&supported, kDeviceAttributeDmaBufSupported, handle) != kSuccess ||
+    if (symbols_->deviceGetAttribute(&supported, kDeviceAttributeDmaBufSupported, handle) !=
+            kSuccess ||
         supported == 0) {
-      *why = "CUDA device " + std::to_string(device) +
-             " cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: needs driver 470+ and "
-             "Linux 5.12+)";
+      *why =
+          "CUDA device " + std::to_string(device) +
+          " cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: needs driver 470+ and "
+          "Linux 5.12+)";
       return false;
     }
   }
@@ -317,22 +327,26 @@ bool CudaDriver::eventDone(const CudaEvent& event) {
   return true;
 }
 
-void CudaDriver::copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) {
+void CudaDriver::copyToHostAsync(void* host, const void* device, size_t bytes,
+                                 const CudaStream& stream) {
   InContext in(*this, stream.device);
   check(symbols_->memcpyDtoHAsync(host, devicePointer(device), bytes, stream.handle),
         "cuMemcpyDtoHAsync");
 }
 
-void CudaDriver::copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) {
+void CudaDriver::copyToDeviceAsync(void* device, const void* host, size_t bytes,
+                                   const CudaStream& stream) {
   InContext in(*this, stream.device);
   check(symbols_->memcpyHtoDAsync(devicePointer(device), host, bytes, stream.handle),
         "cuMemcpyHtoDAsync");
 }
 
-void CudaDriver::copyPeerAsync(void* dst, int, const void* src, int, size_t bytes, const CudaStream& stream) {
+void CudaDriver::copyPeerAsync(void* dst, int, const void* src, int, size_t bytes,
+                               const CudaStream& stream) {
   // Unified addressing names both ends; the stream's context has peer access.
   InContext in(*this, stream.device);
-  check(symbols_->memcpyAsync(devicePointer(dst), devicePointer(src), bytes, stream.handle), "cuMemcpyAsync");
+  check(symbols_->memcpyAsync(devicePointer(dst), devicePointer(src), bytes, stream.handle),
+        "cuMemcpyAsync");
 }
 
 void CudaDriver::waitStream(const CudaStream& stream, int timeoutMs) {

@@ -56,8 +56,10 @@ class CudaDriver : public CudaApi {
   void streamWaitEvent(const CudaStream& stream, const CudaEvent& event) override;
   bool eventDone(const CudaEvent& event) override;
 
-  void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) override;
-  void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) override;
+  void copyToHostAsync(void* host, const void* device, size_t bytes,
+                       const CudaStream& stream) override;
+  void copyToDeviceAsync(void* device, const void* host, size_t bytes,
+                         const CudaStream& stream) override;
   void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
                      const CudaStream& stream) override;
   void waitStream(const CudaStream& stream, int timeoutMs) override;

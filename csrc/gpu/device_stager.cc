@@ -11,7 +11,9 @@
 namespace reccl {
 
 DeviceStager::DeviceStager(std::shared_ptr<CudaApi> cuda, int64_t maxTransitBytes, int timeoutMs)
-    : cuda_(std::move(cuda)), maxTransitBytes_(static_cast<size_t>(maxTransitBytes)), timeoutMs_(timeoutMs) {}
+    : cuda_(std::move(cuda)),
+      maxTransitBytes_(static_cast<size_t>(maxTransitBytes)),
+      timeoutMs_(timeoutMs) {}
 
 DeviceStager::~DeviceStager() {
   try {
@@ -19,7 +21,8 @@ DeviceStager::~DeviceStager() {
     // before their memory goes.
     for (auto& [device, slots] : completions_) {
       for (size_t slot = 0; slot < slots.size(); ++slot) {
-        if (slots[slot].busy) wait(Transfer{device, static_cast<int>(slot), Clock::now() + Millis(timeoutMs_)});
+        if (slots[slot].busy)
+          wait(Transfer{device, static_cast<int>(slot), Clock::now() + Millis(timeoutMs_)});
       }
     }
     for (auto& [key, route] : routes_) {
@@ -48,7 +51,8 @@ const CudaStream& DeviceStager::directStream(int gpu) {
   return direct_.emplace(gpu, cuda_->createStream(gpu)).first->second;
 }
 
-void DeviceStager::prepare(int bufferGpu, size_t messageBytes, const std::vector<int>& transitGpus) {
+void DeviceStager::prepare(int bufferGpu, size_t messageBytes,
+                           const std::vector<int>& transitGpus) {
   if (prepared_) throw Error("DeviceStager::prepare called twice");
   prepared_ = true;
   directStream(bufferGpu);
@@ -61,7 +65,8 @@ void DeviceStager::prepare(int bufferGpu, size_t messageBytes, const std::vector
   completionsOn(bufferGpu);
   const size_t size = std::max<size_t>(1, std::min(messageBytes, maxTransitBytes_));
   for (int transitGpu : transitGpus) {
-    if (transitGpu < 0 || transitGpu == bufferGpu || routes_.count({bufferGpu, transitGpu})) continue;
+    if (transitGpu < 0 || transitGpu == bufferGpu || routes_.count({bufferGpu, transitGpu}))
+      continue;
     cuda_->enablePeerAccess(bufferGpu, transitGpu);
     completionsOn(transitGpu);
     Route& route = routes_[{bufferGpu, transitGpu}];
@@ -104,7 +109,9 @@ DeviceStager::Transfer DeviceStager::finish(int device, int slot, const CudaStre
 
 void DeviceStager::checkDirection(Direction direction) {
   if (inFlight_ > 0 && direction_ != direction) {
-    throw Error("NVL staging: copies to the GPU and to the host may not be in flight at once on one buffer");
+    throw Error(
+        "NVL staging: copies to the GPU and to the host may not be in flight at once on one "
+        "buffer");
   }
   direction_ = direction;
 }
@@ -145,8 +152,9 @@ int DeviceStager::inPieces(Route& route, size_t bytes, CopyPiece&& copyPiece) {
   return index > 1 ? 2 : 1;
 }
 
-std::optional<DeviceStager::Transfer> DeviceStager::startToHost(uint8_t* host, const uint8_t* src, int srcGpu,
-                                                                size_t bytes, int transitGpu) {
+std::optional<DeviceStager::Transfer> DeviceStager::startToHost(uint8_t* host, const uint8_t* src,
+                                                                int srcGpu, size_t bytes,
+                                                                int transitGpu) {
   if (bytes == 0) return Transfer{};
   checkDirection(Direction::kToHost);
   Route* route = transitGpu < 0 ? nullptr : routeFor(srcGpu, transitGpu);
@@ -158,24 +166,26 @@ std::optional<DeviceStager::Transfer> DeviceStager::startToHost(uint8_t* host, c
     cuda_->copyToHostAsync(host, src, bytes, stream);
     return finish(device, slot, stream);
   }
-  const int lanes = inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* staging) {
-    // The staging slot is free once this lane's previous host copy is done.
-    if (lane.used) cuda_->streamWaitEvent(lane.bufferStream, lane.transitDone);
-    cuda_->copyPeerAsync(staging, transitGpu, src + offset, srcGpu, piece, lane.bufferStream);
-    cuda_->recordEvent(lane.bufferDone, lane.bufferStream);
-    cuda_->streamWaitEvent(lane.transitStream, lane.bufferDone);
-    cuda_->copyToHostAsync(host + offset, staging, piece, lane.transitStream);
-    cuda_->recordEvent(lane.transitDone, lane.transitStream);
-    lane.used = true;
-  });
+  const int lanes =
+      inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* staging) {
+        // The staging slot is free once this lane's previous host copy is done.
+        if (lane.used) cuda_->streamWaitEvent(lane.bufferStream, lane.transitDone);
+        cuda_->copyPeerAsync(staging, transitGpu, src + offset, srcGpu, piece, lane.bufferStream);
+        cuda_->recordEvent(lane.bufferDone, lane.bufferStream);
+        cuda_->streamWaitEvent(lane.transitStream, lane.bufferDone);
+        cuda_->copyToHostAsync(host + offset, staging, piece, lane.transitStream);
+        cuda_->recordEvent(lane.transitDone, lane.transitStream);
+        lane.used = true;
+      });
   // The message is in `host` when both lanes' host copies are: join them.
   Lane& first = route->lanes[0];
   if (lanes == 2) cuda_->streamWaitEvent(first.transitStream, route->lanes[1].transitDone);
   return finish(device, slot, first.transitStream);
 }
 
-std::optional<DeviceStager::Transfer> DeviceStager::startToDevice(uint8_t* dst, int dstGpu, const uint8_t* host,
-                                                                  size_t bytes, int transitGpu) {
+std::optional<DeviceStager::Transfer> DeviceStager::startToDevice(uint8_t* dst, int dstGpu,
+                                                                  const uint8_t* host, size_t bytes,
+                                                                  int transitGpu) {
   if (bytes == 0) return Transfer{};
   checkDirection(Direction::kToDevice);
   Route* route = transitGpu < 0 ? nullptr : routeFor(dstGpu, transitGpu);
@@ -186,31 +196,36 @@ std::optional<DeviceStager::Transfer> DeviceStager::startToDevice(uint8_t* dst, 
     cuda_->copyToDeviceAsync(dst, host, bytes, stream);
     return finish(dstGpu, slot, stream);
   }
-  const int lanes = inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* staging) {
-    // The staging slot is free once this lane's previous NVLink copy out of it is done.
-    if (lane.used) cuda_->streamWaitEvent(lane.transitStream, lane.bufferDone);
-    cuda_->copyToDeviceAsync(staging, host + offset, piece, lane.transitStream);
-    cuda_->recordEvent(lane.transitDone, lane.transitStream);
-    cuda_->streamWaitEvent(lane.bufferStream, lane.transitDone);
-    cuda_->copyPeerAsync(dst + offset, dstGpu, staging, transitGpu, piece, lane.bufferStream);
-    cuda_->recordEvent(lane.bufferDone, lane.bufferStream);
-    lane.used = true;
-  });
+  const int lanes =
+      inPieces(*route, bytes, [&](Lane& lane, size_t offset, size_t piece, uint8_t* staging) {
+        // The staging slot is free once this lane's previous NVLink copy out of it is done.
+        if (lane.used) cuda_->streamWaitEvent(lane.transitStream, lane.bufferDone);
+        cuda_->copyToDeviceAsync(staging, host + offset, piece, lane.transitStream);
+        cuda_->recordEvent(lane.transitDone, lane.transitStream);
+        cuda_->streamWaitEvent(lane.bufferStream, lane.transitDone);
+        cuda_->copyPeerAsync(dst + offset, dstGpu, staging, transitGpu, piece, lane.bufferStream);
+        cuda_->recordEvent(lane.bufferDone, lane.bufferStream);
+        lane.used = true;
+      });
   // The message is in `dst` when both lanes' NVLink copies are: join them.
   Lane& first = route->lanes[0];
   if (lanes == 2) cuda_->streamWaitEvent(first.bufferStream, route->lanes[1].bufferDone);
   return finish(dstGpu, slot, first.bufferStream);
 }
 
-void DeviceStager::toHost(uint8_t* host, const uint8_t* src, int srcGpu, size_t bytes, int transitGpu) {
+void DeviceStager::toHost(uint8_t* host, const uint8_t* src, int srcGpu, size_t bytes,
+                          int transitGpu) {
   std::optional<Transfer> transfer = startToHost(host, src, srcGpu, bytes, transitGpu);
-  if (!transfer) throw Error("NVL staging: " + std::to_string(kMaxInFlight) + " transfers already in flight");
+  if (!transfer)
+    throw Error("NVL staging: " + std::to_string(kMaxInFlight) + " transfers already in flight");
   wait(*transfer);
 }
 
-void DeviceStager::toDevice(uint8_t* dst, int dstGpu, const uint8_t* host, size_t bytes, int transitGpu) {
+void DeviceStager::toDevice(uint8_t* dst, int dstGpu, const uint8_t* host, size_t bytes,
+                            int transitGpu) {
   std::optional<Transfer> transfer = startToDevice(dst, dstGpu, host, bytes, transitGpu);
-  if (!transfer) throw Error("NVL staging: " + std::to_string(kMaxInFlight) + " transfers already in flight");
+  if (!transfer)
+    throw Error("NVL staging: " + std::to_string(kMaxInFlight) + " transfers already in flight");
   wait(*transfer);
 }
 

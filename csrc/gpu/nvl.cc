@@ -28,8 +28,9 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
   std::string transitPeers;
   TransitMap::PeerAccess peer;
   if (config.nvlinkPeers.empty()) {
-    transitPeers = "any GPU with CUDA peer access (RECCL_NVLINK_PEERS unset: `import torch_reccl` "
-                   "sets it where pynvml and NVML answer; `reccl topo` says why not)";
+    transitPeers =
+        "any GPU with CUDA peer access (RECCL_NVLINK_PEERS unset: `import torch_reccl` "
+        "sets it where pynvml and NVML answer; `reccl topo` says why not)";
     peer = [&](int gpu, int other) { return cuda->canAccessPeer(gpu, other); };
   } else {
     NvlinkPairs pairs = NvlinkPairs::parse(config.nvlinkPeers);
@@ -57,8 +58,8 @@ std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo
     int transit = map.transitGpu(current, static_cast<int>(nic));
     if (transit >= 0) cuda->enablePeerAccess(current, transit);
   }
-  return std::unique_ptr<Nvl>(
-      new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds), std::move(transitPeers)));
+  return std::unique_ptr<Nvl>(new Nvl(config, std::move(cuda), std::move(map), std::move(healthIds),
+                                      std::move(transitPeers)));
 }
 
 std::string Nvl::describe() const {
@@ -81,21 +82,25 @@ std::string Nvl::describe() const {
     }
   }
   if (!any) out += " none used, every GPU goes direct";
-  return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) + " bytes per registered buffer";
+  return out + "; transit up to " + std::to_string(config_.nvlMaxBytes) +
+         " bytes per registered buffer";
 }
 
 std::unique_ptr<Nvl::Region> Nvl::registerRegion(void* data, size_t size) {
   const int gpu = cuda_->deviceOf(data);
   if (gpu < 0) {
-    throw Error("regMr: " + std::to_string(size) + " bytes registered as GPU memory are not known to CUDA");
+    throw Error("regMr: " + std::to_string(size) +
+                " bytes registered as GPU memory are not known to CUDA");
   }
   if (!cuda_->isVirtualMemory(data)) {
-    throw Error("regMr: RECCL_NVL stages only GPU buffers from CUDA's virtual memory API (NCCL allocates "
-                "its buffers so with NCCL_CUMEM_ENABLE=1, its default where the driver supports it); "
-                "these " + std::to_string(size) + " bytes on GPU " + std::to_string(gpu) +
-                " come from cudaMalloc, and copying them would wait for the application's CUDA calls. "
-                "Set NCCL_CUMEM_ENABLE=1 (and, for tensors registered with NCCL, "
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or RECCL_NVL=off");
+    throw Error(
+        "regMr: RECCL_NVL stages only GPU buffers from CUDA's virtual memory API (NCCL allocates "
+        "its buffers so with NCCL_CUMEM_ENABLE=1, its default where the driver supports it); "
+        "these " +
+        std::to_string(size) + " bytes on GPU " + std::to_string(gpu) +
+        " come from cudaMalloc, and copying them would wait for the application's CUDA calls. "
+        "Set NCCL_CUMEM_ENABLE=1 (and, for tensors registered with NCCL, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or RECCL_NVL=off");
   }
   return std::unique_ptr<Region>(new Region(*this, gpu, static_cast<uint8_t*>(data), size));
 }
@@ -117,7 +122,8 @@ Nvl::Region::Region(Nvl& nvl, int gpu, uint8_t* base, size_t size)
 size_t Nvl::Region::offsetOf(const uint8_t* data, size_t bytes, const char* what) const {
   if (data < base_ || bytes > size_ || static_cast<size_t>(data - base_) > size_ - bytes) {
     throw Error(std::string(what) + ": " + std::to_string(bytes) +
-                " bytes lie outside the GPU buffer registered for them (" + std::to_string(size_) + " bytes)");
+                " bytes lie outside the GPU buffer registered for them (" + std::to_string(size_) +
+                " bytes)");
   }
   return static_cast<size_t>(data - base_);
 }
@@ -130,15 +136,18 @@ uint8_t* Nvl::Region::hostCopy(const uint8_t* data, size_t bytes, const char* wh
   return mirror_.data() + offsetOf(data, bytes, what);
 }
 
-std::optional<DeviceStager::Transfer> Nvl::Region::startSend(const uint8_t* data, size_t bytes, int nic) {
+std::optional<DeviceStager::Transfer> Nvl::Region::startSend(const uint8_t* data, size_t bytes,
+                                                             int nic) {
   uint8_t* host = hostCopy(data, bytes, "isend");
   const int transit = nvl_.map_.transitGpu(gpu_, nic);
-  std::optional<DeviceStager::Transfer> transfer = stager_.startToHost(host, data, gpu_, bytes, transit);
+  std::optional<DeviceStager::Transfer> transfer =
+      stager_.startToHost(host, data, gpu_, bytes, transit);
   if (transfer) countTransit(nic, transit, bytes);
   return transfer;
 }
 
-std::optional<DeviceStager::Transfer> Nvl::Region::startDeliver(uint8_t* data, size_t bytes, int nic) {
+std::optional<DeviceStager::Transfer> Nvl::Region::startDeliver(uint8_t* data, size_t bytes,
+                                                                int nic) {
   const int transit = nvl_.map_.transitGpu(gpu_, nic);
   std::optional<DeviceStager::Transfer> transfer =
       stager_.startToDevice(data, gpu_, hostCopy(data, bytes, "irecv"), bytes, transit);

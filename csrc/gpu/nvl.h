@@ -73,8 +73,8 @@ class Nvl {
   std::unique_ptr<Region> registerRegion(void* data, size_t size);
 
  private:
-  Nvl(const Config& config, std::shared_ptr<CudaApi> cuda, TransitMap map, std::vector<int> healthIds,
-      std::string transitPeers)
+  Nvl(const Config& config, std::shared_ptr<CudaApi> cuda, TransitMap map,
+      std::vector<int> healthIds, std::string transitPeers)
       : config_(config),
         cuda_(std::move(cuda)),
         map_(std::move(map)),

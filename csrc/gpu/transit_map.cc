@@ -16,7 +16,8 @@ TransitMap TransitMap::fromNicGpus(const std::vector<int>& nicGpus, size_t nicCo
   for (size_t n = 0; n < nicGpus.size(); ++n) {
     if (nicGpus[n] < 0 || nicGpus[n] >= gpuCount) {
       throw ConfigError("RECCL_NIC_GPUS names GPU " + std::to_string(nicGpus[n]) + " for NIC " +
-                        std::to_string(n) + "; valid GPUs here: 0.." + std::to_string(gpuCount - 1));
+                        std::to_string(n) + "; valid GPUs here: 0.." +
+                        std::to_string(gpuCount - 1));
     }
   }
   TransitMap map;
@@ -32,7 +33,8 @@ TransitMap TransitMap::fromNicGpus(const std::vector<int>& nicGpus, size_t nicCo
 }
 
 TransitMap TransitMap::fromPci(const std::vector<PciLocation>& gpus,
-                               const std::vector<PciLocation>& nics, const PeerAccess& canAccessPeer) {
+                               const std::vector<PciLocation>& nics,
+                               const PeerAccess& canAccessPeer) {
   TransitMap map;
   map.nicGpus_.assign(nics.size(), -1);
   map.transit_.assign(gpus.size(), std::vector<int>(nics.size(), -1));

@@ -40,8 +40,12 @@ ncclResult_t fillV10Plus(int dev, Props* props) {
   return ncclSuccess;
 }
 
-ncclResult_t getPropertiesV8(int dev, ncclNetProperties_v8_t* props) { return fillCommon(dev, props); }
-ncclResult_t getPropertiesV10(int dev, ncclNetProperties_v10_t* props) { return fillV10Plus(dev, props); }
+ncclResult_t getPropertiesV8(int dev, ncclNetProperties_v8_t* props) {
+  return fillCommon(dev, props);
+}
+ncclResult_t getPropertiesV10(int dev, ncclNetProperties_v10_t* props) {
+  return fillV10Plus(dev, props);
+}
 ncclResult_t getPropertiesV11(int dev, ncclNetProperties_v11_t* props) {
   ncclResult_t result = fillV10Plus(dev, props);
   if (result != ncclSuccess) return result;
@@ -58,7 +62,9 @@ ncclResult_t getPropertiesV12(int dev, ncclNetProperties_v12_t* props) {
 }
 
 ncclResult_t initV8(ncclDebugLogger_t logger) { return plugin().init(logger); }
-ncclResult_t initV10(ncclDebugLogger_t logger, ncclProfilerCallback_t) { return plugin().init(logger); }
+ncclResult_t initV10(ncclDebugLogger_t logger, ncclProfilerCallback_t) {
+  return plugin().init(logger);
+}
 ncclResult_t initV11(void** ctx, uint64_t, ncclNetCommConfig_t*, ncclDebugLogger_t logger,
                      ncclProfilerCallback_t) {
   *ctx = &plugin();  // one transport serves every communicator
@@ -82,7 +88,8 @@ ncclResult_t connectV10(int dev, ncclNetCommConfig_t*, void* handle, void** send
                         ncclNetDeviceHandle_t** devComm) {
   return connectV8(dev, handle, sendComm, devComm);
 }
-ncclResult_t connectV11(void*, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** devComm) {
+ncclResult_t connectV11(void*, int dev, void* handle, void** sendComm,
+                        ncclNetDeviceHandle_t** devComm) {
   return connectV8(dev, handle, sendComm, devComm);
 }
 ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** devComm) {
@@ -101,10 +108,12 @@ ncclResult_t isendV8(void* sendComm, void* data, int size, int, void* mhandle, v
   if (size < 0) return ncclInvalidArgument;
   return plugin().isend(sendComm, data, static_cast<size_t>(size), mhandle, request);
 }
-ncclResult_t isendV10(void* sendComm, void* data, size_t size, int, void* mhandle, void*, void** request) {
+ncclResult_t isendV10(void* sendComm, void* data, size_t size, int, void* mhandle, void*,
+                      void** request) {
   return plugin().isend(sendComm, data, size, mhandle, request);
 }
-ncclResult_t irecvV8(void* recvComm, int n, void** data, int* sizes, int*, void** mhandles, void** request) {
+ncclResult_t irecvV8(void* recvComm, int n, void** data, int* sizes, int*, void** mhandles,
+                     void** request) {
   if (n < 1 || n > 8) return ncclInvalidArgument;
   size_t wide[8];
   for (int i = 0; i < n; ++i) {
@@ -113,14 +122,17 @@ ncclResult_t irecvV8(void* recvComm, int n, void** data, int* sizes, int*, void*
   }
   return plugin().irecv(recvComm, n, data, wide, mhandles, request);
 }
-ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, void** mhandles, void**,
-                      void** request) {
+ncclResult_t irecvV10(void* recvComm, int n, void** data, size_t* sizes, int*, void** mhandles,
+                      void**, void** request) {
   return plugin().irecv(recvComm, n, data, sizes, mhandles, request);
 }
-ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
+ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                    void** request) {
   return plugin().iflush(recvComm, n, data, sizes, mhandles, request);
 }
-ncclResult_t test(void* request, int* done, int* sizes) { return plugin().test(request, done, sizes); }
+ncclResult_t test(void* request, int* done, int* sizes) {
+  return plugin().test(request, done, sizes);
+}
 ncclResult_t closeSend(void* comm) { return plugin().closeSend(comm); }
 ncclResult_t closeRecv(void* comm) { return plugin().closeRecv(comm); }
 ncclResult_t closeListen(void* comm) { return plugin().closeListen(comm); }
@@ -135,23 +147,28 @@ using namespace reccl;
 extern "C" {
 
 __attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = {
-    "ReCCL", initV8, devices, getPropertiesV8, listen, connectV8, accept, regMr, regMrDmaBuf,
-    deregMr, isendV8, irecvV8, iflush, test, closeSend, closeRecv, closeListen, getDeviceMr,
-    irecvConsumed};
+    "ReCCL",   initV8,      devices,     getPropertiesV8, listen,       connectV8, accept,
+    regMr,     regMrDmaBuf, deregMr,     isendV8,         irecvV8,      iflush,    test,
+    closeSend, closeRecv,   closeListen, getDeviceMr,     irecvConsumed};
 
-__attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = {
-    "ReCCL", initV10, devices, getPropertiesV10, listen, connectV10, accept, regMr, regMrDmaBuf,
-    deregMr, isendV10, irecvV10, iflush, test, closeSend, closeRecv, closeListen, getDeviceMr,
-    irecvConsumed, nullptr /* makeVDevice: no NIC merging; s-Bond is our bonding */};
+__attribute__((visibility("default"))) ncclNet_v10_t
+    ncclNetPlugin_v10 =
+        {
+            "ReCCL",       initV10, devices,     getPropertiesV10, listen,      connectV10,
+            accept,        regMr,   regMrDmaBuf, deregMr,          isendV10,    irecvV10,
+            iflush,        test,    closeSend,   closeRecv,        closeListen, getDeviceMr,
+            irecvConsumed, nullptr /* makeVDevice: no NIC merging; s-Bond is our bonding */};
 
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
-    "ReCCL", initV11, devices, getPropertiesV11, listenV11, connectV11, accept, regMr, regMrDmaBuf,
-    deregMr, isendV10, irecvV10, iflush, test, closeSend, closeRecv, closeListen, getDeviceMr,
+    "ReCCL",       initV11, devices,     getPropertiesV11, listenV11,   connectV11,
+    accept,        regMr,   regMrDmaBuf, deregMr,          isendV10,    irecvV10,
+    iflush,        test,    closeSend,   closeRecv,        closeListen, getDeviceMr,
     irecvConsumed, nullptr, finalizeV11, setNetAttrV11};
 
 __attribute__((visibility("default"))) ncclNet_v12_t ncclNetPlugin_v12 = {
-    "ReCCL", initV11, devices, getPropertiesV12, listenV11, connectV11, accept, regMr, regMrDmaBuf,
-    deregMr, isendV10, irecvV10, iflush, test, closeSend, closeRecv, closeListen, getDeviceMr,
+    "ReCCL",       initV11, devices,     getPropertiesV12, listenV11,   connectV11,
+    accept,        regMr,   regMrDmaBuf, deregMr,          isendV10,    irecvV10,
+    iflush,        test,    closeSend,   closeRecv,        closeListen, getDeviceMr,
     irecvConsumed, nullptr, finalizeV11, setNetAttrV11};
 
 }  // extern "C"

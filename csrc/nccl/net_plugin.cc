@@ -35,14 +35,16 @@ struct MemoryRegion {
 };
 // Where a request NCCL holds stands; test() moves it forward, never back.
 enum class RequestPhase {
-  kStagingToHost,    // a GPU send: its copy to the host mirror runs; the connection has nothing yet
-  kOnTransport,      // the connection moves the bytes
-  kDeliveringToGpu,  // a GPU receive: the bytes are in the mirror; their copy to the GPU buffer runs
+  kStagingToHost,  // a GPU send: its copy to the host mirror runs; the connection has nothing yet
+  kOnTransport,  // the connection moves the bytes
+  kDeliveringToGpu,  // a GPU receive: the bytes are in the mirror; their copy to the GPU buffer
+                     // runs
 };
 
 struct PluginRequest {
   RequestPhase phase = RequestPhase::kOnTransport;
-  std::shared_ptr<Request> request;  // the connection's; a staged send gets it when postStagedSends hands it over
+  std::shared_ptr<Request>
+      request;  // the connection's; a staged send gets it when postStagedSends hands it over
   uint64_t bytes = 0;
   // NVL: the region and its copy between the GPU buffer and the host mirror.
   Nvl::Region* region = nullptr;
@@ -83,7 +85,8 @@ const MemoryRegistration* registrationFor(void* mhandle, const void* data, size_
   if (mhandle == nullptr) return nullptr;
   const MemoryRegistration* registration = static_cast<MemoryRegion*>(mhandle)->registration.get();
   if (registration == nullptr) return nullptr;
-  if (size == 0 || registration->covers(reinterpret_cast<uint64_t>(data), size)) return registration;
+  if (size == 0 || registration->covers(reinterpret_cast<uint64_t>(data), size))
+    return registration;
   if (registration->hostAccessible()) return nullptr;
   throw ConfigError("GPU buffer [" + std::to_string(reinterpret_cast<uint64_t>(data)) + ", +" +
                     std::to_string(size) + ") lies outside the memory handle's registration [" +
@@ -99,7 +102,6 @@ constexpr size_t kPendingPointerOffset = 120;
 constexpr uint64_t kPendingMarker = 0x474E494E45505243ull;  // "CRPENING"
 static_assert(kPendingPointerOffset + sizeof(void*) <= RECCL_NCCL_NET_HANDLE_MAXSIZE, "tail fits");
 
-
 }  // namespace
 
 NetPlugin& NetPlugin::instance() {
@@ -109,7 +111,8 @@ NetPlugin& NetPlugin::instance() {
 
 void NetPlugin::warn(const std::string& message) {
   if (logger_ != nullptr) {
-    logger_(NCCL_LOG_WARN, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s", message.c_str());
+    logger_(NCCL_LOG_WARN, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s",
+            message.c_str());
   } else {
     RECCL_LOG(kWarn, message);
   }
@@ -117,7 +120,8 @@ void NetPlugin::warn(const std::string& message) {
 
 void NetPlugin::info(const std::string& message) {
   if (logger_ != nullptr) {
-    logger_(NCCL_LOG_INFO, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s", message.c_str());
+    logger_(NCCL_LOG_INFO, RECCL_NCCL_NET_LOG_FLAG, __FILE__, __LINE__, "ReCCL: %s",
+            message.c_str());
   }
 }
 
@@ -176,7 +180,8 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
       info("RECCL_NVL=on: GPU buffers staged in reccl's own CUDA contexts (docs/nvl.md); " +
            nvl_->describe());
     } else {
-      info(std::string(dmaBuf_ || peerMemory_ ? "NVL off: " : "NVL off, host buffers only: ") + why);
+      info(std::string(dmaBuf_ || peerMemory_ ? "NVL off: " : "NVL off, host buffers only: ") +
+           why);
     }
     return ncclSuccess;
   } catch (const std::exception& error) {
@@ -201,7 +206,8 @@ void NetPlugin::useVerbs(std::shared_ptr<VerbsApi> verbs) {
 
 void NetPlugin::useCuda(std::shared_ptr<CudaApi> cuda) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (transport_) throw Error("the plugin is already initialised; install a CUDA emulation before its init()");
+  if (transport_)
+    throw Error("the plugin is already initialised; install a CUDA emulation before its init()");
   cuda_ = std::move(cuda);
 }
 
@@ -229,7 +235,8 @@ ncclResult_t NetPlugin::properties(int dev, NetDeviceProps* props) {
     props->pciPath = nic.pciPath.empty() ? nullptr : nic.pciPath.c_str();
     props->guid = static_cast<uint64_t>(dev);
     props->speedMbps = nic.speedMbps;
-    props->ptrSupport = RECCL_NCCL_PTR_HOST | (nvl_ || dmaBuf_ || peerMemory_ ? RECCL_NCCL_PTR_CUDA : 0) |
+    props->ptrSupport = RECCL_NCCL_PTR_HOST |
+                        (nvl_ || dmaBuf_ || peerMemory_ ? RECCL_NCCL_PTR_CUDA : 0) |
                         (dmaBuf_ ? RECCL_NCCL_PTR_DMABUF : 0);
     props->maxComms = 65536;
     props->maxRecvs = kMaxRecvs;
@@ -318,7 +325,8 @@ ncclResult_t NetPlugin::regMr(void*, void* data, size_t size, int type, void** m
            (nvl_ || dmaBuf_ || peerMemory_
                 ? std::string(", cuda")
                 : " (GPU buffers need RECCL_NVL)" +
-                      (ib ? "; no GPUDirect: " + dmaBufWhy_ + "; " + peerMemoryWhy_ : std::string())));
+                      (ib ? "; no GPUDirect: " + dmaBufWhy_ + "; " + peerMemoryWhy_
+                          : std::string())));
       return ncclInternalError;
     }
     // A GPU buffer NCCL could not give us as a dma-buf: GPUDirect by pointer
@@ -355,7 +363,8 @@ ncclResult_t NetPlugin::regMrDmaBuf(void* comm, void* data, size_t size, int typ
       return ncclInternalError;
     }
     if (type != RECCL_NCCL_PTR_CUDA && type != RECCL_NCCL_PTR_HOST) {
-      warn("regMrDmaBuf: memory type " + std::to_string(type) + " is not supported; valid: host, cuda");
+      warn("regMrDmaBuf: memory type " + std::to_string(type) +
+           " is not supported; valid: host, cuda");
       return ncclInternalError;
     }
     auto region = std::make_unique<MemoryRegion>();
@@ -370,7 +379,8 @@ ncclResult_t NetPlugin::deregMr(void*, void* mhandle) {
   return ncclSuccess;
 }
 
-ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mhandle, void** request) {
+ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mhandle,
+                              void** request) {
   return guard("isend", [&] {
     auto* comm = static_cast<SendComm*>(sendComm);
     *request = nullptr;
@@ -391,8 +401,9 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
       pending->size = size;
       comm->staging.push_back(pending);
       *request = pending;
-      RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) + " bytes " +
-                            std::to_string(size) + " staged from GPU " + std::to_string(region->gpu()));
+      RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
+                            " bytes " + std::to_string(size) + " staged from GPU " +
+                            std::to_string(region->gpu()));
       postStagedSends(*comm);
       return ncclSuccess;
     }
@@ -400,7 +411,8 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
     try {
       auto sent = comm->connection->isend(bytes, size, registration);
       RECCL_LOG(kTrace, "plugin isend connection " + std::to_string(comm->connection->id()) +
-                            " seq " + std::to_string(sent->seq()) + " bytes " + std::to_string(size));
+                            " seq " + std::to_string(sent->seq()) + " bytes " +
+                            std::to_string(size));
       auto* pending = new PluginRequest();
       pending->request = std::move(sent);
       *request = pending;
@@ -413,8 +425,8 @@ ncclResult_t NetPlugin::isend(void* sendComm, void* data, size_t size, void* mha
   });
 }
 
-ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* sizes, void** mhandles,
-                              void** request) {
+ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* sizes,
+                              void** mhandles, void** request) {
   return guard("irecv", [&] {
     if (n != kMaxRecvs) {
       warn("irecv: " + std::to_string(n) + " grouped receives; this plugin reports maxRecvs=1");
@@ -426,13 +438,14 @@ ncclResult_t NetPlugin::irecv(void* recvComm, int n, void** data, const size_t* 
     uint8_t* bytes = static_cast<uint8_t*>(data[0]);
     if (region != nullptr) bytes = region->hostCopy(bytes, sizes[0], "irecv");
     const MemoryRegistration* registration =
-        region ? nullptr : registrationFor(mhandles == nullptr ? nullptr : mhandles[0], data[0], sizes[0]);
+        region ? nullptr
+               : registrationFor(mhandles == nullptr ? nullptr : mhandles[0], data[0], sizes[0]);
     try {
       auto posted = comm->connection->irecv(bytes, sizes[0], registration);
-      RECCL_LOG(kTrace, "plugin irecv connection " + std::to_string(comm->connection->id()) +
-                            " seq " + std::to_string(posted->seq()) + " bytes " +
-                            std::to_string(sizes[0]) +
-                            (region ? " into GPU " + std::to_string(region->gpu()) : std::string()));
+      RECCL_LOG(kTrace,
+                "plugin irecv connection " + std::to_string(comm->connection->id()) + " seq " +
+                    std::to_string(posted->seq()) + " bytes " + std::to_string(sizes[0]) +
+                    (region ? " into GPU " + std::to_string(region->gpu()) : std::string()));
       auto* pending = new PluginRequest();
       pending->request = std::move(posted);
       if (region != nullptr) {
@@ -479,7 +492,8 @@ ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
     *done = 0;
     if (pending->phase == RequestPhase::kStagingToHost) {
       if (pending->request == nullptr) postStagedSends(*pending->sendComm);
-      if (pending->request == nullptr) return ncclSuccess;  // its copy, or an earlier one, still runs
+      if (pending->request == nullptr)
+        return ncclSuccess;  // its copy, or an earlier one, still runs
       pending->phase = RequestPhase::kOnTransport;
     }
     if (pending->phase == RequestPhase::kOnTransport) {
@@ -496,7 +510,8 @@ ncclResult_t NetPlugin::test(void* request, int* done, int* sizes) {
       if (!pending->copy) {
         pending->copy = pending->region->startDeliver(pending->deviceData, pending->bytes,
                                                       pending->connection->activeLocalNic());
-        if (!pending->copy) return ncclSuccess;  // every copy slot busy: the next test() tries again
+        if (!pending->copy)
+          return ncclSuccess;  // every copy slot busy: the next test() tries again
       }
       if (!pending->region->finished(*pending->copy)) return ncclSuccess;
     }

@@ -80,7 +80,7 @@ struct FaultBoard::Shared {
   bool poked = true;  // publish once at start if a NIC is already down
   bool done = false;
   c10::intrusive_ptr<c10d::Store> jobStore;  // the caller's connection: never used directly
-  c10::intrusive_ptr<c10d::Store> own;       // ours, made on first use (connection())
+  c10::intrusive_ptr<c10d::Store> own;  // ours, made on first use (connection())
   std::mutex ownMutex;
   int rank = 0;
 
@@ -246,8 +246,8 @@ std::vector<BoardRecord> FaultBoard::degraded() {
 }
 
 std::vector<uint8_t> FaultBoard::encode(const BoardRecord& record) {
-  WireRecord wire{kRecordMagic, kRecordVersion, record.rank, 0, record.nicsDown, record.deviceOps,
-                  record.wallNs, record.nicsSlow};
+  WireRecord wire{kRecordMagic,    kRecordVersion,   record.rank,   0,
+                  record.nicsDown, record.deviceOps, record.wallNs, record.nicsSlow};
   std::vector<uint8_t> out(sizeof(wire));
   std::memcpy(out.data(), &wire, sizeof(wire));
   return out;

@@ -30,7 +30,7 @@ struct BoardRecord {
   uint64_t deviceOps = 0;  // NCCL collectives issued by the process's reccl groups
   int64_t wallNs = 0;      // when it was published
   uint64_t nicsSlow = 0;   // bit n: NIC n is degraded by a grey failure (also in nicsDown
-                           // while it carries no traffic; not while on trial)
+                          // while it carries no traffic; not while on trial)
 };
 
 class FaultBoard {

@@ -61,9 +61,9 @@ void monitoredBarrier(c10d::Store& store, uint64_t generation, int rank, int siz
     const std::string arrived = keyOf(generation, "arrived/" + std::to_string(r));
     if (!arrivedWithin(store, arrived, remaining)) {
       if (!waitAllRanks) {
-        C10_THROW_ERROR(DistBackendError, c10::str("[Rank 0]: Rank ", r,
-                                                   " failed to pass monitoredBarrier in ",
-                                                   timeout.count(), " ms"));
+        C10_THROW_ERROR(DistBackendError,
+                        c10::str("[Rank 0]: Rank ", r, " failed to pass monitoredBarrier in ",
+                                 timeout.count(), " ms"));
       }
       failed.push_back(r);
       continue;
@@ -72,9 +72,9 @@ void monitoredBarrier(c10d::Store& store, uint64_t generation, int rank, int siz
     passed.push_back(r);
   }
   if (!failed.empty()) {
-    C10_THROW_ERROR(DistBackendError, c10::str("[Rank 0]: Ranks ", c10::Join(", ", failed),
-                                               " failed to pass monitoredBarrier in ",
-                                               timeout.count(), " ms"));
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str("[Rank 0]: Ranks ", c10::Join(", ", failed),
+                             " failed to pass monitoredBarrier in ", timeout.count(), " ms"));
   }
   store.set(released, std::vector<uint8_t>{1});
   // Every rank has read the previous release key: they all arrived here.

@@ -19,8 +19,8 @@ namespace reccl {
 class OpQueue {
  public:
   struct Job {
-    std::function<void()> run;                         // does the op and completes its work; never throws
-    std::function<void(const std::string&)> cancel;   // fails its work without running it
+    std::function<void()> run;  // does the op and completes its work; never throws
+    std::function<void(const std::string&)> cancel;  // fails its work without running it
   };
 
   OpQueue() = default;
@@ -46,8 +46,8 @@ class OpQueue {
     std::mutex mutex;
     std::condition_variable idle;  // `busy` went false
     std::deque<Job> jobs;
-    bool busy = false;             // a drain task is scheduled or running: at most one
-    std::thread::id runner;        // the thread running the drain task, if any
+    bool busy = false;  // a drain task is scheduled or running: at most one
+    std::thread::id runner;  // the thread running the drain task, if any
     bool stopping = false;
   };
   static void drainTask(const std::shared_ptr<State>& state);

@@ -33,7 +33,9 @@ at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.
 
 // A contiguous buffer to produce `t`'s new contents in (`t` when contiguous).
 at::Tensor outputBuffer(const at::Tensor& t) {
-  return t.is_contiguous() ? t : at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  return t.is_contiguous()
+             ? t
+             : at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
 void copyBack(const at::Tensor& t, const at::Tensor& buffer) {
@@ -58,7 +60,8 @@ void unflattenInto(const at::Tensor& flat, const std::vector<at::Tensor>& tensor
 }
 
 std::string messageOf(const std::exception& e) {
-  if (auto* c10error = dynamic_cast<const c10::Error*>(&e)) return c10error->what_without_backtrace();
+  if (auto* c10error = dynamic_cast<const c10::Error*>(&e))
+    return c10error->what_without_backtrace();
   return e.what();
 }
 
@@ -83,9 +86,10 @@ c10::intrusive_ptr<c10d::Backend> createRecclBackend(const c10::intrusive_ptr<c1
 ProcessGroupReccl::ProcessGroupReccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, Options options)
     : c10d::Backend(rank, size), options_(std::move(options)), store_(store) {
-  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "reccl: rank ", rank,
-              " is not in a group of ", size);
-  TORCH_CHECK(options_.globalRanks.empty() || options_.globalRanks.size() == static_cast<size_t>(size),
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "reccl: rank ", rank, " is not in a group of ",
+              size);
+  TORCH_CHECK(options_.globalRanks.empty() ||
+                  options_.globalRanks.size() == static_cast<size_t>(size),
               "reccl: process group '", options_.group, "' names ", options_.globalRanks.size(),
               " global ranks for ", size, " members");
   const int globalRank = options_.globalRanks.empty() ? rank : options_.globalRanks[rank];
@@ -124,7 +128,8 @@ std::vector<BoardRecord> ProcessGroupReccl::degradedMembers() {
   }
   if (!board) return {};  // released
   std::map<int, int> groupRankOf;
-  for (int r = 0; r < size_; ++r) groupRankOf[options_.globalRanks.empty() ? r : options_.globalRanks[r]] = r;
+  for (int r = 0; r < size_; ++r)
+    groupRankOf[options_.globalRanks.empty() ? r : options_.globalRanks[r]] = r;
   std::vector<BoardRecord> members;
   for (BoardRecord record : board->degraded()) {
     auto it = groupRankOf.find(record.rank);
@@ -180,8 +185,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
                                                           std::vector<at::Tensor> outputs,
                                                           milliseconds timeout, Body body) {
   auto comm = communicator(title);
-  auto work = c10::make_intrusive<RecclWork>(rank_, type, title, std::move(outputs),
-                                             seq_.fetch_add(1) + 1);
+  auto work =
+      c10::make_intrusive<RecclWork>(rank_, type, title, std::move(outputs), seq_.fetch_add(1) + 1);
   OpQueue::Job job;
   job.run = [comm, work, timeout, body = std::move(body), title, group = options_.group,
              rank = rank_, size = size_] {
@@ -203,8 +208,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
     comm->releaseSpentKey();  // after the op completed: off its latency
   };
   job.cancel = [work, group = options_.group](const std::string& why) {
-    work->fail(backendError("reccl: operation on process group '" + group +
-                            "' cancelled: " + why));
+    work->fail(backendError("reccl: operation on process group '" + group + "' cancelled: " + why));
   };
   {
     std::lock_guard<std::mutex> lock(releaseMutex_);
@@ -216,10 +220,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reject(c10d::OpType type, const char* title,
-                                                         OpDescriptor desc, milliseconds requested) {
-  return enqueue(type, title, {}, timeoutOf(requested), [desc](Communicator& c, milliseconds t) {
-    rejectCollective(c, desc, t);
-  });
+                                                         OpDescriptor desc,
+                                                         milliseconds requested) {
+  return enqueue(type, title, {}, timeoutOf(requested),
+                 [desc](Communicator& c, milliseconds t) { rejectCollective(c, desc, t); });
 }
 
 // ------------------------------------------------------------------ collectives
@@ -227,7 +231,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reject(c10d::OpType type, cons
 c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   const at::Tensor t = singleTensor(tensors, "broadcast");
-  TORCH_CHECK(opts.rootTensor == 0, "reccl broadcast: root_tensor must be 0 (one tensor per process)");
+  TORCH_CHECK(opts.rootTensor == 0,
+              "reccl broadcast: root_tensor must be 0 (one tensor per process)");
   checkRoot(opts.rootRank, size_, "broadcast");
   const DataType dt = toDataType(t.scalar_type(), "broadcast");
   const int root = static_cast<int>(opts.rootRank);
@@ -275,7 +280,8 @@ std::vector<at::Tensor> unpad(const at::Tensor& gathered, const std::vector<int6
                               const std::function<std::vector<int64_t>(size_t)>& shapeOf) {
   std::vector<at::Tensor> pieces;
   for (size_t r = 0; r < lengths.size(); ++r) {
-    pieces.push_back(gathered.select(0, static_cast<int64_t>(r)).narrow(0, 0, lengths[r]).reshape(shapeOf(r)));
+    pieces.push_back(
+        gathered.select(0, static_cast<int64_t>(r)).narrow(0, 0, lengths[r]).reshape(shapeOf(r)));
   }
   return pieces;
 }
@@ -298,8 +304,8 @@ at::Tensor allgatherPadded(Communicator& c, const at::Tensor& flat, int64_t padd
 // Gloo's algorithm (ProcessGroupGloo's AsyncSparseAllreduceWork), so results are
 // bit for bit Gloo's: coalesce, gather every rank's shape and nnz, gather the
 // indices and values, add the ranks' tensors in rank order, coalesce.
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(const at::Tensor& tensor,
-                                                                  const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(
+    const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   TORCH_CHECK(tensor.device().is_cpu(), "reccl all_reduce: the sparse tensor is on ",
               tensor.device(), "; the reccl CPU engine takes CPU tensors");
   TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM,
@@ -318,18 +324,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(const at::Tens
                    m[0] = input.sparse_dim();
                    m[1] = input.dense_dim();
                    m[2] = input._nnz();
-                   for (int64_t d = 0; d < input.dim(); ++d) m[kSparseMetaFixed + d] = input.size(d);
-                   const at::Tensor metas = allgatherPadded(c, meta, kSparseMetaLength, size, timeout);
+                   for (int64_t d = 0; d < input.dim(); ++d)
+                     m[kSparseMetaFixed + d] = input.size(d);
+                   const at::Tensor metas =
+                       allgatherPadded(c, meta, kSparseMetaLength, size, timeout);
                    std::vector<int64_t> nnz(size);
                    for (int r = 0; r < size; ++r) {
                      TORCH_CHECK(metas[r].narrow(0, 0, 2).equal(meta.narrow(0, 0, 2)) &&
-                                     metas[r].narrow(0, kSparseMetaFixed, kSparseMaxDims)
+                                     metas[r]
+                                         .narrow(0, kSparseMetaFixed, kSparseMaxDims)
                                          .equal(meta.narrow(0, kSparseMetaFixed, kSparseMaxDims)),
                                  "reccl all_reduce: sparse tensors differ in shape between ranks: "
-                                 "rank ", rank, " has ", input.sizes(), " (sparse_dim ",
-                                 input.sparse_dim(), "), rank ", r, " has sparse_dim ",
-                                 metas[r][0].item<int64_t>(), ", dense_dim ",
-                                 metas[r][1].item<int64_t>());
+                                 "rank ",
+                                 rank, " has ", input.sizes(), " (sparse_dim ", input.sparse_dim(),
+                                 "), rank ", r, " has sparse_dim ", metas[r][0].item<int64_t>(),
+                                 ", dense_dim ", metas[r][1].item<int64_t>());
                      nnz[r] = metas[r][2].item<int64_t>();
                    }
                    const int64_t sparseDim = input.sparse_dim();
@@ -345,7 +354,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(const at::Tens
                    const std::vector<at::Tensor> indices =
                        unpad(allgatherPadded(c, input._indices().contiguous().reshape({-1}),
                                              maxNnz * sparseDim, size, timeout),
-                             indexLengths, [&](size_t r) { return std::vector<int64_t>{sparseDim, nnz[r]}; });
+                             indexLengths,
+                             [&](size_t r) { return std::vector<int64_t>{sparseDim, nnz[r]}; });
                    const std::vector<at::Tensor> values =
                        unpad(allgatherPadded(c, input._values().contiguous().reshape({-1}),
                                              maxNnz * denseNumel, size, timeout),
@@ -357,7 +367,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::sparseAllreduce(const at::Tens
                    at::Tensor output =
                        at::sparse_coo_tensor(indices[0], values[0], input.sizes(), input.options());
                    for (int r = 1; r < size; ++r) {
-                     output += at::sparse_coo_tensor(indices[r], values[r], input.sizes(), input.options());
+                     output += at::sparse_coo_tensor(indices[r], values[r], input.sizes(),
+                                                     input.options());
                    }
                    t.copy_(output.coalesce());
                  });
@@ -421,7 +432,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather(
   const DataType dt = toDataType(in.scalar_type(), "all_gather");
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dt, in.numel());
   desc.rejection = checkPerRankList(outputs[0], size_, in, "all_gather", "tensor_list");
-  if (desc.rejection) return reject(c10d::OpType::ALLGATHER, "reccl:all_gather", desc, opts.timeout);
+  if (desc.rejection)
+    return reject(c10d::OpType::ALLGATHER, "reccl:all_gather", desc, opts.timeout);
   std::vector<at::Tensor> outs = outputs[0];
   const int size = size_;
   return enqueue(c10d::OpType::ALLGATHER, "reccl:all_gather", outs, timeoutOf(opts.timeout),
@@ -441,7 +453,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_allgather_base(
   OpDescriptor desc = OpDescriptor::of(OpKind::kAllgather, dt, input.numel());
   desc.rejection = checkTensorLike(output, input, input.numel() * size_, "output_tensor");
   if (desc.rejection) {
-    return reject(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", desc, opts.timeout);
+    return reject(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", desc,
+                  opts.timeout);
   }
   at::Tensor in = input, out = output;
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "reccl:all_gather_into_tensor", {out},
@@ -467,8 +480,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_coalesced(
   }
   std::vector<at::Tensor> flatOutputs;
   for (const auto& list : outputLists) {
-    TORCH_CHECK(list.size() == inputs.size(), "reccl all_gather_coalesced: every output list needs ",
-                inputs.size(), " tensors");
+    TORCH_CHECK(list.size() == inputs.size(),
+                "reccl all_gather_coalesced: every output list needs ", inputs.size(), " tensors");
     for (size_t i = 0; i < list.size(); ++i) {
       checkSameShape({list[i]}, inputs[i], "all_gather_coalesced", "output");
       flatOutputs.push_back(list[i]);
@@ -486,7 +499,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_coalesced(
                      reccl::allgather(c, src.data_ptr(), flat.data_ptr(), src.numel(), dts[i],
                                       timeout);
                      for (int r = 0; r < size; ++r) {
-                       lists[r][i].copy_(flat.narrow(0, r * src.numel(), src.numel()).view(lists[r][i].sizes()));
+                       lists[r][i].copy_(
+                           flat.narrow(0, r * src.numel(), src.numel()).view(lists[r][i].sizes()));
                      }
                    }
                  });
@@ -521,9 +535,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::allgather_into_tensor_coalesce
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                         std::vector<at::Tensor>& inputs,
-                                                         const c10d::GatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
   const at::Tensor in = singleTensor(inputs, "gather");
   checkRoot(opts.rootRank, size_, "gather");
   const int root = static_cast<int>(opts.rootRank);
@@ -550,9 +564,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::gather(std::vector<std::vector
                  });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::scatter(std::vector<at::Tensor>& outputs,
-                                                          std::vector<std::vector<at::Tensor>>& inputs,
-                                                          const c10d::ScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
   const at::Tensor out = singleTensor(outputs, "scatter");
   checkRoot(opts.rootRank, size_, "scatter");
   const int root = static_cast<int>(opts.rootRank);
@@ -582,7 +596,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   const at::Tensor out = singleTensor(outputs, "reduce_scatter");
-  TORCH_CHECK(inputs.size() == 1, "reccl reduce_scatter: takes one input list, got ", inputs.size());
+  TORCH_CHECK(inputs.size() == 1, "reccl reduce_scatter: takes one input list, got ",
+              inputs.size());
   const DataType dt = toDataType(out.scalar_type(), "reduce_scatter");
   const ReduceOp op = toReduceOp(opts.reduceOp, "reduce_scatter");
   try {
@@ -597,7 +612,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter(
   }
   std::vector<at::Tensor> ins = inputs[0];
   return enqueue(c10d::OpType::REDUCE_SCATTER, "reccl:reduce_scatter", {out},
-                 timeoutOf(opts.timeout), [ins, out, dt, op](Communicator& c, milliseconds timeout) {
+                 timeoutOf(opts.timeout),
+                 [ins, out, dt, op](Communicator& c, milliseconds timeout) {
                    at::Tensor flat = flatten(ins);
                    at::Tensor dst = outputBuffer(out);
                    reccl::reduceScatter(c, flat.data_ptr(), dst.data_ptr(), dst.numel(), dt, op,
@@ -620,7 +636,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::_reduce_scatter_base(
   OpDescriptor desc = OpDescriptor::of(OpKind::kReduceScatter, dt, output.numel(), -1, op);
   desc.rejection = checkTensorLike(input, output, output.numel() * size_, "input");
   if (desc.rejection) {
-    return reject(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", desc, opts.timeout);
+    return reject(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", desc,
+                  opts.timeout);
   }
   at::Tensor in = input, out = output;
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reccl:reduce_scatter_tensor", {out},
@@ -656,8 +673,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::reduce_scatter_tensor_coalesce
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   // COALESCED: torch before 2.13 has no REDUCE_SCATTER_TENSOR_COALESCED op type.
-  return enqueue(c10d::OpType::COALESCED,
-                 "reccl:reduce_scatter_tensor_coalesced", outs, timeoutOf(opts.timeout),
+  return enqueue(c10d::OpType::COALESCED, "reccl:reduce_scatter_tensor_coalesced", outs,
+                 timeoutOf(opts.timeout),
                  [ins, outs, dts, op](Communicator& c, milliseconds timeout) {
                    for (size_t i = 0; i < ins.size(); ++i) {
                      at::Tensor src = contiguousOf(ins[i]);
@@ -687,7 +704,8 @@ std::vector<uint64_t> splitCounts(const at::Tensor& t, const std::vector<int64_t
   }
   if (splits.size() != static_cast<size_t>(size)) {
     if (!*bad) {
-      *bad = {Rejection::Reason::kListLength, splitsArg, -1, static_cast<int64_t>(splits.size()), size};
+      *bad = {Rejection::Reason::kListLength, splitsArg, -1, static_cast<int64_t>(splits.size()),
+              size};
     }
     return counts;
   }
@@ -715,9 +733,11 @@ std::vector<uint64_t> offsetsOf(const std::vector<uint64_t>& counts) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
-    std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(at::Tensor& output,
+                                                                at::Tensor& input,
+                                                                std::vector<int64_t>& outputSplits,
+                                                                std::vector<int64_t>& inputSplits,
+                                                                const c10d::AllToAllOptions& opts) {
   checkTensor(input, "all_to_all_single", "input");
   checkTensor(output, "all_to_all_single", "output");
   const DataType dt = toDataType(input.scalar_type(), "all_to_all_single");
@@ -739,7 +759,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall_base(
                  [in, out, dt, sendCounts, recvCounts](Communicator& c, milliseconds timeout) {
                    at::Tensor src = contiguousOf(in);
                    at::Tensor dst = outputBuffer(out);
-                   if (dst.data_ptr() == src.data_ptr() && dst.numel() > 0) dst = at::empty_like(dst);
+                   if (dst.data_ptr() == src.data_ptr() && dst.numel() > 0)
+                     dst = at::empty_like(dst);
                    reccl::alltoall(c, src.data_ptr(), sendCounts, offsetsOf(sendCounts),
                                    dst.data_ptr(), recvCounts, offsetsOf(recvCounts), dt, timeout);
                    copyBack(out, dst);
@@ -778,7 +799,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::alltoall(std::vector<at::Tenso
   return enqueue(c10d::OpType::ALLTOALL, "reccl:all_to_all", outs, timeoutOf(opts.timeout),
                  [ins, outs, dt, sendCounts, recvCounts](Communicator& c, milliseconds timeout) {
                    at::Tensor src = flatten(ins);
-                   uint64_t total = std::accumulate(recvCounts.begin(), recvCounts.end(), uint64_t{0});
+                   uint64_t total =
+                       std::accumulate(recvCounts.begin(), recvCounts.end(), uint64_t{0});
                    at::Tensor dst = at::empty({static_cast<int64_t>(total)}, src.options());
                    reccl::alltoall(c, src.data_ptr(), sendCounts, offsetsOf(sendCounts),
                                    dst.data_ptr(), recvCounts, offsetsOf(recvCounts), dt, timeout);
@@ -816,8 +838,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::p2pWork(c10d::OpType type,
                                            std::move(onSuccess), onFailure);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::send(std::vector<at::Tensor>& tensors, int dstRank,
-                                                       int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::send(std::vector<at::Tensor>& tensors,
+                                                       int dstRank, int tag) {
   const at::Tensor t = singleTensor(tensors, "send");
   checkPeer(dstRank, rank_, size_, "send");
   const DataType dt = toDataType(t.scalar_type(), "send");
@@ -832,8 +854,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::send(std::vector<at::Tensor>& 
   return p2pWork(c10d::OpType::SEND, op, {buf}, nullptr);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::recv(std::vector<at::Tensor>& tensors, int srcRank,
-                                                       int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::recv(std::vector<at::Tensor>& tensors,
+                                                       int srcRank, int tag) {
   const at::Tensor t = singleTensor(tensors, "recv");
   checkPeer(srcRank, rank_, size_, "recv");
   const DataType dt = toDataType(t.scalar_type(), "recv");
@@ -908,8 +930,8 @@ void ProcessGroupReccl::release(bool orderly) {
     queue->drain(grace);
     if (comm) comm->flush(grace);  // the last descriptors reach the peers before we close
   }
-  const std::string why = orderly ? "the process group was shut down"
-                                  : "the process group was aborted";
+  const std::string why =
+      orderly ? "the process group was shut down" : "the process group was aborted";
   if (comm) comm->abort(why, orderly);  // fails a running op at once, closes every connection
   if (queue) queue->stop(why);
   queue.reset();

@@ -7,8 +7,8 @@
 namespace reccl {
 
 std::exception_ptr backendError(const std::string& message) {
-  return std::make_exception_ptr(
-      c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
+  return std::make_exception_ptr(c10::DistBackendError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message));
 }
 
 std::string timedOutMessage(const char* title, const std::string& group, int rank, int size,
@@ -34,8 +34,8 @@ RecclWork::RecclWork(int rank, c10d::OpType type, const char* profilingTitle,
                      std::vector<at::Tensor> outputs, uint64_t seq)
     : c10d::Work(rank, type, profilingTitle),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
       seq_(seq) {}
 
 bool RecclWork::wait(std::chrono::milliseconds timeout) {

@@ -85,8 +85,8 @@ Rejection checkLike(const at::Tensor& tensor, const at::Tensor& like, int64_t el
 
 }  // namespace
 
-Rejection checkPerRankList(const std::vector<at::Tensor>& list, size_t ranks, const at::Tensor& like,
-                           const char* op, const char* argument) {
+Rejection checkPerRankList(const std::vector<at::Tensor>& list, size_t ranks,
+                           const at::Tensor& like, const char* op, const char* argument) {
   if (list.size() != ranks) {
     return {Rejection::Reason::kListLength, argument, -1, static_cast<int64_t>(list.size()),
             static_cast<int64_t>(ranks)};

@@ -31,8 +31,8 @@ void checkSameShape(const std::vector<at::Tensor>& tensors, const at::Tensor& li
 // and number of elements: its first problem as a Rejection naming `argument`
 // (empty when valid). Tensors that are not CPU, dense or of a supported dtype
 // still throw (checkTensor).
-Rejection checkPerRankList(const std::vector<at::Tensor>& list, size_t ranks, const at::Tensor& like,
-                           const char* op, const char* argument);
+Rejection checkPerRankList(const std::vector<at::Tensor>& list, size_t ranks,
+                           const at::Tensor& like, const char* op, const char* argument);
 // `tensor` (the argument named `argument`) has `like`'s dtype and `elements`
 // elements: its problem as a Rejection (empty when valid).
 Rejection checkTensorLike(const at::Tensor& tensor, const at::Tensor& like, int64_t elements,

@@ -78,7 +78,8 @@ class PyRequest {
  public:
   PyRequest(std::shared_ptr<Request> request, std::shared_ptr<HeldBuffer> buffer,
             std::shared_ptr<RegisteredBuffer> registration = nullptr)
-      : request_(std::move(request)), buffer_(std::move(buffer)),
+      : request_(std::move(request)),
+        buffer_(std::move(buffer)),
         registration_(std::move(registration)) {}
   // (done, nbytes); raises on failure.
   py::tuple test() {
@@ -142,8 +143,10 @@ py::dict eventDict(const Event& event) {
   d["connection"] = event.connectionId;
   d["from_path"] = event.fromPath;
   d["to_path"] = event.toPath;
-  d["duration_s"] = event.durationNs >= 0 ? py::object(py::float_(event.durationNs / 1e9)) : py::none();
-  d["bytes_replayed"] = event.bytesReplayed >= 0 ? py::object(py::int_(event.bytesReplayed)) : py::none();
+  d["duration_s"] =
+      event.durationNs >= 0 ? py::object(py::float_(event.durationNs / 1e9)) : py::none();
+  d["bytes_replayed"] =
+      event.bytesReplayed >= 0 ? py::object(py::int_(event.bytesReplayed)) : py::none();
   d["detail"] = event.detail;
   d["group"] = event.group;
   d["op"] = event.op >= 0 ? py::object(py::int_(event.op)) : py::none();
@@ -156,7 +159,8 @@ int healthIdOrThrow(const std::string& nic) {
   if (id < 0) {
     std::string known;
     for (const auto& name : NicHealth::instance().names()) known += " " + name;
-    throw ConfigError("unknown NIC '" + nic + "'; known NICs:" + (known.empty() ? " (none yet)" : known));
+    throw ConfigError("unknown NIC '" + nic +
+                      "'; known NICs:" + (known.empty() ? " (none yet)" : known));
   }
   return id;
 }
@@ -169,8 +173,9 @@ py::object reccl::registerBuffer(Transport& transport, py::buffer buffer) {
   held->info = buffer.request(true);
   {
     py::gil_scoped_release release;
-    held->registration = transport.registerMemory(
-        held->info.ptr, static_cast<uint64_t>(held->info.size * held->info.itemsize));
+    held->registration =
+        transport.registerMemory(held->info.ptr,
+                                 static_cast<uint64_t>(held->info.size * held->info.itemsize));
   }
   if (!held->registration) return py::none();
   return py::cast(held);
@@ -205,7 +210,6 @@ void bindErrors(py::module_& m) {
       PyErr_SetString(recclError.ptr(), e.what());
     }
   });
-
 }
 
 // Bonded connections, their requests and registrations, and listeners.
@@ -217,18 +221,22 @@ void bindConnections(py::module_& m) {
 
   py::class_<RegisteredBuffer, std::shared_ptr<RegisteredBuffer>>(
       m, "Registration", "A buffer registered with a transport on every NIC (transport.register)")
-      .def_property_readonly("address", [](const RegisteredBuffer& r) { return r.registration->address(); })
-      .def_property_readonly("nbytes", [](const RegisteredBuffer& r) { return r.registration->bytes(); });
+      .def_property_readonly("address",
+                             [](const RegisteredBuffer& r) { return r.registration->address(); })
+      .def_property_readonly("nbytes",
+                             [](const RegisteredBuffer& r) { return r.registration->bytes(); });
 
   py::class_<SendConnection, std::shared_ptr<SendConnection>>(m, "SendConnection")
-      .def("isend",
-           [](SendConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
-             auto held = std::make_shared<HeldBuffer>(buffer, false);
-             return PyRequest(c.isend(held->data(), held->bytes(), registrationOf(registration)),
-                              held, registration);
-           }, py::arg("buffer"), py::arg("registration") = nullptr,
-           "Sends `buffer`; `registration` (from transport.register, covering it) lets a "
-           "transport that can place it directly (IB)")
+      .def(
+          "isend",
+          [](SendConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
+            auto held = std::make_shared<HeldBuffer>(buffer, false);
+            return PyRequest(c.isend(held->data(), held->bytes(), registrationOf(registration)),
+                             held, registration);
+          },
+          py::arg("buffer"), py::arg("registration") = nullptr,
+          "Sends `buffer`; `registration` (from transport.register, covering it) lets a "
+          "transport that can place it directly (IB)")
       .def("wait_ready", &waitReady, py::arg("timeout") = 30.0)
       .def_property_readonly("ready", &SendConnection::ready)
       .def_property_readonly("id", &SendConnection::id)
@@ -240,13 +248,15 @@ void bindConnections(py::module_& m) {
       .def("close", &SendConnection::close, py::call_guard<py::gil_scoped_release>());
 
   py::class_<RecvConnection, std::shared_ptr<RecvConnection>>(m, "RecvConnection")
-      .def("irecv",
-           [](RecvConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
-             auto held = std::make_shared<HeldBuffer>(buffer, true);
-             return PyRequest(c.irecv(held->data(), held->bytes(), registrationOf(registration)),
-                              held, registration);
-           }, py::arg("buffer"), py::arg("registration") = nullptr,
-           "Receives into `buffer`; with `registration` the sender may write it directly")
+      .def(
+          "irecv",
+          [](RecvConnection& c, py::buffer buffer, std::shared_ptr<RegisteredBuffer> registration) {
+            auto held = std::make_shared<HeldBuffer>(buffer, true);
+            return PyRequest(c.irecv(held->data(), held->bytes(), registrationOf(registration)),
+                             held, registration);
+          },
+          py::arg("buffer"), py::arg("registration") = nullptr,
+          "Receives into `buffer`; with `registration` the sender may write it directly")
       .def_property_readonly("id", &RecvConnection::id)
       .def_property_readonly("error", &RecvConnection::error)
       .def_property_readonly("active_path", &RecvConnection::activePath)
@@ -280,22 +290,25 @@ void bindConnections(py::module_& m) {
 // The low-level TCP transport (made by the transport factory).
 void bindTransport(py::module_& m) {
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
-      .def(py::init([](py::object env) {
-             Config config = Config::fromEnv(envFrom(env));
-             config.applyLogLevel();
-             return std::shared_ptr<Transport>(makeTcpTransport(config));
-           }),
-           py::arg("env") = py::none(),
-           "A TCP transport over the RECCL_NICS NICs. `env`: RECCL_* settings (default: os.environ)")
+      .def(
+          py::init([](py::object env) {
+            Config config = Config::fromEnv(envFrom(env));
+            config.applyLogLevel();
+            return std::shared_ptr<Transport>(makeTcpTransport(config));
+          }),
+          py::arg("env") = py::none(),
+          "A TCP transport over the RECCL_NICS NICs. `env`: RECCL_* settings (default: os.environ)")
       .def("nics",
            [](const Transport& t) {
              py::list out;
-             for (size_t i = 0; i < t.nics().size(); ++i) out.append(nicDict(t.nics()[i], static_cast<int>(i), t.nics()));
+             for (size_t i = 0; i < t.nics().size(); ++i)
+               out.append(nicDict(t.nics()[i], static_cast<int>(i), t.nics()));
              return out;
            })
       .def("listen", &Transport::listen, py::arg("nic") = 0, py::keep_alive<0, 1>())
-      .def("register", [](Transport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
-           py::arg("buffer"), "None: TCP registers no memory (data is always copied)")
+      .def(
+          "register", [](Transport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+          py::arg("buffer"), "None: TCP registers no memory (data is always copied)")
       .def(
           "connect",
           [](Transport& t, int nic, py::bytes handle) {
@@ -308,62 +321,81 @@ void bindTransport(py::module_& m) {
 
 // The RECCL_* settings table and option checks.
 void bindSettings(py::module_& m) {
-  m.def("validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
-        py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
-  m.def("settings", [] {
-    py::list out;
-    for (const SettingSpec& spec : settings()) {
-      py::dict d;
-      d["name"] = spec.name;
-      d["default"] = spec.defaultValue ? py::object(py::str(spec.defaultValue)) : py::object(py::none());
-      d["default_doc"] = spec.defaultDoc ? py::object(py::str(spec.defaultDoc)) : py::object(py::none());
-      d["valid"] = describeValid(spec);
-      d["range"] = spec.type == SettingType::kInt || spec.type == SettingType::kIntList
-                       ? py::object(py::make_tuple(spec.lo, spec.hi)) : py::object(py::none());
-      d["option"] = spec.option ? py::object(py::str(spec.option)) : py::object(py::none());
-      d["doc"] = spec.doc;
-      out.append(d);
-    }
-    return out;
-  }, "Every RECCL_* setting from the table in core/config.cc, in documentation order: name, "
-     "default (None: found at run time, see default_doc), valid (in words), range "
-     "(integers), option (the backend.Options field overriding it) and doc.");
+  m.def(
+      "validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
+      py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
+  m.def(
+      "settings",
+      [] {
+        py::list out;
+        for (const SettingSpec& spec : settings()) {
+          py::dict d;
+          d["name"] = spec.name;
+          d["default"] =
+              spec.defaultValue ? py::object(py::str(spec.defaultValue)) : py::object(py::none());
+          d["default_doc"] =
+              spec.defaultDoc ? py::object(py::str(spec.defaultDoc)) : py::object(py::none());
+          d["valid"] = describeValid(spec);
+          d["range"] = spec.type == SettingType::kInt || spec.type == SettingType::kIntList
+                           ? py::object(py::make_tuple(spec.lo, spec.hi))
+                           : py::object(py::none());
+          d["option"] = spec.option ? py::object(py::str(spec.option)) : py::object(py::none());
+          d["doc"] = spec.doc;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every RECCL_* setting from the table in core/config.cc, in documentation order: name, "
+      "default (None: found at run time, see default_doc), valid (in words), range "
+      "(integers), option (the backend.Options field overriding it) and doc.");
   m.def("check_option", &checkOption, py::arg("option"), py::arg("value"),
         "Raises ConfigError unless `value` (text) is valid for process-group option `option`.");
 }
 
 // The NIC table and fault injection.
 void bindNics(py::module_& m) {
-  m.def("discover_nics", [](py::object env) {
-    Config config = Config::fromEnv(envFrom(env));
-    std::vector<NicInfo> nics = discoverNics(config.nics);
-    py::list out;
-    for (size_t i = 0; i < nics.size(); ++i) out.append(nicDict(nics[i], static_cast<int>(i), nics));
-    return out;
-  }, py::arg("env") = py::none());
-  m.def("inject_fault", [](const std::string& nic, const std::string& kind) {
-    NicHealth& health = NicHealth::instance();
-    int id = healthIdOrThrow(nic);
-    if (kind == "down") {
-      health.setInjectedDown(id, true);
-    } else if (kind == "up") {
-      health.setInjectedDown(id, false);
-      health.setBlackhole(id, false);
-    } else if (kind == "blackhole") {
-      health.setBlackhole(id, true);
-    } else {
-      throw ConfigError("fault kind '" + kind + "' is not valid here; valid: down, up, blackhole");
-    }
-  }, py::arg("nic"), py::arg("kind"));
+  m.def(
+      "discover_nics",
+      [](py::object env) {
+        Config config = Config::fromEnv(envFrom(env));
+        std::vector<NicInfo> nics = discoverNics(config.nics);
+        py::list out;
+        for (size_t i = 0; i < nics.size(); ++i)
+          out.append(nicDict(nics[i], static_cast<int>(i), nics));
+        return out;
+      },
+      py::arg("env") = py::none());
+  m.def(
+      "inject_fault",
+      [](const std::string& nic, const std::string& kind) {
+        NicHealth& health = NicHealth::instance();
+        int id = healthIdOrThrow(nic);
+        if (kind == "down") {
+          health.setInjectedDown(id, true);
+        } else if (kind == "up") {
+          health.setInjectedDown(id, false);
+          health.setBlackhole(id, false);
+        } else if (kind == "blackhole") {
+          health.setBlackhole(id, true);
+        } else {
+          throw ConfigError("fault kind '" + kind +
+                            "' is not valid here; valid: down, up, blackhole");
+        }
+      },
+      py::arg("nic"), py::arg("kind"));
 }
 
 // Events, NIC counters and process-wide stats.
 void bindStats(py::module_& m) {
-  m.def("drain_events", [](size_t max) {
-    py::list out;
-    for (const auto& event : NicHealth::instance().events().drain(max)) out.append(eventDict(event));
-    return out;
-  }, py::arg("max") = 1024);
+  m.def(
+      "drain_events",
+      [](size_t max) {
+        py::list out;
+        for (const auto& event : NicHealth::instance().events().drain(max))
+          out.append(eventDict(event));
+        return out;
+      },
+      py::arg("max") = 1024);
   m.def("nic_stats", [] {
     NicHealth& health = NicHealth::instance();
     py::dict out;

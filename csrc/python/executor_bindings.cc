@@ -98,7 +98,8 @@ class TestOpQueue {
 }  // namespace
 
 void bindExecutor(py::module_& m) {
-  py::class_<TestOpQueue>(m, "OpQueue", "For tests: a process group's op queue running Python callables")
+  py::class_<TestOpQueue>(m, "OpQueue",
+                          "For tests: a process group's op queue running Python callables")
       .def(py::init<>())
       .def("push", &TestOpQueue::push, py::arg("run"), py::arg("cancel") = py::none(),
            "Queues run(); cancel(why) is called instead when the queue drops it")
@@ -106,25 +107,29 @@ void bindExecutor(py::module_& m) {
            "Waits up to `timeout` seconds for the queued jobs; True when idle")
       .def("stop", &TestOpQueue::stop, py::arg("why"),
            "Cancels the jobs not started and waits for the running one (unless called from it)")
-      .def("close", &TestOpQueue::close, "Destroys the native queue (also from one of its own jobs)");
-  m.def("worker_pool_run_all",
-        [](const std::vector<py::object>& jobs, py::object onError) {
-          std::vector<std::function<void()>> native;
-          for (const auto& job : jobs) native.push_back([held = hold(job)] { callRaising(held); });
-          const HeldCallable heldOnError = hold(std::move(onError));
-          py::gil_scoped_release nogil;
-          WorkerPool pool;
-          pool.runAll(native, [&] { callReporting(heldOnError, "worker pool on_error"); });
-        },
-        py::arg("jobs"), py::arg("on_error"),
-        "For tests: WorkerPool.runAll over Python callables; an exception whose message starts "
-        "with 'aborted' counts as an AbortedError");
-  m.def("set_executor_idle_retirement",
-        [](double seconds) {
-          const Millis previous =
-              Executor::instance().setIdleRetirement(Millis(static_cast<int64_t>(seconds * 1000.0)));
-          return previous.count() / 1000.0;
-        },
-        py::arg("seconds"),
-        "For tests: how long an idle executor thread waits before it exits; returns the previous period");
+      .def("close", &TestOpQueue::close,
+           "Destroys the native queue (also from one of its own jobs)");
+  m.def(
+      "worker_pool_run_all",
+      [](const std::vector<py::object>& jobs, py::object onError) {
+        std::vector<std::function<void()>> native;
+        for (const auto& job : jobs) native.push_back([held = hold(job)] { callRaising(held); });
+        const HeldCallable heldOnError = hold(std::move(onError));
+        py::gil_scoped_release nogil;
+        WorkerPool pool;
+        pool.runAll(native, [&] { callReporting(heldOnError, "worker pool on_error"); });
+      },
+      py::arg("jobs"), py::arg("on_error"),
+      "For tests: WorkerPool.runAll over Python callables; an exception whose message starts "
+      "with 'aborted' counts as an AbortedError");
+  m.def(
+      "set_executor_idle_retirement",
+      [](double seconds) {
+        const Millis previous =
+            Executor::instance().setIdleRetirement(Millis(static_cast<int64_t>(seconds * 1000.0)));
+        return previous.count() / 1000.0;
+      },
+      py::arg("seconds"),
+      "For tests: how long an idle executor thread waits before it exits; returns the previous "
+      "period");
 }

@@ -25,12 +25,12 @@ namespace {
 
 std::map<std::string, std::string> envOf(const py::object& env) {
   std::map<std::string, std::string> out;
-  py::dict source = env.is_none() ? py::dict(py::module_::import("os").attr("environ").attr("copy")())
-                                  : env.cast<py::dict>();
+  py::dict source = env.is_none()
+                        ? py::dict(py::module_::import("os").attr("environ").attr("copy")())
+                        : env.cast<py::dict>();
   for (auto item : source) out[py::str(item.first)] = py::str(item.second);
   return out;
 }
-
 
 }  // namespace
 
@@ -68,7 +68,8 @@ void bindIbTransport(py::module_& m) {
                py::dict d;
                d["index"] = i;
                d["name"] = nics[i].name;
-               d["backup"] = nics[i].backup >= 0 ? py::object(py::str(nics[nics[i].backup].name)) : py::none();
+               d["backup"] = nics[i].backup >= 0 ? py::object(py::str(nics[nics[i].backup].name))
+                                                 : py::none();
                d["backup_index"] = nics[i].backup;
                d["up"] = NicHealth::instance().usable(t.healthId(static_cast<int>(i)));
                d["speed_mbps"] = nics[i].speedMbps;
@@ -81,26 +82,36 @@ void bindIbTransport(py::module_& m) {
       // keep_alive: a registration keeps its transport (and so its devices'
       // contexts) alive: deregistering after the transport closed them would
       // touch freed verbs objects.
-      .def("register", [](IbTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
-           py::arg("buffer"), py::keep_alive<0, 1>(),
-           "Registers `buffer` on every RDMA device for direct placement; None with "
-           "RECCL_IB_ZERO_COPY=off")
-      .def("register_dmabuf", [](IbTransport& t, int fd, uint64_t offset, uint64_t bytes, uint64_t address) {
-             auto held = std::make_shared<RegisteredBuffer>();
-             py::gil_scoped_release release;
-             held->registration = t.registerDmaBuf(fd, offset, bytes, address);
-             return held;
-           }, py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"), py::keep_alive<0, 1>(),
-           "Registers a dma-buf range on every RDMA device, addressed as `address` (a device "
-           "pointer the CPU never dereferences)")
-      .def("flush_device_writes", [](IbTransport& t, const RegisteredBuffer& registration, uint64_t address,
-                                     RecvConnection& connection) {
-             py::gil_scoped_release release;
-             t.flushDeviceWrites(*registration.registration, address, connection.takePlacedNics());
-           }, py::arg("registration"), py::arg("address"), py::arg("connection"),
-           "What the NCCL plugin's iflush does after a receive into device memory: a 1-byte RDMA "
-           "READ of `address` through each NIC that placed data on `connection` since the last flush")
-      .def("supports_dmabuf", [](const IbTransport& t) {
+      .def(
+          "register", [](IbTransport& t, py::buffer buffer) { return registerBuffer(t, buffer); },
+          py::arg("buffer"), py::keep_alive<0, 1>(),
+          "Registers `buffer` on every RDMA device for direct placement; None with "
+          "RECCL_IB_ZERO_COPY=off")
+      .def(
+          "register_dmabuf",
+          [](IbTransport& t, int fd, uint64_t offset, uint64_t bytes, uint64_t address) {
+            auto held = std::make_shared<RegisteredBuffer>();
+            py::gil_scoped_release release;
+            held->registration = t.registerDmaBuf(fd, offset, bytes, address);
+            return held;
+          },
+          py::arg("fd"), py::arg("offset"), py::arg("nbytes"), py::arg("address"),
+          py::keep_alive<0, 1>(),
+          "Registers a dma-buf range on every RDMA device, addressed as `address` (a device "
+          "pointer the CPU never dereferences)")
+      .def(
+          "flush_device_writes",
+          [](IbTransport& t, const RegisteredBuffer& registration, uint64_t address,
+             RecvConnection& connection) {
+            py::gil_scoped_release release;
+            t.flushDeviceWrites(*registration.registration, address, connection.takePlacedNics());
+          },
+          py::arg("registration"), py::arg("address"), py::arg("connection"),
+          "What the NCCL plugin's iflush does after a receive into device memory: a 1-byte RDMA "
+          "READ of `address` through each NIC that placed data on `connection` since the last "
+          "flush")
+      .def("supports_dmabuf",
+           [](const IbTransport& t) {
              std::string why;
              bool ok = t.supportsDmaBuf(&why);
              return py::make_tuple(ok, why);
@@ -113,32 +124,42 @@ void bindIbTransport(py::module_& m) {
           },
           py::arg("nic"), py::arg("handle"), py::keep_alive<0, 1>());
 
-  m.def("choose_transport", [](py::object env, py::object verbs) {
-    Config config = Config::fromEnv(envOf(env));
-    std::shared_ptr<VerbsApi> api;
-    if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsApi>>();
-    TransportChoice choice = chooseTransport(config, api);
-    py::dict d;
-    d["kind"] = choice.kind;
-    d["reason"] = choice.reason;
-    return d;
-  }, py::arg("env") = py::none(), py::arg("verbs") = py::none(),
-     "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: a "
-     "VerbsProvider standing for the system libibverbs; raises ConfigError for ib without devices");
-  m.def("ib_bootstrap_address", [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
-        py::arg("env") = py::none());
-  m.def("nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
-        "'tcp' or 'ib' once the NCCL plugin's init() succeeded, else ''");
+  m.def(
+      "choose_transport",
+      [](py::object env, py::object verbs) {
+        Config config = Config::fromEnv(envOf(env));
+        std::shared_ptr<VerbsApi> api;
+        if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsApi>>();
+        TransportChoice choice = chooseTransport(config, api);
+        py::dict d;
+        d["kind"] = choice.kind;
+        d["reason"] = choice.reason;
+        return d;
+      },
+      py::arg("env") = py::none(), py::arg("verbs") = py::none(),
+      "Which transport RECCL_TRANSPORT picks: {'kind': 'tcp'|'ib', 'reason'}. `verbs`: a "
+      "VerbsProvider standing for the system libibverbs; raises ConfigError for ib without "
+      "devices");
+  m.def(
+      "ib_bootstrap_address",
+      [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
+      py::arg("env") = py::none());
+  m.def(
+      "nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },
+      "'tcp' or 'ib' once the NCCL plugin's init() succeeded, else ''");
   m.def("ib_verbs_headers_compiled", &verbsHeadersCompiledIn,
         "True when this build compiled the real verbs backend against <infiniband/verbs.h>");
-  m.def("ib_load_system_verbs", [] {
-    std::string error;
-    std::shared_ptr<VerbsApi> api = loadSystemVerbs(&error);
-    py::dict d;
-    d["loaded"] = static_cast<bool>(api);
-    d["error"] = error;
-    d["devices"] = api ? api->deviceNames() : std::vector<std::string>{};
-    return d;
-  }, "dlopen()s libibverbs.so.1: {'loaded', 'error', 'devices'}");
+  m.def(
+      "ib_load_system_verbs",
+      [] {
+        std::string error;
+        std::shared_ptr<VerbsApi> api = loadSystemVerbs(&error);
+        py::dict d;
+        d["loaded"] = static_cast<bool>(api);
+        d["error"] = error;
+        d["devices"] = api ? api->deviceNames() : std::vector<std::string>{};
+        return d;
+      },
+      "dlopen()s libibverbs.so.1: {'loaded', 'error', 'devices'}");
   m.attr("IB_QP_EXCHANGE_BYTES") = kQpExchangeBytes;
 }

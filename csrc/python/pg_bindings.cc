@@ -98,7 +98,8 @@ void bindBackendTools(py::module_& m) {
           d["plan"] = plan.id;
           d["channels_without_data"] = channelList(plan.avoidMask, comm->channels());
           // This rank's own state now; the group agrees on it at its next collective.
-          d["channels_on_backup"] = channelList(comm->localFaults().backupChannels, comm->channels());
+          d["channels_on_backup"] =
+              channelList(comm->localFaults().backupChannels, comm->channels());
           // The layout (known from the first collective on): hosts by rank, ring order.
           if (std::shared_ptr<const reccl::Layout> layout = comm->knownLayout()) {
             std::vector<int> hosts;
@@ -174,7 +175,8 @@ void bindBackendTools(py::module_& m) {
       "_reccl_control_stats",
       [] {
         py::dict d;
-        d["store_requests"] = reccl::StoreRendezvous::requests() + reccl::FaultBoard::storeRequests();
+        d["store_requests"] =
+            reccl::StoreRendezvous::requests() + reccl::FaultBoard::storeRequests();
         d["rendezvous_store_requests"] = reccl::StoreRendezvous::requests();
         d["fault_board_store_requests"] = reccl::FaultBoard::storeRequests();
         d["agreements"] = reccl::agreementsRun();
@@ -239,7 +241,8 @@ void bindEngineRules(py::module_& m) {
       [](uint64_t avoidMask, int channels, uint64_t count) {
         reccl::ChannelPlan plan = reccl::planOf({1, 0, avoidMask}, channels);
         py::list out;
-        for (const auto& range : plan.split(count)) out.append(py::make_tuple(range.offset, range.count));
+        for (const auto& range : plan.split(count))
+          out.append(py::make_tuple(range.offset, range.count));
         return out;
       },
       py::arg("avoid_mask"), py::arg("channels"), py::arg("count"),
@@ -255,13 +258,15 @@ void bindEngineRules(py::module_& m) {
         std::vector<reccl::Agreement> states;
         for (int r = 0; r < groupSize; ++r) {
           const auto& [seq, kind, count, root] = ops.at(r);
-          reccl::OpDescriptor desc = reccl::OpDescriptor::of(
-              static_cast<reccl::OpKind>(kind), reccl::DataType::kFloat32, count, root);
+          reccl::OpDescriptor desc =
+              reccl::OpDescriptor::of(static_cast<reccl::OpKind>(kind), reccl::DataType::kFloat32,
+                                      count, root);
           desc.seq = seq;
           auto rejected = rejections.find(r);
           if (rejected != rejections.end()) {
             const auto& [reason, argument, index, got, want] = rejected->second;
-            desc.rejection = {static_cast<reccl::Rejection::Reason>(reason), argument, index, got, want};
+            desc.rejection = {static_cast<reccl::Rejection::Reason>(reason), argument, index, got,
+                              want};
           }
           const auto& [opsDone, backup, down] = faults.at(r);
           states.push_back(reccl::Agreement::of(r, desc, {opsDone, backup, down, 0}, 0));
@@ -272,7 +277,8 @@ void bindEngineRules(py::module_& m) {
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       },
       py::arg("group_size"), py::arg("ops"), py::arg("faults"), py::arg("steps"),
-      py::arg("rejections") = std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>{},
+      py::arg("rejections") =
+          std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>{},
       "For tests: merges per-rank agreements (ops: (seq, kind, count, root); faults: "
       "(ops_done, backup_channels, nics_down); rejections: rank -> (reason, argument, index, "
       "got, want)) in the given order; returns the wire form.");
@@ -298,8 +304,8 @@ void bindEngineRules(py::module_& m) {
         d["degraded_ranks"] = a.degradedRanks;
         py::list listed;
         for (const auto& r : a.listed) {
-          listed.append(py::make_tuple(r.rank, r.faults.opsDone, r.faults.backupChannels,
-                                       r.faults.nicsDown));
+          listed.append(
+              py::make_tuple(r.rank, r.faults.opsDone, r.faults.backupChannels, r.faults.nicsDown));
         }
         d["listed"] = listed;
         return d;

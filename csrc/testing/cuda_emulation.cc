@@ -15,7 +15,8 @@ CudaEmulation::CudaEmulation(int devices) : devices_(devices) {
 }
 
 CudaEmulation::~CudaEmulation() {
-  for (const auto& [address, allocation] : allocations_) std::free(reinterpret_cast<void*>(address));
+  for (const auto& [address, allocation] : allocations_)
+    std::free(reinterpret_cast<void*>(address));
 }
 
 void CudaEmulation::checkDevice(int device, const char* call) const {
@@ -31,7 +32,8 @@ void CudaEmulation::checkStream(const CudaStream& stream, const char* call) cons
   }
 }
 
-void CudaEmulation::checkMemory(const void* pointer, size_t bytes, int device, const char* call) const {
+void CudaEmulation::checkMemory(const void* pointer, size_t bytes, int device,
+                                const char* call) const {
   const auto address = reinterpret_cast<uintptr_t>(pointer);
   auto found = allocations_.upper_bound(address);
   if (found != allocations_.begin()) {
@@ -40,7 +42,8 @@ void CudaEmulation::checkMemory(const void* pointer, size_t bytes, int device, c
     if (a.device == device && address + bytes <= found->first + a.bytes) return;
   }
   throw Error(std::string(call) + ": " + std::to_string(bytes) + " bytes at this address are not " +
-              (device == kPinned ? std::string("pinned host memory") : "memory of device " + std::to_string(device)));
+              (device == kPinned ? std::string("pinned host memory")
+                                 : "memory of device " + std::to_string(device)));
 }
 
 const CudaEmulation::Allocation* CudaEmulation::allocationAt(const void* pointer) const {
@@ -103,7 +106,8 @@ void CudaEmulation::release(int device, void* pointer, const char* call) {
   if (found == allocations_.end() || found->second.device != device) {
     throw Error(std::string(call) + ": invalid argument (not an allocation of this kind)");
   }
-  (device == kPinned ? counters_.pinnedBytesAllocated : counters_.deviceBytesAllocated) -= found->second.bytes;
+  (device == kPinned ? counters_.pinnedBytesAllocated : counters_.deviceBytesAllocated) -=
+      found->second.bytes;
   allocations_.erase(found);
   std::free(pointer);
 }
@@ -189,7 +193,8 @@ void CudaEmulation::recordEvent(const CudaEvent& event, const CudaStream& stream
 bool CudaEmulation::eventDone(const CudaEvent& event) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = events_.find(reinterpret_cast<uintptr_t>(event.handle));
-  if (found == events_.end()) throw Error("cudaEventQuery: invalid resource handle (no such event)");
+  if (found == events_.end())
+    throw Error("cudaEventQuery: invalid resource handle (no such event)");
   if (found->second > 0) --found->second;
   return found->second == 0;
 }
@@ -209,7 +214,8 @@ void CudaEmulation::streamWaitEvent(const CudaStream& stream, const CudaEvent& e
   }
 }
 
-void CudaEmulation::copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) {
+void CudaEmulation::copyToHostAsync(void* host, const void* device, size_t bytes,
+                                    const CudaStream& stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   checkStream(stream, "cudaMemcpyAsync (device to host)");
   checkMemory(device, bytes, stream.device, "cudaMemcpyAsync (device to host)");
@@ -218,7 +224,8 @@ void CudaEmulation::copyToHostAsync(void* host, const void* device, size_t bytes
   counters_.toHostBytes += bytes;
 }
 
-void CudaEmulation::copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) {
+void CudaEmulation::copyToDeviceAsync(void* device, const void* host, size_t bytes,
+                                      const CudaStream& stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   checkStream(stream, "cudaMemcpyAsync (host to device)");
   checkMemory(device, bytes, stream.device, "cudaMemcpyAsync (host to device)");
@@ -227,8 +234,8 @@ void CudaEmulation::copyToDeviceAsync(void* device, const void* host, size_t byt
   counters_.toDeviceBytes += bytes;
 }
 
-void CudaEmulation::copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
-                                  const CudaStream& stream) {
+void CudaEmulation::copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+                                  size_t bytes, const CudaStream& stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   checkStream(stream, "cudaMemcpyPeerAsync");
   checkMemory(dst, bytes, dstDevice, "cudaMemcpyPeerAsync");

@@ -50,8 +50,10 @@ class CudaEmulation : public CudaApi {
   // recorded already.
   bool eventDone(const CudaEvent& event) override;
   void setQueriesBeforeDone(int queries);
-  void copyToHostAsync(void* host, const void* device, size_t bytes, const CudaStream& stream) override;
-  void copyToDeviceAsync(void* device, const void* host, size_t bytes, const CudaStream& stream) override;
+  void copyToHostAsync(void* host, const void* device, size_t bytes,
+                       const CudaStream& stream) override;
+  void copyToDeviceAsync(void* device, const void* host, size_t bytes,
+                         const CudaStream& stream) override;
   void copyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t bytes,
                      const CudaStream& stream) override;
   void waitStream(const CudaStream& stream, int timeoutMs) override;

@@ -182,7 +182,8 @@ struct DeviceRecord {
   std::vector<AsyncQueue*> listeners;  // one per open handle
 };
 
-std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps, const std::vector<GidEntry>& extras) {
+std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps,
+                                    const std::vector<GidEntry>& extras) {
   // Link-local first, then the added entries, then (depending on the flap
   // count) some global IPv6 addresses, then the IPv4-mapped address: its
   // index moves with every flap.
@@ -214,7 +215,8 @@ std::vector<GidEntry> buildGidTable(int deviceIndex, int flaps, const std::vecto
   mapped[14] = static_cast<uint8_t>(deviceIndex);
   mapped[15] = 1;
   pair(mapped);
-  table.resize(std::max<size_t>(table.size(), kGidTableLength));  // the rest are empty (all-zero) entries
+  table.resize(
+      std::max<size_t>(table.size(), kGidTableLength));  // the rest are empty (all-zero) entries
   for (size_t i = 0; i < table.size(); ++i) table[i].index = static_cast<int>(i);
   return table;
 }
@@ -229,7 +231,9 @@ bool isIpv4MappedGid(const Gid& gid) {
 // rail-optimized L3 fabric is: only RoCE v2 packets with routable addresses
 // cross it, and both ends must speak the same address family.
 bool carriedBetween(const GidEntry& from, const GidEntry& to) {
-  auto routable = [](const GidEntry& e) { return e.type == GidType::kRoceV2 && !isLinkLocalGid(e.gid); };
+  auto routable = [](const GidEntry& e) {
+    return e.type == GidType::kRoceV2 && !isLinkLocalGid(e.gid);
+  };
   return routable(from) && routable(to) && isIpv4MappedGid(from.gid) == isIpv4MappedGid(to.gid);
 }
 
@@ -324,7 +328,8 @@ struct VerbsEmulation::State {
 
   // An unsignaled request that succeeds has no completion: its slot frees
   // with the next completion polled after it.
-  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status, uint64_t sequence) {
+  void completeSend(QueuePairRecord& qp, const SendRequest& request, WcStatus status,
+                    uint64_t sequence) {
     if (status == WcStatus::kSuccess && !request.signaled) return;
     WorkCompletion wc;
     wc.wrId = request.wrId;
@@ -339,7 +344,8 @@ struct VerbsEmulation::State {
     if (qp.state == QpState::kError) return;
     qp.state = QpState::kError;
     ++counters.qpErrors;
-    for (const auto& pending : qp.sends) completeSend(qp, pending.request, WcStatus::kFlushed, pending.sequence);
+    for (const auto& pending : qp.sends)
+      completeSend(qp, pending.request, WcStatus::kFlushed, pending.sequence);
     qp.sends.clear();
     // Requests already on the wire stay there (a QP's error state does not
     // recall packets in flight), but their sender sees them flushed.
@@ -385,7 +391,8 @@ struct VerbsEmulation::State {
       // InfiniBand: switches forward by DLID within a subnet; across subnets
       // only a GRH (routed by GID) gets there.
       if (local.subnetPrefix != far.subnetPrefix) {
-        return qp.peer.global && far.gids.at(remote.gidIndex).gid == qp.peer.gid ? &remote : nullptr;
+        return qp.peer.global && far.gids.at(remote.gidIndex).gid == qp.peer.gid ? &remote
+                                                                                 : nullptr;
       }
       if (qp.peer.lid != far.lid) return nullptr;
       if (qp.peer.global && far.gids.at(remote.gidIndex).gid != qp.peer.gid) return nullptr;
@@ -471,7 +478,8 @@ struct VerbsEmulation::State {
         toError(qp);
         return true;
       }
-      if (request.sge.length > 0) std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
+      if (request.sge.length > 0)
+        std::memcpy(local, mr->translate(request.remoteAddress), request.sge.length);
       ++counters.reads;
       ++devices[qp.device].reads;
       completeSend(qp, request, WcStatus::kSuccess, sequence);
@@ -505,8 +513,10 @@ struct VerbsEmulation::State {
       completeSend(qp, request, WcStatus::kSuccess, sequence);
       return true;
     }
-    completeSend(qp, request, result == Delivery::kRemoteAccess ? WcStatus::kRemoteAccess
-                                                                : WcStatus::kRemoteOperation, sequence);
+    completeSend(qp, request,
+                 result == Delivery::kRemoteAccess ? WcStatus::kRemoteAccess
+                                                   : WcStatus::kRemoteOperation,
+                 sequence);
     toError(*remote);
     toError(qp);
     return true;
@@ -593,7 +603,8 @@ struct VerbsEmulation::State {
     }
     if (late) {
       const bool send = request.op == SendRequest::Op::kSend;
-      landing.dueNs = std::max(nowNs() + delay, landings.empty() ? int64_t{0} : landings.back().dueNs);
+      landing.dueNs =
+          std::max(nowNs() + delay, landings.empty() ? int64_t{0} : landings.back().dueNs);
       landing.toQp = remote.qpNumber;
       landing.byLocalKey = send;
       landing.key = send ? recv.sge.lkey : request.rkey;
@@ -625,7 +636,8 @@ struct VerbsEmulation::State {
         auto& keys = landing.byLocalKey ? byLkey : byRkey;
         auto it = keys.find(landing.key);
         if (it != keys.end() && it->second->covers(landing.address, landing.payload.size())) {
-          std::memcpy(it->second->translate(landing.address), landing.payload.data(), landing.payload.size());
+          std::memcpy(it->second->translate(landing.address), landing.payload.data(),
+                      landing.payload.size());
         }
       }
       ++counters.landedLate;
@@ -652,18 +664,20 @@ struct VerbsEmulation::State {
         continue;
       }
       auto sender = qps.find(parked.fromQp);
-      QueuePairRecord* from = sender == qps.end() || parked.senderFlushed ? nullptr : sender->second;
+      QueuePairRecord* from =
+          sender == qps.end() || parked.senderFlushed ? nullptr : sender->second;
       auto it = qps.find(parked.toQp);
       QueuePairRecord* remote = it == qps.end() ? nullptr : it->second;
-      bool reachable = remote != nullptr && remote->peer.qpNumber == parked.fromQp &&
-                       (remote->state == QpState::kReadyToReceive ||
-                        remote->state == QpState::kReadyToSend) &&
-                       linkUsable(remote->device);
+      bool reachable =
+          remote != nullptr && remote->peer.qpNumber == parked.fromQp &&
+          (remote->state == QpState::kReadyToReceive || remote->state == QpState::kReadyToSend) &&
+          linkUsable(remote->device);
       Delivery result = reachable ? deliver(*remote, parked.request, parked.payload.data(), device)
                                   : Delivery::kReceiverNotReady;
       if (result == Delivery::kDone) {
         ++counters.wireDelivered;
-        if (from != nullptr) completeSend(*from, parked.request, WcStatus::kSuccess, parked.sequence);
+        if (from != nullptr)
+          completeSend(*from, parked.request, WcStatus::kSuccess, parked.sequence);
         continue;
       }
       ++counters.wireDropped;
@@ -720,8 +734,8 @@ struct VerbsEmulation::State {
     const int index = deviceIndex(device);
     std::vector<decltype(view(std::declval<const QueuePairRecord&>()))> out;
     for (const auto& [number, qp] : qps) {
-      if (qp->device == index && (qp->state == QpState::kReadyToReceive ||
-                                  qp->state == QpState::kReadyToSend)) {
+      if (qp->device == index &&
+          (qp->state == QpState::kReadyToReceive || qp->state == QpState::kReadyToSend)) {
         out.push_back(view(*qp));
       }
     }
@@ -745,18 +759,19 @@ class DmaBufMapping {
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     if (offset % page != iova % page) {
       throw Error("emulated ibv_reg_dmabuf_mr: offset " + std::to_string(offset) + " and iova " +
-                  std::to_string(iova) + " lie at different offsets within a " + std::to_string(page) +
-                  "-byte page (EINVAL)");
+                  std::to_string(iova) + " lie at different offsets within a " +
+                  std::to_string(page) + "-byte page (EINVAL)");
     }
-    struct stat info {};
+    struct stat info{};
     if (::fstat(fd, &info) != 0) {
       throw Error(std::string("emulated ibv_reg_dmabuf_mr: fd ") + std::to_string(fd) +
                   " is not a dma-buf: " + std::strerror(errno));
     }
     const uint64_t size = static_cast<uint64_t>(info.st_size);
     if (offset > size || bytes > size - offset) {
-      throw Error("emulated ibv_reg_dmabuf_mr: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
-                  ") lies beyond the dma-buf's " + std::to_string(size) + " bytes (EINVAL)");
+      throw Error("emulated ibv_reg_dmabuf_mr: [" + std::to_string(offset) + ", +" +
+                  std::to_string(bytes) + ") lies beyond the dma-buf's " + std::to_string(size) +
+                  " bytes (EINVAL)");
     }
     lead_ = offset % page;
     mappedBytes_ = bytes + lead_;
@@ -783,7 +798,10 @@ class EmulatedMemoryRegion : public VerbsMemoryRegion {
  public:
   EmulatedMemoryRegion(std::shared_ptr<State> state, std::shared_ptr<ContextRecord> context,
                        MemoryRegionRecord record, std::unique_ptr<DmaBufMapping> mapping = nullptr)
-      : state_(std::move(state)), context_(std::move(context)), record_(record), mapping_(std::move(mapping)) {
+      : state_(std::move(state)),
+        context_(std::move(context)),
+        record_(record),
+        mapping_(std::move(mapping)) {
     Lock lock(state_->mutex);
     record_.lkey = state_->nextKey++;
     record_.rkey = state_->nextKey++;
@@ -814,7 +832,8 @@ class EmulatedCompletionChannel : public VerbsCompletionChannel {
   explicit EmulatedCompletionChannel(std::shared_ptr<State> state) : state_(std::move(state)) {
     record_.events = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE));
     if (!record_.events.valid()) {
-      throw Error(std::string("emulated ibv_create_comp_channel: eventfd: ") + std::strerror(errno));
+      throw Error(std::string("emulated ibv_create_comp_channel: eventfd: ") +
+                  std::strerror(errno));
     }
   }
   ~EmulatedCompletionChannel() override {
@@ -891,7 +910,8 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
       out[count++] = queued.wc;
       if (queued.sendSequence != 0) {
         auto qp = state_->qps.find(queued.wc.qpNumber);
-        if (qp != state_->qps.end()) qp->second->retired = std::max(qp->second->retired, queued.sendSequence);
+        if (qp != state_->qps.end())
+          qp->second->retired = std::max(qp->second->retired, queued.sendSequence);
       }
       record_.entries.pop_front();
     }
@@ -900,7 +920,8 @@ class EmulatedCompletionQueue : public VerbsCompletionQueue {
   }
   void requestNotify() override {
     Lock lock(state_->mutex);
-    if (record_.channel == nullptr) throw Error("ibv_req_notify_cq on a CQ without a completion channel");
+    if (record_.channel == nullptr)
+      throw Error("ibv_req_notify_cq on a CQ without a completion channel");
     record_.armed = true;
   }
   CompletionQueueRecord* record() { return &record_; }
@@ -950,7 +971,8 @@ class EmulatedQueuePair : public VerbsQueuePair {
     }
     if (mtu < 1 || mtu > 5) throw Error("path MTU enum " + std::to_string(mtu) + " not in 1..5");
     const DeviceRecord& device = state_->devices[record_.device];
-    if (device.ethernet && !peer.global) throw Error("RoCE needs a GRH (is_global) in the address vector (EINVAL)");
+    if (device.ethernet && !peer.global)
+      throw Error("RoCE needs a GRH (is_global) in the address vector (EINVAL)");
     if (!device.ethernet && !peer.global && peer.lid == 0) {
       throw Error("an InfiniBand address vector without a GRH needs a DLID (EINVAL)");
     }
@@ -1134,8 +1156,9 @@ class EmulatedDevice : public VerbsDevice {
     return state_->devices[device_].relaxedOrdering;
   }
   std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void*, size_t, bool) override {
-    throw Error("the verbs emulation cannot register GPU memory by pointer (on a real host that "
-                "needs nvidia-peermem); register it as a dma-buf instead");
+    throw Error(
+        "the verbs emulation cannot register GPU memory by pointer (on a real host that "
+        "needs nvidia-peermem); register it as a dma-buf instead");
   }
   std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
                                                     uint64_t iova, bool relaxedOrdering) override {
@@ -1145,8 +1168,9 @@ class EmulatedDevice : public VerbsDevice {
     {
       Lock lock(state_->mutex);
       if (state_->devices[device_].refuseDmaBuf) {
-        throw Error("emulated ibv_reg_dmabuf_mr on " + state_->devices[device_].name +
-                    ": cannot import the dma-buf (no peer-to-peer path to its memory) (EOPNOTSUPP)");
+        throw Error(
+            "emulated ibv_reg_dmabuf_mr on " + state_->devices[device_].name +
+            ": cannot import the dma-buf (no peer-to-peer path to its memory) (EOPNOTSUPP)");
       }
     }
     // Like a real NIC, the emulation reaches the memory through the fd (its
@@ -1211,7 +1235,8 @@ class EmulatedDevice : public VerbsDevice {
   // rejects the optional flag (EINVAL).
   void checkRelaxedOrdering(bool asked) const {
     if (asked && !supportsRelaxedOrdering()) {
-      throw Error("emulated ibv_reg_mr: IBV_ACCESS_RELAXED_ORDERING without ibv_reg_mr_iova2 (EINVAL)");
+      throw Error(
+          "emulated ibv_reg_mr: IBV_ACCESS_RELAXED_ORDERING without ibv_reg_mr_iova2 (EINVAL)");
     }
   }
   static void checkPort(int port) {
@@ -1240,7 +1265,8 @@ class EmulatedDevice : public VerbsDevice {
 
 }  // namespace
 
-VerbsEmulation::VerbsEmulation(std::vector<std::string> devices) : state_(std::make_shared<State>()) {
+VerbsEmulation::VerbsEmulation(std::vector<std::string> devices)
+    : state_(std::make_shared<State>()) {
   if (devices.empty()) throw ConfigError("an emulation needs at least one device");
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i].empty()) throw ConfigError("emulated device names must not be empty");
@@ -1290,8 +1316,9 @@ std::vector<std::string> VerbsEmulation::deviceNames() {
   for (const auto& device : state_->devices) {
     if (!device.fatal) listed.push_back(&device);
   }
-  std::stable_sort(listed.begin(), listed.end(),
-                   [](const DeviceRecord* a, const DeviceRecord* b) { return a->listedAt < b->listedAt; });
+  std::stable_sort(listed.begin(), listed.end(), [](const DeviceRecord* a, const DeviceRecord* b) {
+    return a->listedAt < b->listedAt;
+  });
   std::vector<std::string> names;
   for (const DeviceRecord* device : listed) names.push_back(device->name);
   return names;
@@ -1401,7 +1428,8 @@ std::vector<int> VerbsEmulation::connectedGidIndexes(const std::string& device) 
 }
 
 void VerbsEmulation::setLosslessClass(const std::string& device, int trafficClass) {
-  state_->withDevice(device, [&](DeviceRecord& record, int) { record.losslessClass = trafficClass; });
+  state_->withDevice(device,
+                     [&](DeviceRecord& record, int) { record.losslessClass = trafficClass; });
 }
 
 void VerbsEmulation::setLandingDelay(const std::string& device, Millis delay) {
@@ -1429,7 +1457,8 @@ void VerbsEmulation::overrunCompletionQueues(const std::string& device) {
 }
 
 void VerbsEmulation::setRelaxedOrdering(const std::string& device, bool supported) {
-  state_->withDevice(device, [&](DeviceRecord& record, int) { record.relaxedOrdering = supported; });
+  state_->withDevice(device,
+                     [&](DeviceRecord& record, int) { record.relaxedOrdering = supported; });
 }
 
 std::pair<int, int> VerbsEmulation::memoryRegions(const std::string& device) {

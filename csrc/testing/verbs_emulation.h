@@ -16,10 +16,10 @@
 // outstanding request (kFlushed). A SEND or WRITE WITH IMMEDIATE meets an
 // empty receive queue with unbounded RNR retry (rnr_retry = 7), as we
 // configure real QPs, and is counted (rnrNaks). A fatal device error kills the
-// contexts open on it for good (setDeviceFatal). Memory regions of dma-buf fds are reached through the
-// emulation's own mapping of the fd (a memfd stands in for a GPU's dma-buf). Port changes raise PORT_ERR / PORT_ACTIVE (and
-// GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to other
-// table indices, as re-added addresses do on real hosts.
+// contexts open on it for good (setDeviceFatal). Memory regions of dma-buf fds are reached through
+// the emulation's own mapping of the fd (a memfd stands in for a GPU's dma-buf). Port changes raise
+// PORT_ERR / PORT_ACTIVE (and GID_CHANGE) async events; every link flap moves the RoCEv2 GIDs to
+// other table indices, as re-added addresses do on real hosts.
 #pragma once
 
 #include <atomic>
@@ -34,37 +34,37 @@
 namespace reccl {
 
 struct EmulationCounters {
-  uint64_t sends = 0;           // SENDs delivered
-  uint64_t writes = 0;          // RDMA WRITEs delivered (with or without immediate)
+  uint64_t sends = 0;  // SENDs delivered
+  uint64_t writes = 0;  // RDMA WRITEs delivered (with or without immediate)
   uint64_t writesWithImmediate = 0;  // of those, WRITE WITH IMMEDIATE (the staged chunks)
-  uint64_t reads = 0;           // RDMA READs served (the GPU flush)
-  uint64_t bytes = 0;           // payload bytes delivered
-  uint64_t flushed = 0;         // completions with kFlushed
-  uint64_t retryExceeded = 0;   // completions with kRetryExceeded
-  uint64_t accessErrors = 0;    // kRemoteAccess / kLocalProtection / length errors
-  uint64_t dropped = 0;         // requests swallowed by a blackholed device (per try)
-  uint64_t corrupted = 0;       // deliveries altered by corruptNext
-  uint64_t qpErrors = 0;        // QPs that entered ERR
-  uint64_t landedLate = 0;      // deliveries that reached memory after a landing delay
-  uint64_t cqOverruns = 0;      // CQs that got more completions than their depth
-  uint64_t held = 0;            // requests parked on the wire by setHold
-  uint64_t wireDelivered = 0;   // parked requests that landed when the hold ended
-  uint64_t wireDropped = 0;     // parked requests their responder no longer took
-  uint64_t rnrNaks = 0;         // receive-consuming requests that met an empty receive queue
+  uint64_t reads = 0;  // RDMA READs served (the GPU flush)
+  uint64_t bytes = 0;  // payload bytes delivered
+  uint64_t flushed = 0;  // completions with kFlushed
+  uint64_t retryExceeded = 0;  // completions with kRetryExceeded
+  uint64_t accessErrors = 0;  // kRemoteAccess / kLocalProtection / length errors
+  uint64_t dropped = 0;  // requests swallowed by a blackholed device (per try)
+  uint64_t corrupted = 0;  // deliveries altered by corruptNext
+  uint64_t qpErrors = 0;  // QPs that entered ERR
+  uint64_t landedLate = 0;  // deliveries that reached memory after a landing delay
+  uint64_t cqOverruns = 0;  // CQs that got more completions than their depth
+  uint64_t held = 0;  // requests parked on the wire by setHold
+  uint64_t wireDelivered = 0;  // parked requests that landed when the hold ended
+  uint64_t wireDropped = 0;  // parked requests their responder no longer took
+  uint64_t rnrNaks = 0;  // receive-consuming requests that met an empty receive queue
   uint64_t closedWithRegions = 0;  // contexts closed while memory regions of theirs were live
-  uint64_t deregAfterClose = 0;    // memory regions deregistered after their context closed
-  uint64_t completionEvents = 0;   // completion-channel events raised (armed CQs completing)
+  uint64_t deregAfterClose = 0;  // memory regions deregistered after their context closed
+  uint64_t completionEvents = 0;  // completion-channel events raised (armed CQs completing)
   uint64_t completionsPolled = 0;  // completions taken by ibv_poll_cq
-  uint64_t gidTableQueries = 0;    // ibv_query_gid_table calls answered
-  uint64_t gidQueries = 0;         // ibv_query_gid(_ex) calls (one GID each)
+  uint64_t gidTableQueries = 0;  // ibv_query_gid_table calls answered
+  uint64_t gidQueries = 0;  // ibv_query_gid(_ex) calls (one GID each)
 };
 
 // Where an emulated device's GID types can be read from, as on hosts with
 // different rdma-core versions and sysfs views. The kernel always knows them.
 struct GidSources {
-  bool table = true;    // ibv_query_gid_table (rdma-core v30+)
+  bool table = true;  // ibv_query_gid_table (rdma-core v30+)
   bool queryEx = true;  // ibv_query_gid_ex (rdma-core v30+)
-  bool sysfs = true;    // gid_attrs/types (false: hidden, as in some containers)
+  bool sysfs = true;  // gid_attrs/types (false: hidden, as in some containers)
 };
 
 class VerbsEmulation : public VerbsApi {

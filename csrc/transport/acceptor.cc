@@ -28,8 +28,7 @@ Acceptor::Acceptor(std::string address, std::string nicName, uint64_t transportI
       handshakeTimeout_(handshakeTimeout),
       authenticate_(std::move(authenticate)),
       admit_(std::move(admit)),
-      refusals_(LogLevel::kWarn, kRefusalLogInterval,
-                "refused connections on " + nicName_) {
+      refusals_(LogLevel::kWarn, kRefusalLogInterval, "refused connections on " + nicName_) {
   std::string error;
   listener_ = listenOn(address_, &port_, &error);
   if (!listener_.valid()) throw Error("cannot listen on NIC " + nicName_ + ": " + error);
@@ -85,7 +84,8 @@ bool Acceptor::advance(Pending& pending) {
         decodeControl(header, pending.bytes.data() + sizeof(FrameHeader), sizeof(HelloBody));
     Verdict verdict = authenticate_(hello.hello);
     if (verdict.kind == Verdict::kDecline) {
-      RECCL_LOG(kInfo, "declined a path from " + pending.peer + " on " + nicName_ + ": " + verdict.why);
+      RECCL_LOG(kInfo,
+                "declined a path from " + pending.peer + " on " + nicName_ + ": " + verdict.why);
       return true;
     }
     if (verdict.kind == Verdict::kReject) {
@@ -119,8 +119,8 @@ void Acceptor::run() {
     // the count of refusals held back from the log is due.
     int64_t timeoutMs = -1;
     auto until = [&](Clock::time_point when) {
-      const int64_t left = std::max<int64_t>(
-          0, std::chrono::duration_cast<Millis>(when - Clock::now()).count() + 1);
+      const int64_t left =
+          std::max<int64_t>(0, std::chrono::duration_cast<Millis>(when - Clock::now()).count() + 1);
       timeoutMs = timeoutMs < 0 ? left : std::min(timeoutMs, left);
     };
     for (const auto& p : pending) until(p.deadline);

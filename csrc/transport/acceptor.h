@@ -29,8 +29,8 @@ class Acceptor {
                                    const std::string& peer)>;
 
   // `transportId` goes back in every HELLO_ACK.
-  Acceptor(std::string address, std::string nicName, uint64_t transportId,
-           Millis handshakeTimeout, Authenticate authenticate, Admit admit);
+  Acceptor(std::string address, std::string nicName, uint64_t transportId, Millis handshakeTimeout,
+           Authenticate authenticate, Admit admit);
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;

@@ -31,25 +31,29 @@ HelloBody BondedTransport::pathHello(const ListenHandle& handle, uint64_t connec
 std::shared_ptr<Listener> BondedTransport::listen(int nic) {
   checkNic(nic);
   return listeners_.create(nic, config_.backup ? nics_[nic].backup : -1,
-                           static_cast<uint32_t>(config_.chunkBytes), listenEndpoints(), ids_.next());
+                           static_cast<uint32_t>(config_.chunkBytes), listenEndpoints(),
+                           ids_.next());
 }
 
 std::shared_ptr<SendConnection> BondedTransport::connect(int nic, const std::vector<uint8_t>& bytes,
-                                                      uint64_t tag) {
+                                                         uint64_t tag) {
   checkNic(nic);
   ListenHandle handle = decodeHandle(bytes.data(), bytes.size());
   handle.dialerTag = tag;
-  std::vector<PathCandidate> candidates = planPaths(
-      nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
+  std::vector<PathCandidate> candidates =
+      planPaths(nic, nics_[nic].backup, static_cast<int>(nics_.size()), handle, config_.backup);
   uint64_t id = ids_.next();
   ConnectionEnv env = connectionEnv(handle.nics[handle.listenerNic].address);
-  for (size_t i = 0; i < handle.nics.size(); ++i) env.remoteNicAddresses.push_back(remoteNicAddress(handle, i));
+  for (size_t i = 0; i < handle.nics.size(); ++i)
+    env.remoteNicAddresses.push_back(remoteNicAddress(handle, i));
   auto connection = std::make_shared<SendConnection>(
-      std::move(env), id, candidates, std::make_unique<JobDialer>(
-          [this](std::function<void()> job) { runDialJob(std::move(job)); },
-          [this](const ListenHandle& h, uint64_t connectionId, int pathIndex, PathCandidate nics,
-                 std::string* error) { return dialPath(h, connectionId, pathIndex, nics, error); },
-          handle, id),
+      std::move(env), id, candidates,
+      std::make_unique<JobDialer>([this](std::function<void()> job) { runDialJob(std::move(job)); },
+                                  [this](const ListenHandle& h, uint64_t connectionId,
+                                         int pathIndex, PathCandidate nics, std::string* error) {
+                                    return dialPath(h, connectionId, pathIndex, nics, error);
+                                  },
+                                  handle, id),
       handle.chunkBytes);
   supervisor_->add(connection);
   connection->dialNow();

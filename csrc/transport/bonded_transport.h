@@ -43,7 +43,9 @@ class BondedTransport : public Transport {
   // constructor fills nics_ and healthIds_; its destructor stops its dial
   // jobs and resets supervisor_ before its own members go.
   BondedTransport(Config config, std::string nicNoun)
-      : config_(std::move(config)), supervisor_(std::make_unique<Supervisor>()), nicNoun_(std::move(nicNoun)) {}
+      : config_(std::move(config)),
+        supervisor_(std::make_unique<Supervisor>()),
+        nicNoun_(std::move(nicNoun)) {}
 
   // Throws ConfigError unless `nic` is one of ours.
   void checkNic(int nic) const { checkNicIndex(nic, nics_.size(), nicNoun_); }

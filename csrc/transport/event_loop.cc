@@ -160,8 +160,9 @@ void EventLoop::run() noexcept {
           running_ = false;
           return;  // touches nothing of `this` after the lock is released
         }
-        const int64_t retireNs = now + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           retireAt - Clock::now()).count();
+        const int64_t retireNs =
+            now +
+            std::chrono::duration_cast<std::chrono::nanoseconds>(retireAt - Clock::now()).count();
         wakeAt = wakeAt < 0 ? retireNs : std::min(wakeAt, retireNs);
       } else {
         idleSince = Clock::now();

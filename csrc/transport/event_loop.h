@@ -85,8 +85,8 @@ class EventLoop {
   TimerWheel timers_;
   std::unordered_set<uint64_t> overdue_;  // deadlines set already past: due now, not in the wheel
   uint64_t nextId_ = 1;
-  uint64_t dispatching_ = 0;       // the id whose callback runs now, 0 = none
-  int64_t sleepUntilNs_ = 0;       // when the loop wakes by itself; 0 = not sleeping
+  uint64_t dispatching_ = 0;  // the id whose callback runs now, 0 = none
+  int64_t sleepUntilNs_ = 0;  // when the loop wakes by itself; 0 = not sleeping
   bool running_ = false;
 };
 

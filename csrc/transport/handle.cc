@@ -41,7 +41,8 @@ std::vector<uint8_t> encodeHandle(const ListenHandle& handle) {
   wire.version = kProtocolVersion;
   wire.nicCount = static_cast<uint8_t>(handle.nics.size());
   wire.listenerNic = static_cast<uint8_t>(handle.listenerNic);
-  wire.listenerBackup = handle.listenerBackup < 0 ? 0xff : static_cast<uint8_t>(handle.listenerBackup);
+  wire.listenerBackup =
+      handle.listenerBackup < 0 ? 0xff : static_cast<uint8_t>(handle.listenerBackup);
   wire.listenId = handle.listenId;
   std::memcpy(wire.secret, handle.secret, kSecretBytes);
   wire.chunkBytes = handle.chunkBytes;

@@ -54,11 +54,11 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
     for (auto& shake : shakes) {
       if (shake.stage == Stage::kDone) continue;
       polled.push_back({shake.fd.get(),
-                        static_cast<short>(shake.stage == Stage::kAwaitingAck ? POLLIN : POLLOUT), 0});
+                        static_cast<short>(shake.stage == Stage::kAwaitingAck ? POLLIN : POLLOUT),
+                        0});
       owners.push_back(&shake);
     }
-    const int64_t leftMs =
-        std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+    const int64_t leftMs = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
     if (leftMs < 0) return fail("no answer within " + std::to_string(timeout.count()) + " ms");
     const int ready = ::poll(polled.data(), polled.size(), static_cast<int>(leftMs) + 1);
     if (ready < 0 && errno != EINTR) return fail(std::string("poll: ") + std::strerror(errno));
@@ -82,10 +82,11 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
         if (shake.sent == shake.hello.size()) shake.stage = Stage::kAwaitingAck;
         continue;
       }
-      const ssize_t got =
-          ::recv(shake.fd.get(), shake.ack + shake.received, kAckBytes - shake.received, MSG_DONTWAIT);
+      const ssize_t got = ::recv(shake.fd.get(), shake.ack + shake.received,
+                                 kAckBytes - shake.received, MSG_DONTWAIT);
       if (got == 0) {
-        return fail("refused by the listener (wrong secret, closed listener or unknown connection)");
+        return fail(
+            "refused by the listener (wrong secret, closed listener or unknown connection)");
       }
       if (got < 0) {
         if (transient(errno)) continue;
@@ -95,7 +96,8 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
       if (shake.received < kAckBytes) continue;
       try {
         FrameHeader header = parseFrameHeader(shake.ack, kAckBytes);
-        ControlFrame ack = decodeControl(header, shake.ack + sizeof(FrameHeader), sizeof(HelloAckBody));
+        ControlFrame ack =
+            decodeControl(header, shake.ack + sizeof(FrameHeader), sizeof(HelloAckBody));
         if (ack.type != FrameType::kHelloAck || !ack.helloAccepted) {
           throw ProtocolError("handshake not accepted");
         }

@@ -16,9 +16,9 @@ class JobDialer : public Dialer {
  public:
   using Run = std::function<void(std::function<void()> job)>;
   // nullptr and `error` on failure.
-  using Open = std::function<std::shared_ptr<Path>(const ListenHandle& handle,
-                                                   uint64_t connectionId, int pathIndex,
-                                                   PathCandidate nics, std::string* error)>;
+  using Open =
+      std::function<std::shared_ptr<Path>(const ListenHandle& handle, uint64_t connectionId,
+                                          int pathIndex, PathCandidate nics, std::string* error)>;
 
   // `run` and `open` may be called after this dialer is gone, never after the
   // transport that gave them (it joins its jobs before it goes).

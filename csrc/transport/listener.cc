@@ -56,7 +56,8 @@ bool Listener::adoptPath(const HelloBody& hello, PathCandidate nics, std::shared
       // dialing twice for one slot. The first one stands.
       if (hello.dialerTag != 0 && readyTagged_.count(hello.dialerTag) > 0) return false;
       std::vector<PathCandidate> slots(kMaxPaths, PathCandidate{nics.localNic, 0, false});
-      connection = std::make_shared<RecvConnection>(makeEnv(), hello.connectionId, slots, chunkBytes);
+      connection =
+          std::make_shared<RecvConnection>(makeEnv(), hello.connectionId, slots, chunkBytes);
       connection->keepAlive(self);
       connections_[hello.connectionId] = connection;
       fresh = true;

@@ -16,7 +16,8 @@ TransportChoice chooseTransport(const Config& config, std::shared_ptr<VerbsApi> 
   std::string error;
   if (!verbs) verbs = loadSystemVerbs(&error);
   if (!verbs) {
-    if (required) throw ConfigError("RECCL_TRANSPORT=ib, but the verbs library is unusable: " + error);
+    if (required)
+      throw ConfigError("RECCL_TRANSPORT=ib, but the verbs library is unusable: " + error);
     return {"tcp", "RECCL_TRANSPORT=auto and no verbs library (" + error + ")", nullptr};
   }
   std::vector<std::string> devices = verbs->deviceNames();
@@ -26,7 +27,8 @@ TransportChoice chooseTransport(const Config& config, std::shared_ptr<VerbsApi> 
                         " lists no RDMA devices (/sys/class/infiniband is empty: no HCA driver "
                         "or soft-RoCE loaded); use RECCL_TRANSPORT=tcp or auto");
     }
-    return {"tcp", "RECCL_TRANSPORT=auto and " + verbs->describe() + " lists no RDMA devices", nullptr};
+    return {"tcp", "RECCL_TRANSPORT=auto and " + verbs->describe() + " lists no RDMA devices",
+            nullptr};
   }
   std::string names;
   for (const auto& name : devices) names += (names.empty() ? "" : ",") + name;
@@ -38,7 +40,8 @@ TransportChoice chooseTransport(const Config& config, std::shared_ptr<VerbsApi> 
 std::string ibBootstrapAddress(const Config& config) {
   std::vector<std::string> selection =
       config.ibBootstrap.empty() ? config.nics : std::vector<std::string>{config.ibBootstrap};
-  const std::string what = "the IB bootstrap address (RECCL_IB_BOOTSTRAP, else the first RECCL_NICS NIC): ";
+  const std::string what =
+      "the IB bootstrap address (RECCL_IB_BOOTSTRAP, else the first RECCL_NICS NIC): ";
   std::vector<NicInfo> found;
   try {
     found = discoverNics(selection);

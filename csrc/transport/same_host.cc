@@ -65,8 +65,8 @@ bool PeerMemory::tokenHolds(std::string* why) const {
   iovec remote{reinterpret_cast<void*>(tokenAddress_), sizeof(seen)};
   const ssize_t got = ::process_vm_readv(pid_, &local, 1, &remote, 1, 0);
   if (got != static_cast<ssize_t>(sizeof(seen))) {
-    *why = "same-host token of pid " + std::to_string(pid_) + " unreadable: " +
-           (got < 0 ? std::strerror(errno) : "short read");
+    *why = "same-host token of pid " + std::to_string(pid_) +
+           " unreadable: " + (got < 0 ? std::strerror(errno) : "short read");
     return false;
   }
   if (seen != token_) {

@@ -102,7 +102,8 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
 }
 
 namespace {
-std::string connectLabel(const std::string& localAddress, const std::string& address, uint16_t port) {
+std::string connectLabel(const std::string& localAddress, const std::string& address,
+                         uint16_t port) {
   return "connect " + localAddress + "->" + address + ":" + std::to_string(port);
 }
 }  // namespace

@@ -61,8 +61,7 @@ struct IoWatch {
 IoResult sendAll(int fd, const void* data, size_t bytes, const IoWatch& watch, int flags = 0);
 // With watch.stallLimit == 0 the wait for the first byte is unbounded but still
 // returns on stop; once a byte arrives the stall limit `midFrameLimit` applies.
-IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch,
-                 Millis midFrameLimit);
+IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis midFrameLimit);
 
 // Starts a non-blocking TCP connection from `localAddress` to `address:port`:
 // the socket is writable once it is up (then finishConnect says how it went).

@@ -67,7 +67,8 @@ class Transport {
   // in `writers` (bit i: NIC i; RecvConnection::takePlacedNics; 0: any one).
   // Nothing to do for host memory or for a transport that never writes device
   // memory. Bounded; throws Error.
-  virtual void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address, uint64_t writers) {
+  virtual void flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
+                                 uint64_t writers) {
     (void)registration;
     (void)address;
     (void)writers;

@@ -51,7 +51,8 @@ std::string describeTable(const std::vector<GidEntry>& table) {
     if (isZero(entry.gid)) continue;
     char text[INET6_ADDRSTRLEN] = {};
     inet_ntop(AF_INET6, entry.gid.data(), text, sizeof(text));
-    out += (out.empty() ? "" : ", ") + std::to_string(entry.index) + " " + text + " " + typeName(entry.type);
+    out += (out.empty() ? "" : ", ") + std::to_string(entry.index) + " " + text + " " +
+           typeName(entry.type);
   }
   return out.empty() ? "(no GIDs)" : out;
 }
@@ -73,9 +74,11 @@ std::vector<GidEntry> readGidTable(VerbsDevice& device, int port, int tableLengt
     table.clear();
     for (int i = 0; i < tableLength; ++i) table.push_back(device.queryGid(port, i));
   }
-  table.erase(std::remove_if(table.begin(), table.end(), [](const GidEntry& e) { return isZero(e.gid); }),
+  table.erase(std::remove_if(table.begin(), table.end(),
+                             [](const GidEntry& e) { return isZero(e.gid); }),
               table.end());
-  std::sort(table.begin(), table.end(), [](const GidEntry& a, const GidEntry& b) { return a.index < b.index; });
+  std::sort(table.begin(), table.end(),
+            [](const GidEntry& a, const GidEntry& b) { return a.index < b.index; });
   return table;
 }
 
@@ -93,11 +96,13 @@ GidEntry chooseGid(const std::vector<GidEntry>& table, bool ethernet, const GidP
   for (const GidEntry& entry : table) {
     if (entry.index == index) return entry;
   }
-  std::string wanted = !ethernet ? "non-zero"
-                       : range != nullptr ? "RoCE v2 (not link-local) with an address in RECCL_IB_ADDR_RANGE=" +
-                                                range->describe()
-                                          : "RoCE v2 IPv4 (::ffff:a.b.c.d)";
-  throw Error(device + " has no usable GID: none is " + wanted + "; its GIDs: " + describeTable(table) +
+  std::string wanted =
+      !ethernet ? "non-zero"
+      : range != nullptr
+          ? "RoCE v2 (not link-local) with an address in RECCL_IB_ADDR_RANGE=" + range->describe()
+          : "RoCE v2 IPv4 (::ffff:a.b.c.d)";
+  throw Error(device + " has no usable GID: none is " + wanted +
+              "; its GIDs: " + describeTable(table) +
               " (is an IP address configured on its netdev? RECCL_IB_GID_INDEX forces one)");
 }
 

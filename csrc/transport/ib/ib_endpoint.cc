@@ -51,7 +51,8 @@ bool IbEndpoint::postReceive(uint32_t i, std::string* error) {
 
 QpExchange IbEndpoint::describe(const GidPolicy& policy) {
   PortAttributes port = device_->queryPort(kPort);
-  if (!port.active) throw Error("port " + std::to_string(kPort) + " of " + device_->name() + " is down");
+  if (!port.active)
+    throw Error("port " + std::to_string(kPort) + " of " + device_->name() + " is down");
   // One table query per dial, chosen from the table as it is now (after a
   // flap the same address may sit at another index).
   const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
@@ -95,7 +96,8 @@ void modifyRetryingTimeouts(const char* what, Transition transition) {
                     std::to_string(IbEndpoint::kModifyQpAttempts) + " attempts " +
                     std::to_string(IbEndpoint::kModifyQpRetryDelay.count()) +
                     " ms apart (is the peer's address reachable / its neighbour entry "
-                    "resolvable?): " + error.what());
+                    "resolvable?): " +
+                    error.what());
       }
       std::this_thread::sleep_for(IbEndpoint::kModifyQpRetryDelay);
     }
@@ -108,9 +110,10 @@ void IbEndpoint::connect(const QpExchange& peer, int timeout, int retryCount,
                          const QpRoute& route) {
   auto layer = [](bool ethernet) { return ethernet ? "Ethernet (RoCE)" : "InfiniBand"; };
   if (peer.ethernet != ethernet_) {
-    throw Error(std::string("link layers differ: ") + device_->name() + " is " + layer(ethernet_) +
-                ", the peer's device is " + layer(peer.ethernet) +
-                "; RoCE and InfiniBand ports cannot reach each other (RECCL_IB_HCA selects devices)");
+    throw Error(
+        std::string("link layers differ: ") + device_->name() + " is " + layer(ethernet_) +
+        ", the peer's device is " + layer(peer.ethernet) +
+        "; RoCE and InfiniBand ports cannot reach each other (RECCL_IB_HCA selects devices)");
   }
   QpPeer remote = peer.qp;
   // The first 8 bytes of an IB GID are its subnet prefix.

@@ -34,8 +34,7 @@ class IbEndpoint {
   // borrows a control send buffer, of which kControlReserve stay for frames.
   static constexpr uint32_t kPlacedChunks = 16;
   static constexpr uint32_t kControlReserve = kControlSends - kPlacedChunks;
-  static constexpr size_t kControlBytes =
-      (sizeof(FrameHeader) + kMaxControlBody + 63) / 64 * 64;
+  static constexpr size_t kControlBytes = (sizeof(FrameHeader) + kMaxControlBody + 63) / 64 * 64;
   // FrameHeader + DataHeader in front of each staged chunk.
   static constexpr size_t kDataHeadBytes = 64;
   static_assert(sizeof(FrameHeader) + sizeof(DataHeader) <= kDataHeadBytes, "data head fits");
@@ -83,9 +82,13 @@ class IbEndpoint {
   uint8_t* ring(uint32_t i) { return remote_.data() + static_cast<size_t>(i) * slotBytes_; }
   // Our credit word, which the peer RDMA-writes (the receives it reposted so
   // far), right after the FIFO or ring: at slotCount * slotBytes as described.
-  uint64_t* creditWord() { return reinterpret_cast<uint64_t*>(remote_.data() + remote_.size()) - 1; }
+  uint64_t* creditWord() {
+    return reinterpret_cast<uint64_t*>(remote_.data() + remote_.size()) - 1;
+  }
   // Where we stage the count we write into the peer's credit word.
-  uint64_t* creditSource() { return reinterpret_cast<uint64_t*>(local_.data() + local_.size()) - 1; }
+  uint64_t* creditSource() {
+    return reinterpret_cast<uint64_t*>(local_.data() + local_.size()) - 1;
+  }
   // Posts control receive buffer `i`; false (reason in `error`) if refused.
   bool postReceive(uint32_t i, std::string* error);
 

@@ -12,7 +12,8 @@ IbFlusher::IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& polic
                      int retryCount)
     : device_(std::move(device)), landing_(64, 0) {
   PortAttributes port = device_->queryPort(kPort);
-  if (!port.active) throw Error("flush QP: port " + std::to_string(kPort) + " of " + device_->name() + " is down");
+  if (!port.active)
+    throw Error("flush QP: port " + std::to_string(kPort) + " of " + device_->name() + " is down");
   const GidEntry gid = chooseGid(readGidTable(*device_, kPort, port.gidTableLength), port.ethernet,
                                  policy, device_->name());
   landingMr_ = device_->registerMemory(landing_.data(), landing_.size(), false, false);

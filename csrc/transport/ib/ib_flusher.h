@@ -21,7 +21,8 @@ namespace reccl {
 class IbFlusher {
  public:
   // Throws Error when the loopback QP cannot be set up (port down, no GID).
-  IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& policy, int timeout, int retryCount);
+  IbFlusher(std::shared_ptr<VerbsDevice> device, const GidPolicy& policy, int timeout,
+            int retryCount);
   IbFlusher(const IbFlusher&) = delete;
   IbFlusher& operator=(const IbFlusher&) = delete;
 

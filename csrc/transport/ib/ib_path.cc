@@ -190,10 +190,12 @@ int IbPath::drainSendsLocked() {
         case WorkKind::kCredit: creditWriteInFlight_ = false; break;
         default: break;
       }
-      bool expected = wc.status == WcStatus::kSuccess || (wc.status == WcStatus::kFlushed && stop_.load());
+      bool expected =
+          wc.status == WcStatus::kSuccess || (wc.status == WcStatus::kFlushed && stop_.load());
       if (!expected && sendFailure_.empty()) {
         sendFailure_ = describeCompletionError(wc);
-        sendFailureReason_ = wc.status == WcStatus::kRetryExceeded ? Reason::kTimeout : Reason::kError;
+        sendFailureReason_ =
+            wc.status == WcStatus::kRetryExceeded ? Reason::kTimeout : Reason::kError;
       }
     }
     total += got;
@@ -220,12 +222,14 @@ bool IbPath::takeCreditLocked() {
 
 void IbPath::writeCreditsLocked() {
   const uint64_t reposted = reposted_.load();
-  if (creditWriteInFlight_ || reposted == repostedWritten_ || stop_.load() || !sendFailure_.empty()) return;
+  if (creditWriteInFlight_ || reposted == repostedWritten_ || stop_.load() || !sendFailure_.empty())
+    return;
   *endpoint_->creditSource() = reposted;
   SendRequest write;
   write.wrId = workId(WorkKind::kCredit, 0);
   write.op = SendRequest::Op::kWrite;  // consumes no receive: needs no credit itself
-  write.sge = {reinterpret_cast<uint64_t>(endpoint_->creditSource()), sizeof(uint64_t), endpoint_->localKey()};
+  write.sge = {reinterpret_cast<uint64_t>(endpoint_->creditSource()), sizeof(uint64_t),
+               endpoint_->localKey()};
   write.remoteAddress = peerRegion_ + static_cast<uint64_t>(peerSlotCount_) * peerSlotBytes_;
   write.rkey = peerRkey_;
   if (postLocked(write)) {
@@ -323,7 +327,8 @@ void IbPath::sendData(const DataChunk& chunk) {
 
 void IbPath::serviceSoon() {
   // One hand-over at a time: the flag is cleared when the loop takes it.
-  if (loop_ != nullptr && !serviceDue_.exchange(true)) loop_->setDeadline(loopId_, Clock::now(), true);
+  if (loop_ != nullptr && !serviceDue_.exchange(true))
+    loop_->setDeadline(loopId_, Clock::now(), true);
 }
 
 void IbPath::dropQueuedData() {
@@ -417,8 +422,8 @@ void IbPath::handleData(uint32_t slot, uint32_t length) {
   DataHeader header;
   std::memcpy(&header, base + sizeof(FrameHeader), sizeof(header));
   if (header.bytes > endpoint_->chunkBytes()) {
-    throw ProtocolError("DATA chunk of " + std::to_string(header.bytes) + " bytes; chunks are at most " +
-                        std::to_string(endpoint_->chunkBytes()));
+    throw ProtocolError("DATA chunk of " + std::to_string(header.bytes) +
+                        " bytes; chunks are at most " + std::to_string(endpoint_->chunkBytes()));
   }
   if (length != IbEndpoint::kDataHeadBytes + header.bytes) {
     throw ProtocolError("RDMA write of " + std::to_string(length) + " bytes carries a chunk of " +
@@ -441,7 +446,8 @@ void IbPath::handlePlaced(const DataHeader& header) {
 
 bool IbPath::placeableHere(const DataChunk& chunk) const {
   const auto* source = dynamic_cast<const IbRegistration*>(chunk.source);
-  if (source == nullptr || static_cast<size_t>(localNic_) >= source->nicCount() || !source->lkey(localNic_)) {
+  if (source == nullptr || static_cast<size_t>(localNic_) >= source->nicCount() ||
+      !source->lkey(localNic_)) {
     return false;
   }
   try {
@@ -508,9 +514,11 @@ bool IbPath::pumpPlaced(bool* failed) {
   } else if (!(rkey = placement.rkeyOf(remoteNic_))) {
     problem = "the receiver's NIC " + std::to_string(remoteNic_) +
               " of this path has no registration of the receive buffer";
-  } else if (header.offset > placement.capacity || header.bytes > placement.capacity - header.offset) {
+  } else if (header.offset > placement.capacity ||
+             header.bytes > placement.capacity - header.offset) {
     problem = "chunk [" + std::to_string(header.offset) + ", +" + std::to_string(header.bytes) +
-              ") exceeds the receiver's registered " + std::to_string(placement.capacity) + " bytes";
+              ") exceeds the receiver's registered " + std::to_string(placement.capacity) +
+              " bytes";
   } else if (header.bytes > 0 && !source->covers(payload, header.bytes)) {
     problem = "chunk outside the send registration";
   }
@@ -674,7 +682,8 @@ bool IbPath::pumpData() {
     {
       std::lock_guard<std::mutex> lock(sendMutex_);
       if (freeStaging_.empty()) drainSendsLocked();
-      if (freeStaging_.empty() || !takeCreditLocked()) break;  // the write's immediate takes a receive
+      if (freeStaging_.empty() || !takeCreditLocked())
+        break;  // the write's immediate takes a receive
       staging = freeStaging_.back();
       freeStaging_.pop_back();
     }

@@ -58,7 +58,8 @@ class IbPath : public Path {
   // `pair`: the liveness this path shares with every IB path between the same
   // two NICs of the same two transports (nic_pair_liveness.h).
   IbPath(std::unique_ptr<IbEndpoint> endpoint, const QpExchange& peer, int localNic, int remoteNic,
-         int healthId, std::string peerName, std::shared_ptr<NicPairLiveness> pair, const Config& config);
+         int healthId, std::string peerName, std::shared_ptr<NicPairLiveness> pair,
+         const Config& config);
   ~IbPath() override;
 
   void start(PathOwner* owner, uint64_t pathId) override;

@@ -20,7 +20,8 @@ constexpr size_t kMaxPlacementNics = (kMaxPlacementBytes - kPlacementHead) / siz
 }  // namespace
 
 std::optional<uint32_t> IbPlacement::rkeyOf(int nic) const {
-  if (nic < 0 || static_cast<size_t>(nic) >= rkeys.size() || !(present & (1u << nic))) return std::nullopt;
+  if (nic < 0 || static_cast<size_t>(nic) >= rkeys.size() || !(present & (1u << nic)))
+    return std::nullopt;
   return rkeys[static_cast<size_t>(nic)];
 }
 
@@ -84,7 +85,8 @@ void IbRegistrationTable::reregisterAll(int nic, const std::shared_ptr<VerbsDevi
   for (IbRegistration* registration : live_) registration->reregister(nic, device);
 }
 
-IbRegistration::NicRegion IbRegistration::registerOn(const std::shared_ptr<VerbsDevice>& device) const {
+IbRegistration::NicRegion IbRegistration::registerOn(
+    const std::shared_ptr<VerbsDevice>& device) const {
   NicRegion out;
   out.device = device;
   try {
@@ -133,7 +135,8 @@ std::unique_ptr<IbRegistration> IbRegistration::host(
   std::unique_ptr<IbRegistration> out(
       new IbRegistration(registrar, reinterpret_cast<uint64_t>(base), bytes, true));
   return onEveryDevice(std::move(out), std::move(table), devices, [=](VerbsDevice& device) {
-    return device.registerMemory(base, bytes, true, relaxedOrdering && device.supportsRelaxedOrdering());
+    return device.registerMemory(base, bytes, true,
+                                 relaxedOrdering && device.supportsRelaxedOrdering());
   });
 }
 
@@ -145,20 +148,22 @@ std::unique_ptr<IbRegistration> IbRegistration::peer(
   std::unique_ptr<IbRegistration> out(
       new IbRegistration(registrar, reinterpret_cast<uint64_t>(address), bytes, false));
   return onEveryDevice(std::move(out), std::move(table), devices, [=](VerbsDevice& device) {
-    return device.registerPeerMemory(address, bytes, relaxedOrdering && device.supportsRelaxedOrdering());
+    return device.registerPeerMemory(address, bytes,
+                                     relaxedOrdering && device.supportsRelaxedOrdering());
   });
 }
 
 std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
     const void* registrar, std::shared_ptr<IbRegistrationTable> table,
-    const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd, uint64_t offset, uint64_t bytes,
-    uint64_t address, bool relaxedOrdering) {
+    const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd, uint64_t offset,
+    uint64_t bytes, uint64_t address, bool relaxedOrdering) {
   if (fd < 0) throw ConfigError("dma-buf fd " + std::to_string(fd) + " is not a file descriptor");
   if (bytes == 0 || address == 0) throw ConfigError("cannot register an empty dma-buf range");
   std::unique_ptr<IbRegistration> out(new IbRegistration(registrar, address, bytes, false));
   out->dmaBufFd_ = Fd(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!out->dmaBufFd_.valid()) {
-    throw Error("dma-buf fd " + std::to_string(fd) + " cannot be duplicated: " + std::strerror(errno));
+    throw Error("dma-buf fd " + std::to_string(fd) +
+                " cannot be duplicated: " + std::strerror(errno));
   }
   const int held = out->dmaBufFd_.get();
   return onEveryDevice(std::move(out), std::move(table), devices, [=](VerbsDevice& device) {
@@ -170,7 +175,8 @@ std::unique_ptr<IbRegistration> IbRegistration::dmaBuf(
 void IbRegistration::reregister(int nic, const std::shared_ptr<VerbsDevice>& device) {
   NicRegion fresh = registerOn(device);
   if (!fresh.region) {
-    RECCL_LOG(kWarn, "re-registering memory on reopened " + device->name() + " failed: " + fresh.refusal);
+    RECCL_LOG(kWarn,
+              "re-registering memory on reopened " + device->name() + " failed: " + fresh.refusal);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   std::swap(nics_.at(static_cast<size_t>(nic)), fresh);

@@ -62,20 +62,22 @@ class IbRegistration : public MemoryRegistration {
   // each device that supports asking (RECCL_IB_RELAXED_ORDERING=auto), here
   // and below. Each device that refuses is skipped (logged); only when every
   // one refuses does this throw, naming each device's reason.
-  static std::unique_ptr<IbRegistration> host(const void* registrar, std::shared_ptr<IbRegistrationTable> table,
-                                              const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                              void* base, uint64_t bytes, bool relaxedOrdering);
+  static std::unique_ptr<IbRegistration> host(
+      const void* registrar, std::shared_ptr<IbRegistrationTable> table,
+      const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* base, uint64_t bytes,
+      bool relaxedOrdering);
   // Registers GPU memory by pointer (peer memory) on every device.
-  static std::unique_ptr<IbRegistration> peer(const void* registrar, std::shared_ptr<IbRegistrationTable> table,
-                                              const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                              void* address, uint64_t bytes, bool relaxedOrdering);
+  static std::unique_ptr<IbRegistration> peer(
+      const void* registrar, std::shared_ptr<IbRegistrationTable> table,
+      const std::vector<std::shared_ptr<VerbsDevice>>& devices, void* address, uint64_t bytes,
+      bool relaxedOrdering);
   // Registers `bytes` of dma-buf `fd` from `offset` on every device, addressed
   // as `address`. Keeps a duplicate of `fd` (to register again on a reopened
   // device; the caller may close its own).
-  static std::unique_ptr<IbRegistration> dmaBuf(const void* registrar, std::shared_ptr<IbRegistrationTable> table,
-                                                const std::vector<std::shared_ptr<VerbsDevice>>& devices,
-                                                int fd, uint64_t offset, uint64_t bytes, uint64_t address,
-                                                bool relaxedOrdering);
+  static std::unique_ptr<IbRegistration> dmaBuf(
+      const void* registrar, std::shared_ptr<IbRegistrationTable> table,
+      const std::vector<std::shared_ptr<VerbsDevice>>& devices, int fd, uint64_t offset,
+      uint64_t bytes, uint64_t address, bool relaxedOrdering);
   ~IbRegistration() override;
 
   uint64_t address() const override { return address_; }

@@ -23,7 +23,6 @@ constexpr Millis kAsyncWaitBound(60000);
 constexpr Millis kReopenFirstWait(50);
 constexpr Millis kReopenMaxWait(2000);
 
-
 // PCI facts that let chooseBackups() apply the distance cost (docs/design.md §3); devices
 // without a PCI path pair with the next one in order.
 void readDeviceTopology(const VerbsDevice& device, NicInfo& nic) {
@@ -53,7 +52,8 @@ void exchangeWrite(int fd, const uint8_t* bytes, size_t length, Millis timeout, 
 void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
   if (peer.slotCount != IbEndpoint::kDataSlots) {
     throw ProtocolError("QP exchange: " + std::to_string(peer.slotCount) +
-                        " staging slots; this build uses " + std::to_string(IbEndpoint::kDataSlots));
+                        " staging slots; this build uses " +
+                        std::to_string(IbEndpoint::kDataSlots));
   }
   if (peer.role == QpExchange::Role::kReceiver &&
       peer.slotBytes < IbEndpoint::kDataHeadBytes + chunkBytes) {
@@ -64,15 +64,18 @@ void checkPeerRegions(const QpExchange& peer, uint64_t chunkBytes) {
 
 }  // namespace
 
-IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::string bootstrapAddress)
+IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs,
+                         std::string bootstrapAddress)
     : BondedTransport(std::move(config), "RDMA devices"),
-      gidPolicy_{config_.ibGidIndex, config_.ibAddressRange.empty()
-                                         ? std::nullopt
-                                         : std::optional<AddressRange>(AddressRange::parse(config_.ibAddressRange))},
+      gidPolicy_{config_.ibGidIndex,
+                 config_.ibAddressRange.empty()
+                     ? std::nullopt
+                     : std::optional<AddressRange>(AddressRange::parse(config_.ibAddressRange))},
       verbs_(std::move(verbs)),
       bootstrapAddress_(std::move(bootstrapAddress)) {
   if (!verbs_) throw ConfigError("the IB transport needs a verbs provider");
-  std::vector<std::string> names = config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
+  std::vector<std::string> names =
+      config_.ibDevices.empty() ? verbs_->deviceNames() : config_.ibDevices;
   if (names.empty()) {
     throw ConfigError("no RDMA devices found through " + verbs_->describe() +
                       "; the IB transport needs at least one (RECCL_IB_HCA selects them)");
@@ -89,16 +92,18 @@ IbTransport::IbTransport(Config config, std::shared_ptr<VerbsApi> verbs, std::st
   }
   if (config_.ibDevices.empty()) {
     if (opened.empty()) {
-      throw ConfigError("no RDMA device listed by " + verbs_->describe() +
-                        " has an active port; RECCL_IB_HCA names devices to use whatever their state");
+      throw ConfigError(
+          "no RDMA device listed by " + verbs_->describe() +
+          " has an active port; RECCL_IB_HCA names devices to use whatever their state");
     }
     std::stable_sort(opened.begin(), opened.end(), [](const auto& a, const auto& b) {
       return a.first->pciPath() < b.first->pciPath();
     });
   }
   if (opened.size() > kMaxHandleNics) {
-    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) + " NICs per process; " +
-                      std::to_string(opened.size()) + " RDMA devices selected (RECCL_IB_HCA names fewer)");
+    throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
+                      " NICs per process; " + std::to_string(opened.size()) +
+                      " RDMA devices selected (RECCL_IB_HCA names fewer)");
   }
   NicHealth& health = NicHealth::instance();
   for (auto& [device, port] : opened) {
@@ -159,8 +164,8 @@ void IbTransport::watchEvents(int nic) {
       continue;
     }
     RECCL_LOG(kInfo, "async event on " + nics_[nic].name + ": " + asyncEventName(event.type));
-    const bool portEvent = event.type == AsyncEventType::kPortError ||
-                           event.type == AsyncEventType::kPortActive;
+    const bool portEvent =
+        event.type == AsyncEventType::kPortError || event.type == AsyncEventType::kPortActive;
     if (portEvent && event.port != IbEndpoint::kPort) continue;  // a port we do not use
     switch (event.type) {
       case AsyncEventType::kPortError:
@@ -192,7 +197,8 @@ void IbTransport::watchEvents(int nic) {
 
 void IbTransport::reopen(int nic) {
   const std::string& name = nics_[nic].name;
-  RECCL_LOG(kWarn, "fatal error on RDMA device " + name + ": its paths fail over; reopening it once it is back");
+  RECCL_LOG(kWarn, "fatal error on RDMA device " + name +
+                       ": its paths fail over; reopening it once it is back");
   Millis wait = kReopenFirstWait;
   for (;;) {
     {
@@ -245,16 +251,19 @@ std::vector<std::shared_ptr<VerbsDevice>> IbTransport::devices() const {
 std::unique_ptr<MemoryRegistration> IbTransport::registerMemory(void* base, uint64_t bytes) {
   if (!config_.ibZeroCopy) return nullptr;
   std::lock_guard<std::mutex> registering(registerMutex_);
-  return IbRegistration::host(this, registrations_, devices(), base, bytes, config_.ibRelaxedOrdering);
+  return IbRegistration::host(this, registrations_, devices(), base, bytes,
+                              config_.ibRelaxedOrdering);
 }
 
 std::unique_ptr<MemoryRegistration> IbTransport::registerDeviceMemory(void* address,
                                                                       uint64_t bytes) {
   if (!config_.ibZeroCopy) {
-    throw Error("GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
+    throw Error(
+        "GPU memory travels only by direct placement, which RECCL_IB_ZERO_COPY=off disables");
   }
   std::lock_guard<std::mutex> registering(registerMutex_);
-  return IbRegistration::peer(this, registrations_, devices(), address, bytes, config_.ibRelaxedOrdering);
+  return IbRegistration::peer(this, registrations_, devices(), address, bytes,
+                              config_.ibRelaxedOrdering);
 }
 
 void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint64_t address,
@@ -275,7 +284,8 @@ void IbTransport::flushDeviceWrites(const MemoryRegistration& registration, uint
     std::unique_ptr<IbFlusher>& flusher = flushers_[static_cast<size_t>(nic)];
     try {
       if (!flusher) {
-        flusher = std::make_unique<IbFlusher>(device(nic), gidPolicy_, config_.ibTimeout, config_.ibRetryCount);
+        flusher = std::make_unique<IbFlusher>(device(nic), gidPolicy_, config_.ibTimeout,
+                                              config_.ibRetryCount);
       }
       flusher->flush(address, *rkey, Millis(config_.heartbeatMs));
       return true;
@@ -346,7 +356,8 @@ Acceptor::Verdict IbTransport::authenticate(const HelloBody& hello) {
   // A device that is down accepts nothing, as a dead link would; otherwise a
   // peer could fail back onto it.
   NicHealth& health = NicHealth::instance();
-  if (!health.usable(healthIds_.at(hello.receiverNic))) return {Verdict::kDecline, "RDMA device is down"};
+  if (!health.usable(healthIds_.at(hello.receiverNic)))
+    return {Verdict::kDecline, "RDMA device is down"};
   if (health.blackholed(healthIds_.at(hello.receiverNic))) {
     return {Verdict::kDecline, "RDMA device is blackholed"};
   }
@@ -363,8 +374,9 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     exchangeRead(socket.get(), bytes, sizeof(bytes), timeout, "sender's QP description");
     QpExchange remote = decodeQpExchange(bytes, sizeof(bytes), QpExchange::Role::kSender);
     checkPeerRegions(remote, static_cast<uint64_t>(config_.chunkBytes));
-    auto endpoint = std::make_unique<IbEndpoint>(device(nic), IbEndpoint::Role::kReceiver,
-                                                 config_.chunkBytes, static_cast<uint32_t>(ids_.next()));
+    auto endpoint =
+        std::make_unique<IbEndpoint>(device(nic), IbEndpoint::Role::kReceiver, config_.chunkBytes,
+                                     static_cast<uint32_t>(ids_.next()));
     QpExchange local = endpoint->describe(gidPolicy_);
     std::vector<uint8_t> mine = encodeQpExchange(local);
     // Link layers that differ fail connect() below; the sender learns it from
@@ -376,10 +388,9 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
     uint8_t ready = 0;
     exchangeRead(socket.get(), &ready, 1, timeout, "sender's ready byte");
     if (ready != kQpReadyByte) throw ProtocolError("QP exchange: bad ready byte");
-    path = std::make_shared<IbPath>(std::move(endpoint), remote, nic, hello.senderNic,
-                                    healthIds_.at(nic), peerHost,
-                                    pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic),
-                                    config_);
+    path = std::make_shared<IbPath>(
+        std::move(endpoint), remote, nic, hello.senderNic, healthIds_.at(nic), peerHost,
+        pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_);
   } catch (const ProtocolError& error) {
     NicHealth::instance().countRejectedHandshake();
     RECCL_LOG(kWarn, "IB path from " + peer + " rejected: " + error.what());
@@ -391,8 +402,9 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
   std::shared_ptr<Listener> listener = listeners_.find(hello.listenId);
   if (!listener) return;
   PathCandidate nics{nic, hello.senderNic, hello.pathIndex < 2};
-  listener->adoptPath(hello, nics, std::move(path), [&] { return connectionEnv(peerHost); },
-                      config_.chunkBytes, supervisor_.get(), listener);
+  listener->adoptPath(
+      hello, nics, std::move(path), [&] { return connectionEnv(peerHost); }, config_.chunkBytes,
+      supervisor_.get(), listener);
 }
 
 std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
@@ -411,8 +423,9 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
   Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error, &peerTransport);
   if (!socket.valid()) return nullptr;
   try {
-    auto endpoint = std::make_unique<IbEndpoint>(device(nics.localNic), IbEndpoint::Role::kSender,
-                                                 handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
+    auto endpoint =
+        std::make_unique<IbEndpoint>(device(nics.localNic), IbEndpoint::Role::kSender,
+                                     handle.chunkBytes, static_cast<uint32_t>(ids_.next()));
     std::vector<uint8_t> mine = encodeQpExchange(endpoint->describe(gidPolicy_));
     exchangeWrite(socket.get(), mine.data(), mine.size(), timeout, "QP description");
     uint8_t bytes[kQpExchangeBytes];
@@ -422,14 +435,13 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
     endpoint->connect(peer, config_.ibTimeout, config_.ibRetryCount, route());
     endpoint->probe(peer, timeout);
     exchangeWrite(socket.get(), &kQpReadyByte, 1, timeout, "ready byte");
-    return std::make_shared<IbPath>(std::move(endpoint), peer, nics.localNic, nics.remoteNic,
-                                    healthIds_.at(nics.localNic),
-                                    remote.address + "#" + std::to_string(nics.remoteNic),
-                                    pairs_.join(healthIds_.at(nics.localNic), peerTransport, nics.remoteNic),
-                                    config_);
+    return std::make_shared<IbPath>(
+        std::move(endpoint), peer, nics.localNic, nics.remoteNic, healthIds_.at(nics.localNic),
+        remote.address + "#" + std::to_string(nics.remoteNic),
+        pairs_.join(healthIds_.at(nics.localNic), peerTransport, nics.remoteNic), config_);
   } catch (const Error& e) {
-    *error = "IB path " + local.name + "->" + remote.address + "#" + std::to_string(nics.remoteNic) +
-             ": " + e.what();
+    *error = "IB path " + local.name + "->" + remote.address + "#" +
+             std::to_string(nics.remoteNic) + ": " + e.what();
     return nullptr;
   }
 }

@@ -84,7 +84,8 @@ class IbTransport : public BondedTransport {
 
   // RECCL_IB_TC / RECCL_IB_SL, for every QP this transport connects.
   QpRoute route() const {
-    return {static_cast<uint8_t>(config_.ibTrafficClass), static_cast<uint8_t>(config_.ibServiceLevel)};
+    return {static_cast<uint8_t>(config_.ibTrafficClass),
+            static_cast<uint8_t>(config_.ibServiceLevel)};
   }
   const GidPolicy gidPolicy_;  // RECCL_IB_GID_INDEX, RECCL_IB_ADDR_RANGE
   const std::shared_ptr<VerbsApi> verbs_;
@@ -95,7 +96,8 @@ class IbTransport : public BondedTransport {
   // Held while registering and while a reopen swaps a device and registers
   // again, so no registration misses the reopened device.
   std::mutex registerMutex_;
-  const std::shared_ptr<IbRegistrationTable> registrations_ = std::make_shared<IbRegistrationTable>();
+  const std::shared_ptr<IbRegistrationTable> registrations_ =
+      std::make_shared<IbRegistrationTable>();
   std::unique_ptr<Acceptor> acceptor_;
   uint64_t healthToken_ = 0;
   std::atomic<bool> stopping_{false};
@@ -103,7 +105,6 @@ class IbTransport : public BondedTransport {
   JobThreads jobs_;
   std::mutex flushMutex_;
   std::vector<std::unique_ptr<IbFlusher>> flushers_;  // by NIC, made on first use
-
 };
 
 }  // namespace reccl

@@ -67,8 +67,8 @@ QpExchange decodeQpExchange(const uint8_t* bytes, size_t length, QpExchange::Rol
         std::to_string(kProtocolVersion));
   }
   if (wire.role != static_cast<uint8_t>(role)) {
-    bad(std::string("expected the ") + (role == QpExchange::Role::kSender ? "sender's" : "receiver's") +
-        " description");
+    bad(std::string("expected the ") +
+        (role == QpExchange::Role::kSender ? "sender's" : "receiver's") + " description");
   }
   if (wire.mtu < 1 || wire.mtu > 5) bad("MTU enum " + std::to_string(wire.mtu) + " not in 1..5");
   if (wire.qpNumber == 0 || wire.qpNumber >= (1u << 24)) {
@@ -80,7 +80,8 @@ QpExchange decodeQpExchange(const uint8_t* bytes, size_t length, QpExchange::Rol
   }
   if (wire.regionAddress == 0) bad("null region address");
   if (wire.slotCount == 0 || wire.slotCount > kMaxIbSlots) {
-    bad("slot count " + std::to_string(wire.slotCount) + " not in 1.." + std::to_string(kMaxIbSlots));
+    bad("slot count " + std::to_string(wire.slotCount) + " not in 1.." +
+        std::to_string(kMaxIbSlots));
   }
   if (role == QpExchange::Role::kSender && wire.slotBytes != sizeof(uint64_t)) {
     bad("CTS FIFO entries of " + std::to_string(wire.slotBytes) + " bytes; they are 8");

@@ -19,12 +19,12 @@ struct QpExchange {
   enum class Role : uint8_t { kSender = 0, kReceiver = 1 };
   Role role = Role::kSender;
   QpPeer qp;                   // qp.global: decided by the receiving end (IbEndpoint::connect)
-  bool ethernet = true;        // link layer of the describing port: Ethernet (RoCE) or InfiniBand
+  bool ethernet = true;  // link layer of the describing port: Ethernet (RoCE) or InfiniBand
   int mtu = 3;
   uint64_t regionAddress = 0;  // sender: CTS FIFO; receiver: staging ring
   uint32_t rkey = 0;
   uint32_t slotCount = 0;
-  uint32_t slotBytes = 0;      // sender: one FIFO entry (8); receiver: one ring slot
+  uint32_t slotBytes = 0;  // sender: one FIFO entry (8); receiver: one ring slot
 };
 
 constexpr size_t kQpExchangeBytes = 64;

@@ -199,7 +199,7 @@ class VerbsDevice {
   // The device's PCI path (/sys/class/infiniband/<name>/device resolved), ""
   // where there is none.
   virtual std::string pciPath() const = 0;
-  virtual PortAttributes queryPort(int port) = 0;        // ibv_query_port
+  virtual PortAttributes queryPort(int port) = 0;  // ibv_query_port
   // ibv_query_gid_table (rdma-core v30+): every valid entry of the port's
   // table in one call, each with the type the kernel gives it. false, with the
   // reason in `why`, where the library lacks it or the call fails.
@@ -212,7 +212,8 @@ class VerbsDevice {
   // (only where supportsRelaxedOrdering): ibv_reg_mr_iova2 with
   // IBV_ACCESS_RELAXED_ORDERING, an optional flag a device may ignore.
   virtual std::unique_ptr<VerbsMemoryRegion> registerMemory(void* address, size_t bytes,
-                                                            bool remoteWrite, bool relaxedOrdering) = 0;
+                                                            bool remoteWrite,
+                                                            bool relaxedOrdering) = 0;
   // Whether the library can ask for relaxed ordering (ibv_reg_mr_iova2,
   // rdma-core v29+: the plain ibv_reg_mr symbol rejects optional flags).
   virtual bool supportsRelaxedOrdering() const = 0;
@@ -221,22 +222,24 @@ class VerbsDevice {
   // `fd` from `offset`, which the NIC addresses as [iova, iova + bytes).
   // Throws Error when the provider cannot (supportsDmaBuf says why).
   virtual std::unique_ptr<VerbsMemoryRegion> registerDmaBuf(int fd, uint64_t offset, size_t bytes,
-                                                            uint64_t iova, bool relaxedOrdering) = 0;
+                                                            uint64_t iova,
+                                                            bool relaxedOrdering) = 0;
   // ibv_reg_mr on a device (GPU) pointer, local + remote write + remote read: works only
   // where a peer-memory module (nvidia-peermem) lets the NIC map it.
   virtual std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
                                                                 bool relaxedOrdering) = 0;
   // Whether registerDmaBuf can work (rdma-core older than v34 lacks it).
   virtual bool supportsDmaBuf(std::string* why) const = 0;
-  virtual std::unique_ptr<VerbsCompletionChannel> createCompletionChannel() = 0;  // ibv_create_comp_channel
+  virtual std::unique_ptr<VerbsCompletionChannel>
+  createCompletionChannel() = 0;  // ibv_create_comp_channel
   // ibv_create_cq; its events go to `channel` (which must outlive it), or
   // nowhere when it is nullptr (a CQ only ever polled).
   virtual std::unique_ptr<VerbsCompletionQueue> createCompletionQueue(
       int depth, VerbsCompletionChannel* channel) = 0;
   // ibv_create_qp, type RC.
   virtual std::unique_ptr<VerbsQueuePair> createQueuePair(VerbsCompletionQueue* sendCq,
-                                                          VerbsCompletionQueue* recvCq,
-                                                          int maxSend, int maxRecv) = 0;
+                                                          VerbsCompletionQueue* recvCq, int maxSend,
+                                                          int maxRecv) = 0;
   // ibv_get_async_event + ibv_ack_async_event, waiting at most `timeout`;
   // false without an event on timeout or once interrupted.
   virtual bool waitAsyncEvent(AsyncEvent* event, Millis timeout) = 0;

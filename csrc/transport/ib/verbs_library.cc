@@ -64,14 +64,15 @@ struct Functions {
                                   int access);
   RegDmaBufMr regDmaBufMr = nullptr;
   // Optional (rdma-core v29+): what ibv_reg_mr becomes with optional access flags.
-  using RegMrIova2 = ibv_mr* (*)(ibv_pd*, void* address, size_t length, uint64_t iova, unsigned int access);
+  using RegMrIova2 = ibv_mr* (*)(ibv_pd*, void* address, size_t length, uint64_t iova,
+                                 unsigned int access);
   RegMrIova2 regMrIova2 = nullptr;
   // Optional (rdma-core v30+): _ibv_query_gid_table / _ibv_query_gid_ex, the
   // symbols behind the inline ibv_query_gid_table / ibv_query_gid_ex.
   using QueryGidTable = ssize_t (*)(ibv_context*, void* entries, size_t maxEntries, uint32_t flags,
                                     size_t entrySize);
-  using QueryGidEx = int (*)(ibv_context*, uint32_t port, uint32_t index, void* entry, uint32_t flags,
-                             size_t entrySize);
+  using QueryGidEx = int (*)(ibv_context*, uint32_t port, uint32_t index, void* entry,
+                             uint32_t flags, size_t entrySize);
   QueryGidTable queryGidTable = nullptr;
   QueryGidEx queryGidEx = nullptr;
 
@@ -216,7 +217,8 @@ class SystemQueuePair : public VerbsQueuePair {
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = static_cast<uint8_t>(port);
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    attr.qp_access_flags =
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     modify(&attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
   void toReadyToReceive(const QpPeer& peer, int port, int gidIndex, int mtu,
@@ -312,7 +314,10 @@ class SystemQueuePair : public VerbsQueuePair {
 class SystemDevice : public VerbsDevice {
  public:
   SystemDevice(std::shared_ptr<Functions> fn, std::string name, ibv_context* context, ibv_pd* pd)
-      : fn_(std::move(fn)), name_(std::move(name)), context_(context), pd_(pd),
+      : fn_(std::move(fn)),
+        name_(std::move(name)),
+        context_(context),
+        pd_(pd),
         interrupt_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     if (interrupt_ < 0) {
       const int error = errno;
@@ -354,9 +359,11 @@ class SystemDevice : public VerbsDevice {
       *why = "libibverbs.so.1 has no ibv_query_gid_table (rdma-core older than v30)";
       return false;
     }
-    std::vector<GidTableEntry> entries(static_cast<size_t>(std::max(queryPort(port).gidTableLength, 1)) *
-                                       4);  // every port's entries come back
-    const ssize_t count = fn_->queryGidTable(context_, entries.data(), entries.size(), 0, sizeof(GidTableEntry));
+    std::vector<GidTableEntry> entries(
+        static_cast<size_t>(std::max(queryPort(port).gidTableLength, 1)) *
+        4);  // every port's entries come back
+    const ssize_t count =
+        fn_->queryGidTable(context_, entries.data(), entries.size(), 0, sizeof(GidTableEntry));
     if (count < 0) {
       *why = errnoText("ibv_query_gid_table", static_cast<int>(-count));
       return false;
@@ -376,8 +383,8 @@ class SystemDevice : public VerbsDevice {
     entry.index = index;
     if (fn_->queryGidEx != nullptr) {
       GidTableEntry raw{};
-      const int rc = fn_->queryGidEx(context_, static_cast<uint32_t>(port), static_cast<uint32_t>(index),
-                                     &raw, 0, sizeof(raw));
+      const int rc = fn_->queryGidEx(context_, static_cast<uint32_t>(port),
+                                     static_cast<uint32_t>(index), &raw, 0, sizeof(raw));
       if (rc == ENODATA) return entry;  // an empty entry: all-zero, unused
       if (rc != 0) throw Error(errnoText("ibv_query_gid_ex", rc));
       std::memcpy(entry.gid.data(), raw.gid, 16);
@@ -411,7 +418,8 @@ class SystemDevice : public VerbsDevice {
   bool supportsRelaxedOrdering() const override { return fn_->regMrIova2 != nullptr; }
   std::unique_ptr<VerbsMemoryRegion> registerPeerMemory(void* address, size_t bytes,
                                                         bool relaxedOrdering) override {
-    ibv_mr* mr = regMr(address, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+    ibv_mr* mr = regMr(address, bytes,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
                        relaxedOrdering);
     if (mr == nullptr) {
       throw Error(errnoText("ibv_reg_mr of GPU memory", errno) +
@@ -495,7 +503,8 @@ class SystemDevice : public VerbsDevice {
   bool waitAsyncEvent(AsyncEvent* event, Millis timeout) override {
     pollfd fds[2] = {{context_->async_fd, POLLIN, 0}, {interrupt_, POLLIN, 0}};
     if (::poll(fds, 2, static_cast<int>(timeout.count())) <= 0) return false;
-    if (fds[1].revents != 0 || (fds[0].revents & POLLIN) == 0) return false;  // interrupted (it stays readable)
+    if (fds[1].revents != 0 || (fds[0].revents & POLLIN) == 0)
+      return false;  // interrupted (it stays readable)
     ibv_async_event raw{};
     if (fn_->getAsyncEvent(context_, &raw) != 0) return false;
     switch (raw.event_type) {
@@ -509,8 +518,8 @@ class SystemDevice : public VerbsDevice {
       case IBV_EVENT_CQ_ERR: event->type = AsyncEventType::kCqError; break;
       default: event->type = AsyncEventType::kOther; break;
     }
-    bool portEvent = raw.event_type == IBV_EVENT_PORT_ACTIVE || raw.event_type == IBV_EVENT_PORT_ERR ||
-                     raw.event_type == IBV_EVENT_GID_CHANGE;
+    bool portEvent = raw.event_type == IBV_EVENT_PORT_ACTIVE ||
+                     raw.event_type == IBV_EVENT_PORT_ERR || raw.event_type == IBV_EVENT_GID_CHANGE;
     event->port = portEvent ? raw.element.port_num : 0;
     fn_->ackAsyncEvent(&raw);
     return true;
@@ -548,9 +557,9 @@ class SystemVerbs : public VerbsApi {
   std::string describe() const override { return "libibverbs.so.1"; }
   bool peerMemoryLoaded(std::string* why) const override {
     // Where NCCL looks too: the module's version file.
-    for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
-                             "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
-                             "/sys/module/nvidia_peermem/version"}) {
+    for (const char* path :
+         {"/sys/kernel/mm/memory_peers/nv_mem/version",
+          "/sys/kernel/mm/memory_peers/nv_mem_nc/version", "/sys/module/nvidia_peermem/version"}) {
       if (::access(path, F_OK) == 0) return true;
     }
     *why = "no peer-memory module (nvidia-peermem: /sys/module/nvidia_peermem) is loaded";
@@ -583,8 +592,8 @@ class SystemVerbs : public VerbsApi {
     if (list != nullptr) fn_->freeDeviceList(list);
     if (context == nullptr) {
       if (!found) {
-        throw ConfigError("no RDMA device '" + name + "'; devices: " +
-                          (known.empty() ? "(none)" : known));
+        throw ConfigError("no RDMA device '" + name +
+                          "'; devices: " + (known.empty() ? "(none)" : known));
       }
       throw Error(errnoText("ibv_open_device", openError));
     }
@@ -605,9 +614,12 @@ void initForkProtection(void* handle) {
   ForkState state = ForkState::kUnknown;
   // ibv_is_fork_initialized (rdma-core v35+) returns enum ibv_fork_status:
   // 0 disabled, 1 enabled, 2 unneeded; typed here so older headers build too.
-  if (auto isForkInitialized = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_is_fork_initialized"))) {
+  if (auto isForkInitialized =
+          reinterpret_cast<int (*)()>(dlsym(handle, "ibv_is_fork_initialized"))) {
     const int status = isForkInitialized();
-    state = status == 1 ? ForkState::kEnabled : status == 2 ? ForkState::kUnneeded : ForkState::kDisabled;
+    state = status == 1   ? ForkState::kEnabled
+            : status == 2 ? ForkState::kUnneeded
+                          : ForkState::kDisabled;
   }
   if (!needsForkInit(state, std::getenv("RDMAV_FORK_SAFE"), std::getenv("IBV_FORK_SAFE"))) return;
   auto forkInit = reinterpret_cast<int (*)()>(dlsym(handle, "ibv_fork_init"));
@@ -673,8 +685,9 @@ std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
 bool verbsHeadersCompiledIn() { return false; }
 
 std::shared_ptr<VerbsApi> loadSystemVerbs(std::string* error) {
-  *error = "this build of reccl has no verbs support: it was compiled without the libibverbs "
-           "headers (install libibverbs-dev and rebuild)";
+  *error =
+      "this build of reccl has no verbs support: it was compiled without the libibverbs "
+      "headers (install libibverbs-dev and rebuild)";
   return nullptr;
 }
 

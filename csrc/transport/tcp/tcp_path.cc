@@ -118,7 +118,8 @@ void TcpPath::registerSocketLocked(size_t index, int64_t now) {
 bool TcpPath::attachData(size_t slot, Fd fd) {
   const size_t index = 1 + slot;
   std::lock_guard<std::mutex> lock(attachMutex_);
-  if (index >= sockets_.size() || sockets_[index].fd.valid() || stop_.load() || sealed_) return false;
+  if (index >= sockets_.size() || sockets_[index].fd.valid() || stop_.load() || sealed_)
+    return false;
   setNoDelay(fd.get());
   setNonBlocking(fd.get(), true);
   sockets_[index].fd = std::move(fd);
@@ -391,8 +392,8 @@ void TcpPath::controlTimer() {
   const int64_t heardNs = std::max(pair_->lastHeardNs(), watchedSinceNs_);
   const int64_t silentNs = now - heardNs;
   if (silentNs > heartbeat_.count() * 1000000LL) {
-    fail(Reason::kTimeout, "no heartbeat from " + peer_ + " for " +
-                               std::to_string(silentNs / 1000000) + " ms");
+    fail(Reason::kTimeout,
+         "no heartbeat from " + peer_ + " for " + std::to_string(silentNs / 1000000) + " ms");
     return;
   }
   const Clock::time_point silenceDeadline = atNs(heardNs) + heartbeat_ + Millis(1);
@@ -424,7 +425,8 @@ void TcpPath::controlTimer() {
   }
   // Next: the beat, or the moment the pair's silence would fail the path.
   Clock::time_point next = std::min(nextBeat_, silenceDeadline);
-  if (writeStuckSinceNs != 0) next = std::min(next, atNs(writeStuckSinceNs) + heartbeat_ + Millis(1));
+  if (writeStuckSinceNs != 0)
+    next = std::min(next, atNs(writeStuckSinceNs) + heartbeat_ + Millis(1));
   control.loop->setDeadline(control.id, next, dark);
 }
 

@@ -72,7 +72,8 @@ class TcpPath : public Path {
   static constexpr size_t kControl = 0;  // sockets_[0]; data sockets follow
   static constexpr size_t kDataHeadBytes = sizeof(FrameHeader) + sizeof(DataHeader);
   static constexpr size_t kRefHeadBytes = sizeof(FrameHeader) + sizeof(DataRefBody);
-  static_assert(offsetof(DataRefBody, address) == sizeof(DataHeader), "DATA_REF extends DATA's header");
+  static_assert(offsetof(DataRefBody, address) == sizeof(DataHeader),
+                "DATA_REF extends DATA's header");
 
   // Where a data socket is in its current frame.
   enum class DataPhase {
@@ -91,14 +92,14 @@ class TcpPath : public Path {
     DataPhase phase = DataPhase::kIdle;
     uint8_t head[kRefHeadBytes] = {};
     size_t headBytes = kDataHeadBytes;  // the current frame's head: DATA's, or DATA_REF's once seen
-    size_t moved = 0;        // bytes of head, then of payload, moved so far
+    size_t moved = 0;  // bytes of head, then of payload, moved so far
     DataHeader header{};
     const uint8_t* payload = nullptr;  // writer: the chunk's bytes
-    uint8_t* target = nullptr;         // reader: where the payload goes; null = drop
+    uint8_t* target = nullptr;  // reader: where the payload goes; null = drop
     int64_t lastProgressNs = 0;
-    bool carried = false;      // reader: some byte arrived on it
+    bool carried = false;  // reader: some byte arrived on it
     bool writerArmed = false;  // writer: polled for EPOLLOUT (guarded by queueMutex_)
-    bool joined = false;       // registered with its loop and usable (guarded by queueMutex_)
+    bool joined = false;  // registered with its loop and usable (guarded by queueMutex_)
   };
 
   // Event handling, each on the socket's loop thread.
@@ -152,7 +153,7 @@ class TcpPath : public Path {
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   const std::shared_ptr<NicPairLiveness> pair_;
-  const std::shared_ptr<SameHostWindow> window_;        // sender, same-host reads on
+  const std::shared_ptr<SameHostWindow> window_;  // sender, same-host reads on
   const std::shared_ptr<const PeerMemory> peerMemory_;  // receiver, same-host reads on
 
   // Control frames being read (the control socket's loop thread only).
@@ -178,13 +179,13 @@ class TcpPath : public Path {
   mutable std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
   size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
-  std::mutex joinMutex_;   // concurrent stopAndJoin calls: one unregisters, the other waits
+  std::mutex joinMutex_;  // concurrent stopAndJoin calls: one unregisters, the other waits
   bool joined_ = false;
   // Guards the sockets' fd and loop against a late attachData (held only
   // around registrations and shutdown's sweep, never while a loop is waited on).
   std::mutex attachMutex_;
   bool started_ = false;  // start() registered the sockets present (attachMutex_)
-  bool sealed_ = false;   // stopAndJoin took the registrations: no more (attachMutex_)
+  bool sealed_ = false;  // stopAndJoin took the registrations: no more (attachMutex_)
   std::function<void()> grow_;
   bool growAsked_ = false;  // queueMutex_
 };

@@ -18,7 +18,8 @@ constexpr size_t kMaxPartialPaths = 256;
 }  // namespace
 
 std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
-                                             int pathIndex, PathCandidate nics, std::string* error) {
+                                             int pathIndex, PathCandidate nics,
+                                             std::string* error) {
   const NicInfo& local = nics_.at(nics.localNic);
   const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
   const Millis timeout(config_.connectTimeoutMs);
@@ -51,11 +52,12 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   Fd control = std::move(sockets.front());
   std::vector<Fd> data(config_.socketsPerPath);
   data[0] = std::move(sockets[1]);
-  auto path = std::make_shared<TcpPath>(
-      TcpPath::Role::kSender, std::move(control), std::move(data), nics.localNic, nics.remoteNic,
-      healthId(nics.localNic), remote.address,
-      pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic), config_,
-      sameHostReads ? window : nullptr);
+  auto path =
+      std::make_shared<TcpPath>(TcpPath::Role::kSender, std::move(control), std::move(data),
+                                nics.localNic, nics.remoteNic, healthId(nics.localNic),
+                                remote.address,
+                                pairs_.join(healthId(nics.localNic), peerTransport, nics.remoteNic),
+                                config_, sameHostReads ? window : nullptr);
   if (!later.empty()) {
     std::weak_ptr<TcpPath> weak = path;
     path->setGrow([this, weak, address = local.address, remote, later = std::move(later), timeout] {
@@ -66,10 +68,12 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
         if (!grown) return;
         if (extra.empty()) {
           // Not a path failure: the path goes on with the sockets it has.
-          RECCL_LOG(kInfo, "path to " + remote.address + " keeps its first data socket only: " + why);
+          RECCL_LOG(kInfo,
+                    "path to " + remote.address + " keeps its first data socket only: " + why);
           return;
         }
-        for (size_t i = 0; i < extra.size(); ++i) grown->attachData(later[i].socketIndex, std::move(extra[i]));
+        for (size_t i = 0; i < extra.size(); ++i)
+          grown->attachData(later[i].socketIndex, std::move(extra[i]));
       });
     });
   }
@@ -97,7 +101,9 @@ TcpTransport::TcpTransport(Config config) : BondedTransport(std::move(config), "
         nics_[i].address, nics_[i].name, transportId_, Millis(config_.connectTimeoutMs),
         [this, nic](const HelloBody& hello) { return authenticate(nic, hello); },
         [this, nic](const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
-                    const std::string& peer) { admit(nic, hello, verdict, std::move(socket), peer); }));
+                    const std::string& peer) {
+          admit(nic, hello, verdict, std::move(socket), peer);
+        }));
   }
   linkMonitor_ = std::make_unique<LinkMonitor>(std::move(watched));
   healthToken_ = forwardNicHealth(supervisor_.get(), healthIds_);
@@ -135,14 +141,16 @@ void TcpTransport::dropExpiredPartials() {
   // A round's wakeBy() lasts one round: ask again for the partials still due.
   if (next != Clock::time_point::max()) supervisor_->wakeBy(next + Millis(1));
   for (const auto& partial : expired) {
-    RECCL_LOG(kInfo, "dropping a path from " + partial.peer + ": its first sockets did not all arrive within " +
+    RECCL_LOG(kInfo, "dropping a path from " + partial.peer +
+                         ": its first sockets did not all arrive within " +
                          std::to_string(config_.connectTimeoutMs) + " ms");
   }
 }
 
 std::vector<HandleEndpoint> TcpTransport::listenEndpoints() const {
   std::vector<HandleEndpoint> endpoints;
-  for (size_t i = 0; i < nics_.size(); ++i) endpoints.push_back({nics_[i].address, acceptors_[i]->port()});
+  for (size_t i = 0; i < nics_.size(); ++i)
+    endpoints.push_back({nics_[i].address, acceptors_[i]->port()});
   return endpoints;
 }
 
@@ -170,7 +178,8 @@ bool TcpTransport::takeSameHostOffer(const HelloBody& hello) {
     return false;
   }
   std::string why;
-  if (PeerMemory(static_cast<pid_t>(hello.pid), hello.refWord, hello.refToken, nullptr).tokenHolds(&why)) {
+  if (PeerMemory(static_cast<pid_t>(hello.pid), hello.refWord, hello.refToken, nullptr)
+          .tokenHolds(&why)) {
     return true;
   }
   if (!sameHostRefusalLogged_.exchange(true)) {
@@ -180,8 +189,8 @@ bool TcpTransport::takeSameHostOffer(const HelloBody& hello) {
   return false;
 }
 
-void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdict& verdict, Fd socket,
-                         const std::string& peer) {
+void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdict& verdict,
+                         Fd socket, const std::string& peer) {
   PartialPath complete;
   bool ready = false;
   Clock::time_point sweepBy = Clock::time_point::max();  // a new partial's deadline
@@ -198,7 +207,8 @@ void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdic
         if (!joining) growing_.erase(live);
       }
     }
-    const bool late = hello.socketKind == static_cast<uint8_t>(SocketKind::kData) && hello.socketIndex > 0;
+    const bool late =
+        hello.socketKind == static_cast<uint8_t>(SocketKind::kData) && hello.socketIndex > 0;
     if (!joining && late) {
       // Only the control socket and the first data socket start a path (dialPath
       // sends them in one round); a later one joins a path at work. Its path is
@@ -237,8 +247,9 @@ void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdic
       *slot = std::move(socket);
       ++partial.have;
       if (verdict.sameHostReads) {
-        partial.peerMemory = std::make_shared<const PeerMemory>(
-            static_cast<pid_t>(hello.pid), hello.refWord, hello.refToken, sameHostUnreadable_);
+        partial.peerMemory =
+            std::make_shared<const PeerMemory>(static_cast<pid_t>(hello.pid), hello.refWord,
+                                               hello.refToken, sameHostUnreadable_);
       }
       // At work once it has its control socket and first data socket; the
       // others join it as they come (growing_).
@@ -268,11 +279,12 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
   const HelloBody hello = partial.hello;
   const bool incomplete = partial.have < partial.data.size() + 1;
   std::string peerHost = partial.peer.substr(0, partial.peer.find(':'));
-  auto path = std::make_shared<TcpPath>(
-      TcpPath::Role::kReceiver, std::move(partial.control), std::move(partial.data), nic,
-      hello.senderNic, healthIds_.at(nic), peerHost,
-      pairs_.join(healthIds_.at(nic), hello.dialerTransport, hello.senderNic), config_, nullptr,
-      std::move(partial.peerMemory));
+  auto path = std::make_shared<TcpPath>(TcpPath::Role::kReceiver, std::move(partial.control),
+                                        std::move(partial.data), nic, hello.senderNic,
+                                        healthIds_.at(nic), peerHost,
+                                        pairs_.join(healthIds_.at(nic), hello.dialerTransport,
+                                                    hello.senderNic),
+                                        config_, nullptr, std::move(partial.peerMemory));
   if (incomplete) {
     // Sockets still to come: they find the path here.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -286,9 +298,9 @@ void TcpTransport::deliver(PartialPath partial, int nic) {
     growing_[PathKey{hello.listenId, hello.connectionId, hello.pathIndex, hello.pathNonce}] = path;
   }
   PathCandidate nics{nic, hello.senderNic, hello.pathIndex < 2};
-  listener->adoptPath(hello, nics, std::move(path), [&] { return connectionEnv(peerHost); },
-                      config_.chunkBytes, supervisor_.get(), listener);
+  listener->adoptPath(
+      hello, nics, std::move(path), [&] { return connectionEnv(peerHost); }, config_.chunkBytes,
+      supervisor_.get(), listener);
 }
-
 
 }  // namespace reccl

@@ -81,15 +81,18 @@ class TcpTransport : public BondedTransport {
   uint64_t healthToken_ = 0;
 
   std::mutex mutex_;
-  using PathKey = std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
+  using PathKey =
+      std::tuple<uint64_t, uint64_t, uint8_t, uint64_t>;  // listen, connection, index, nonce
   std::map<PathKey, PartialPath> partial_;  // dropped at their deadline by partialSweep_
   // Receiving paths that started before all their data sockets arrived.
   std::map<PathKey, std::weak_ptr<TcpPath>> growing_;
   size_t growingSweepAt_ = 64;
   JobThreads dials_;
   bool stopping_ = false;
-  // Set once a peer's payload could not be read though its token could: offers are refused from then on.
-  const std::shared_ptr<std::atomic<bool>> sameHostUnreadable_ = std::make_shared<std::atomic<bool>>(false);
+  // Set once a peer's payload could not be read though its token could: offers are refused from
+  // then on.
+  const std::shared_ptr<std::atomic<bool>> sameHostUnreadable_ =
+      std::make_shared<std::atomic<bool>>(false);
   std::atomic<bool> sameHostRefusalLogged_{false};
 };
 
