@@ -89,7 +89,12 @@ def _install_reccl_as_gloo() -> None:
 
 def _prepare_worker_imports() -> None:
     """Runs at import in the worker and in every rank it spawns (before the suite's import)."""
-    from torch.testing._internal.common_distributed import DistTestCases
+    from torch.testing._internal.common_distributed import TIMEOUT_OVERRIDE, DistTestCases
+
+    # A few tests have longer bounds of their own; --test-timeout bounds them too.
+    bound = int(os.environ.get("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "300"))
+    for name, seconds in TIMEOUT_OVERRIDE.items():
+        TIMEOUT_OVERRIDE[name] = min(seconds, bound)
 
     import torch_reccl  # noqa: F401 - registers "reccl"
 
