@@ -223,6 +223,27 @@ def wait_until(predicate, timeout, interval=0.02):
         time.sleep(interval)
 
 
+class RankProcesses:
+    """Base of a test's rank processes (``self.procs``, one Popen per rank, stderr
+    piped): kills those still running and collects their stderr for a failure message."""
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
+    def logs(self) -> str:
+        self.kill()
+        text = []
+        for rank, proc in enumerate(self.procs):
+            try:
+                _, err = proc.communicate(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort for a failure message
+                err = ""
+            text.append(f"--- rank {rank}\n{(err or '')[-3000:]}")
+        return "\n".join(text)
+
+
 def stop_process(pid: int, timeout: float = 10.0) -> None:
     """SIGSTOPs `pid` and returns once it is really stopped: the signal is
     asynchronous, and a test that goes on at once may still be answered."""

@@ -23,7 +23,7 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-from conftest import HELPERS, REPO
+from conftest import HELPERS, REPO, RankProcesses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
@@ -54,7 +54,7 @@ def fabric():
         fab.down()
 
 
-class Training:
+class Training(RankProcesses):
     """A worker per host; rank 0 prints PAUSE at the given step and waits for "go"."""
 
     _port = 29700
@@ -98,22 +98,6 @@ class Training:
             result.update(json.loads(lines[-1]))
             out.append(result)
         return out
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-
-    def logs(self) -> str:
-        self.kill()
-        text = []
-        for rank, proc in enumerate(self.procs):
-            try:
-                _, err = proc.communicate(timeout=5)
-            except Exception:  # noqa: BLE001 - best effort for a failure message
-                err = ""
-            text.append(f"--- rank {rank}\n{(err or '')[-3000:]}")
-        return "\n".join(text)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-from conftest import HELPERS, REPO
+from conftest import HELPERS, REPO, RankProcesses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
@@ -60,7 +60,7 @@ def emulated_fabric(hosts: int, name: str):
 fabric = emulated_fabric(hosts=2, name="tr")
 
 
-class Run:
+class Run(RankProcesses):
     """One training run: a worker per host; rank 0 pauses at the given steps."""
 
     _port = 29600
@@ -113,22 +113,6 @@ class Run:
             assert proc.returncode == 0, f"rank {rank} failed ({proc.returncode}):\n{stderr[-4000:]}"
             out.append(json.loads(stdout.strip().splitlines()[-1]))
         return out
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-
-    def logs(self) -> str:
-        self.kill()
-        text = []
-        for rank, proc in enumerate(self.procs):
-            try:
-                _, err = proc.communicate(timeout=5)
-            except Exception:  # noqa: BLE001 - best effort for a failure message
-                err = ""
-            text.append(f"--- rank {rank}\n{(err or '')[-3000:]}")
-        return "\n".join(text)
 
 
 @pytest.fixture(scope="module")
