@@ -11,7 +11,7 @@ Loopback (anyone): every rank on 127.0.0.1 + 127.0.0.2 as its two NICs, each
 rank its own host (RECCL_HOST_ID). Emulated fabric (--fabric, root): one rank
 per emulated host, two rails.
 
-    python bench/dead_peer.py [--ranks 4] [--victim 1] [--repeat 3] [--fabric]
+    python bench/dead_peer.py [--ranks 4] [--victim 1] [--repeat 3] [--fabric] [--json PATH]
 """
 from __future__ import annotations
 
@@ -122,6 +122,7 @@ def main() -> int:
     parser.add_argument("--victim", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--fabric", action="store_true", help="one rank per emulated host (root)")
+    parser.add_argument("--json", metavar="PATH", help="also write every run's per-rank seconds and errors here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -136,8 +137,10 @@ def main() -> int:
     print(f"{args.ranks} ranks ({where}), rank {args.victim} killed with SIGKILL; "
           f"seconds from the kill to each surviving rank's exception")
     worst = []
+    runs = []
     for run in range(args.repeat):
         rows = one_run(args, run)
+        runs.append({str(r): {"seconds": t, "error": error} for r, (t, error) in rows.items()})
         times = [t for t, _ in rows.values()]
         worst.append(None if None in times else max(times))
         cells = "  ".join(f"rank {r}: {t if t is not None else 'hung'}" for r, (t, _) in rows.items())
@@ -146,6 +149,10 @@ def main() -> int:
             print(f"    rank {r}: {error}")
     done = [w for w in worst if w is not None]
     print(f"slowest surviving rank per run: {worst}; max {max(done) if done else 'n/a'} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": args.ranks, "victim": args.victim, "fabric": args.fabric, "runs": runs,
+                       "slowest_per_run": worst}, f, indent=1)
     return 0 if len(done) == len(worst) else 1
 
 

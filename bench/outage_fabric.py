@@ -18,7 +18,7 @@ with exact bytes (no error returned to NCCL) and the stall events.
 The group's timeout (`init_process_group(timeout=)`) is set above the outage:
 it bounds every collective. Needs root.
 
-    python bench/outage_fabric.py [--seconds 60] [--what training plugin] [--outage host pair]
+    python bench/outage_fabric.py [--seconds 60] [--what training plugin] [--outage host pair] [--json PATH]
 """
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
+HELPERS = os.path.join(REPO, "tests", "helpers")
 STEPS = 40
 
 
 def default_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
     env["RECCL_NICS"] = "eth0,eth1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, TESTS, os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, HELPERS, os.environ.get("PYTHONPATH")]))
     return env
 
 
@@ -52,7 +52,7 @@ def training(fab, seconds: float, outage, port: int, timeout_s: float) -> dict:
             "--timeout", str(timeout_s)]
     if outage:
         argv += ["--pause", "20"]
-    worker = os.path.join(TESTS, "helpers", "outage_train.py")
+    worker = os.path.join(HELPERS, "outage_train.py")
     procs = [fab.popen(h, [sys.executable, worker, "--rank", str(h)] + argv, env=default_env(),
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for h in range(2)]
@@ -89,7 +89,7 @@ def training(fab, seconds: float, outage, port: int, timeout_s: float) -> dict:
 def plugin(fab, seconds: float) -> dict:
     env = default_env()
     with tempfile.TemporaryDirectory() as tmp:
-        harness = os.path.join(TESTS, "nccl_net_harness.py")
+        harness = os.path.join(HELPERS, "nccl_net_harness.py")
         procs = [fab.popen(host, [sys.executable, harness, "--role", role, "--dir", tmp,
                                   "--deadline", str(seconds + 120)], env=env,
                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"log-{role}"), "w"))
@@ -131,7 +131,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--what", nargs="+", choices=("training", "plugin"), default=["training", "plugin"])
     parser.add_argument("--outage", nargs="+", choices=("host", "pair"), default=["host", "pair"])
+    parser.add_argument("--json", metavar="PATH", help="also write every run's record here")
     args = parser.parse_args()
+    record = {"seconds": args.seconds, "steps": STEPS}
     from torch_reccl.fabric import Fabric
 
     fab = Fabric(hosts=2, rails=2, rate_mbit=2000, name="obn").up()
@@ -141,10 +143,12 @@ def main() -> int:
             timeout_s = max(60.0, args.seconds * 2)
             reference = training(fab, 0, None, port, timeout_s)
             ref_params = {r.get("params") for r in reference["ranks"]}
+            record["fault_free"] = reference
             print(f"fault-free: {STEPS} steps, {reference['wall_s']:.1f} s")
             for outage in args.outage:
                 port += 1
                 run = training(fab, args.seconds, outage, port, timeout_s)
+                record[f"training_{outage}"] = run
                 what = ("host 1 loses every NIC" if outage == "host"
                         else "host 0 loses rail 0, host 1 rail 1")
                 print(f"training, {what} for {args.seconds:g} s: wall {run['wall_s']:.1f} s")
@@ -157,12 +161,16 @@ def main() -> int:
                           f"{'bit-identical' if same else 'DIFFER'}; {stall_line(r['events'])}")
         if "plugin" in args.what:
             results = plugin(fab, args.seconds)
+            record["plugin_host"] = results
             print(f"NCCL plugin stream, host 1 loses every NIC for {args.seconds:g} s:")
             for role, r in results.items():
                 good = f", {r['good']} of 150 messages bit-exact" if "good" in r else ""
                 print(f"  {role}: error {r.get('error')}{good}; {stall_line(r.get('events', []))}")
     finally:
         fab.down()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
     return 0
 
 
