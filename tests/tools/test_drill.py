@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from torch_reccl import cli
 from torch_reccl.drill.schedule import ScheduleError, check_topology, fault_spans, parse_fault, parse_schedule
@@ -167,11 +168,21 @@ def test_fault_spans_pair_starts_with_their_ends():
     (["--hosts", "1"], "needs --hosts >= 2"),
     (["--steps", "0"], "--steps must be >= 1"),
     (["--flap-count", "0"], "--flap-count >= 1"),
+    (["--compare", "nccl"], "--compare nccl is the baseline of --device cuda; with --device cpu compare gloo"),
+    (["--device", "cuda", "--compare", "gloo"],
+     "--compare gloo is the baseline of --device cpu; with --device cuda compare nccl"),
 ])
 def test_cli_refuses_bad_schedules_before_starting_anything(capsys, args, message):
     assert cli.main(["drill", *args]) == 2
     err = capsys.readouterr().err
     assert "reccl drill: error:" in err and message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA GPU: --device cuda is valid here")
+def test_cli_refuses_cuda_without_a_gpu(capsys):
+    assert cli.main(["drill", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert f"--device cuda: this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu" in err, err
 
 
 def test_cli_refuses_bad_durations(capsys):

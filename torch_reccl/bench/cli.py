@@ -50,6 +50,8 @@ from torch_reccl.cli.launch import (
     Job,
     LaunchError,
     LoopbackPlacement,
+    cuda_net_env,
+    cuda_rank_env,
     terminated_by_signal,
     unique_fabric_name,
 )
@@ -64,7 +66,6 @@ MAX_BYTES = 16 << 30
 DEFAULT_TIMEOUT_S = 300.0
 # nccl-tests-style data columns of one variant
 VARIANT_COLUMNS = ("time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong")
-CUDA_NET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
 
 
 # faults a measured run can hold for its whole length (no time, no undoing)
@@ -197,9 +198,7 @@ def check_args(args) -> None:
 
 def variants(args) -> List[Variant]:
     if args.device == "cuda":
-        def env(backend):
-            net = "ReCCL" if backend == "reccl" else "Socket"
-            return {**CUDA_NET_ENV, "NCCL_NET": net}
+        env = cuda_net_env
     else:
         def env(_backend):
             return {}
@@ -244,7 +243,7 @@ def run_variant(variant: Variant, placement, args, sizes, bar, fabric=None) -> L
         argv.append("--pause-before")
 
     def per_rank_env(rank: int) -> Dict[str, str]:
-        return {"NCCL_HOSTID": f"reccl-bench-{rank}"} if args.device == "cuda" else {}
+        return cuda_rank_env(rank, "reccl-bench") if args.device == "cuda" else {}
 
     results: List[dict] = []
     paused = set()

@@ -92,6 +92,27 @@ def spawn_bounded(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
                                f"within {timeout_s:.0f} s; killed")
 
 
+# ---------------------------------------------------------------- CUDA ranks
+
+
+def cuda_net_env(backend: str) -> Dict[str, str]:
+    """The environment of CUDA ranks on one machine over ``backend``: "reccl" is
+    NCCL through torch_reccl's net plugin, "nccl" NCCL's own socket transport.
+    NCCL's peer-to-peer and shared-memory transports are off (with each rank's own
+    NCCL_HOSTID, :func:`cuda_rank_env`) so every byte crosses the network layer as
+    between hosts; NVLink multicast stays off (on a shared GPU machine a program
+    using it can take the host's GPUs out of service)."""
+    if backend not in ("reccl", "nccl"):
+        raise ValueError(f"CUDA ranks run over reccl or nccl, not {backend!r}")
+    return {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+            "NCCL_NET": "ReCCL" if backend == "reccl" else "Socket"}
+
+
+def cuda_rank_env(rank: int, label: str) -> Dict[str, str]:
+    """Rank ``rank``'s own NCCL host: ranks sharing a machine (or a GPU) look like hosts."""
+    return {"NCCL_HOSTID": f"{label}-{rank}"}
+
+
 # ---------------------------------------------------------------- placements
 
 
@@ -140,6 +161,10 @@ class LoopbackPlacement:
             "NCCL_SOCKET_IFNAME": "lo",
         }
 
+    def control_ifname(self) -> str:
+        """The interface of set-up traffic (store, NCCL's bootstrap)."""
+        return "lo"
+
     def popen(self, rank: int, argv: List[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(argv, **kwargs)
 
@@ -172,6 +197,10 @@ class FabricPlacement:
             "GLOO_SOCKET_IFNAME": self.fabric.nic_name(0),
             "NCCL_SOCKET_IFNAME": self.fabric.nic_name(0),
         }
+
+    def control_ifname(self) -> str:
+        """The interface of set-up traffic (store, NCCL's bootstrap): never faulted."""
+        return self.fabric.mgmt_name
 
     def popen(self, rank: int, argv: List[str], **kwargs) -> subprocess.Popen:
         return self.fabric.popen(rank, argv, **kwargs)

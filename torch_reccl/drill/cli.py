@@ -2,7 +2,8 @@
 
     reccl drill [--fault SCHEDULE] [--hosts 2] [--rails 2] [--rate-mbit 200]
                 [--steps N | --duration 30s] [--verify] [--mode auto|fabric|inject]
-                [--compare gloo] [--plot reccl-drill.png | --no-plot] [--json PATH]
+                [--device cpu|cuda] [--compare gloo|nccl]
+                [--plot reccl-drill.png | --no-plot] [--json PATH]
 
 As root, builds an emulated rail-optimized fabric (docs/fabric.md), starts one
 training rank per host (data-parallel over the "reccl" backend on CPU, a small
@@ -18,13 +19,19 @@ torch_reccl.inject_fault on the NIC the schedule names.
 --verify then runs the same number of steps without faults and checks that the
 final parameters are bit-identical.
 
---compare gloo first runs the same job over Gloo (on NIC 0 of each host, as a
-job pinned to one rail) through the same fault schedule on the same fabric,
+--device cuda trains on CUDA tensors with NCCL through torch_reccl's net plugin,
+the path GPU jobs run (ranks share the GPUs round-robin; each is its own NCCL
+host, NCCL's peer-to-peer and shared-memory transports off, so every byte crosses
+the plugin).
+
+--compare gloo (CPU) or --compare nccl (--device cuda: NCCL's own socket
+transport) first runs the same job over that baseline (on NIC 0 of each host, as
+a job pinned to one rail) through the same fault schedule on the same fabric,
 then over reccl, each with its own fault-free reference, and reports for each:
 survived or died (when, with what error), steps completed, longest stall, final
 parameters equal to its fault-free run or not; the plot shows both. Without
-root there is no fault to give Gloo (inject_fault acts inside reccl only): its
-run is then fault-free, and the report says so.
+the emulated fabric there is no fault to give a baseline (inject_fault acts
+inside reccl only): its run is then fault-free, and the report says so.
 
 Fault schedule (--fault may repeat): TARGET:ACTION@WHEN[,...]
   TARGET  railR (NIC R of every host), hHnicR (NIC R of host H), nicR (host 0)
@@ -70,6 +77,20 @@ def parse_duration(text: str) -> float:
 
 
 # ---------------------------------------------------------------- mode
+
+
+BASELINE_NAMES = {"gloo": "Gloo", "nccl": "NCCL's socket transport"}
+
+
+def cuda_problem() -> Optional[str]:
+    """Why CUDA ranks cannot run here, or None (ranks share GPUs: one is enough)."""
+    try:
+        import torch
+    except ImportError as error:
+        return f"torch is not importable: {error}"
+    if not torch.cuda.is_available():
+        return f"this torch ({torch.__version__}) sees no CUDA GPU"
+    return None
 
 
 def fabric_problem() -> Optional[str]:
@@ -299,13 +320,22 @@ def run(args) -> int:
                              f"{args.batch}, {args.width}, {args.depth}")
         if args.stall_timeout <= 0 or args.collective_timeout <= 0:
             raise ValueError("--stall-timeout and --collective-timeout must be > 0 seconds")
+        baselines = {"cpu": "gloo", "cuda": "nccl"}
+        if args.compare and args.compare != baselines[args.device]:
+            raise ValueError(f"--compare {args.compare} is the baseline of --device "
+                             f"{'cpu' if args.compare == 'gloo' else 'cuda'}; with --device {args.device} "
+                             f"compare {baselines[args.device]}")
+        if args.device == "cuda":
+            problem = cuda_problem()
+            if problem:
+                raise ValueError(f"--device cuda: {problem}; use --device cpu")
     except ValueError as error:  # ScheduleError is a ValueError
         print(f"reccl drill: error: {error}", file=sys.stderr)
         return 2
     duration = None if args.steps is not None else (args.duration or DEFAULT_DURATION_S)
     settings = Settings(steps=args.steps, duration_s=duration, batch=args.batch, width=args.width,
                         depth=args.depth, seed=args.seed, stall_timeout_s=args.stall_timeout,
-                        collective_timeout_s=args.collective_timeout,
+                        collective_timeout_s=args.collective_timeout, device=args.device,
                         run_timeout_s=(duration + RUN_SLACK_S) if duration else STEPS_RUN_TIMEOUT_S)
     mode = args.mode
     problem = fabric_problem() if mode in ("auto", "fabric") else None
@@ -369,7 +399,9 @@ def run(args) -> int:
                 how = InjectedFaults.describe() + (
                     " (NIC R is 127.0.0.{R+1}; no rate cap without the fabric)")
             length = f"{settings.steps} steps" if settings.steps else f"{settings.duration_s:g} s"
-            print(f"reccl drill: {where}; training {length}; {how}", file=sys.stderr)
+            tensors = ("CUDA tensors, NCCL through torch_reccl's plugin" if args.device == "cuda"
+                       else "CPU tensors")
+            print(f"reccl drill: {where}; training {length} on {tensors}; {how}", file=sys.stderr)
             print(f"reccl drill: fault schedule: {', '.join(f.text for f in faults) or 'none'}",
                   file=sys.stderr)
 
@@ -392,9 +424,10 @@ def run(args) -> int:
 
             if args.compare:
                 if fabric is None:
-                    # inject_fault acts on reccl's own NICs: Gloo's sockets never see it
-                    baseline_note = ("no fault applied: without root there is no fault to give Gloo "
-                                     "(inject_fault acts inside reccl only); its fault-free baseline")
+                    # inject_fault acts on reccl's own NICs: the baseline's sockets never see it
+                    baseline_note = (f"no fault applied: without the emulated fabric there is no fault "
+                                     f"to give {BASELINE_NAMES[args.compare]} (inject_fault acts inside "
+                                     f"reccl only); its fault-free baseline")
                     print(f"reccl drill: {args.compare}: {baseline_note}", file=sys.stderr)
                 baseline = train(args.compare, args.compare, faults if fabric is not None else [])
                 baseline_reference = check_run(baseline, args.compare)
@@ -471,9 +504,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help=f"train this long (default {DEFAULT_DURATION_S:g}s)")
     parser.add_argument("--verify", action="store_true",
                         help="then run the same steps fault-free and compare parameters bit for bit")
-    parser.add_argument("--compare", choices=("gloo",), default=None,
-                        help="first run the same job and faults over this baseline backend, each "
-                             "backend checked against its own fault-free run")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the reccl backend (default); cuda: NCCL through torch_reccl's plugin")
+    parser.add_argument("--compare", choices=("gloo", "nccl"), default=None,
+                        help="first run the same job and faults over this baseline (gloo for "
+                             "--device cpu, NCCL's socket transport for cuda), each checked "
+                             "against its own fault-free run")
     parser.add_argument("--mode", choices=("auto", "fabric", "inject"), default="auto",
                         help="fabric (root), inject (inject_fault on loopback), auto (default)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, metavar="PATH",

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from torch_reccl.cli.launch import Job, LaunchError
+from torch_reccl.cli.launch import Job, LaunchError, cuda_net_env, cuda_rank_env
 from torch_reccl.drill.schedule import Fault, take_due
 
 TICK_S = 0.05            # how often the driver checks the schedule and the ranks
@@ -35,16 +35,29 @@ class Settings:
     stall_timeout_s: float = 60.0
     run_timeout_s: float = 1800.0
     backend: str = "reccl"
+    device: str = "cpu"
 
     def trainer_argv(self, commands: bool) -> List[str]:
         argv = [sys.executable, "-m", "torch_reccl.drill.trainer", "--batch", str(self.batch),
                 "--width", str(self.width), "--depth", str(self.depth), "--seed", str(self.seed),
-                "--timeout", str(self.collective_timeout_s), "--backend", self.backend]
+                "--timeout", str(self.collective_timeout_s), "--backend", self.backend,
+                "--device", self.device]
         argv += ["--steps", str(self.steps)] if self.steps is not None else \
             ["--duration", str(self.duration_s)]
         if commands:
             argv.append("--commands")
         return argv
+
+    def job_env(self) -> Dict[str, str]:
+        return cuda_net_env(self.backend) if self.device == "cuda" else {}
+
+    def rank_env(self, placement, rank: int) -> Dict[str, str]:
+        if self.device != "cuda":
+            return {}
+        env = cuda_rank_env(rank, "reccl-drill")
+        if self.backend == "reccl":  # NCCL's bootstrap on the never-faulted network; data on the plugin
+            env["NCCL_SOCKET_IFNAME"] = placement.control_ifname()
+        return env
 
 
 @dataclasses.dataclass
@@ -102,7 +115,8 @@ def run_training(label: str, placement, settings: Settings, faults: List[Fault],
     """
     result = RunResult(label=label, world=placement.ranks)
     pending = list(faults)
-    with Job(placement, settings.trainer_argv(commands), commands=commands) as job:
+    with Job(placement, settings.trainer_argv(commands), env=settings.job_env(),
+             per_rank_env=lambda rank: settings.rank_env(placement, rank), commands=commands) as job:
         applier = make_applier(job)
         started = time.monotonic()
         last_step_at = started

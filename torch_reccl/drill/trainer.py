@@ -2,7 +2,12 @@
 
 A small MLP learns a fixed random "teacher" classifier from synthetic data,
 data-parallel over the ``reccl`` backend (or, ``--backend gloo``, the baseline
-the drill compares it with) on CPU tensors: the parameters start
+the drill compares it with) on CPU tensors. With ``--device cuda`` the tensors
+are on the GPU and the group is NCCL's: through torch_reccl's net plugin
+(``--backend reccl``, the path GPU jobs run) or over NCCL's own socket transport
+(``--backend nccl``, the baseline); the driver sets the NCCL environment
+(:func:`torch_reccl.cli.launch.cuda_net_env`), and ranks share GPUs round-robin.
+The parameters start
 as rank 0's, and every step averages the gradients with one all_reduce, as DDP
 does (DDP itself works with reccl too, but it imports torch._dynamo, which
 takes seconds on a small machine). Everything is seeded (the
@@ -44,11 +49,11 @@ def build_model(torch, width: int, depth: int, seed: int):
     return torch.nn.Sequential(*layers)
 
 
-def batch(torch, teacher, seed: int, step: int, rank: int, size: int):
-    """This rank's batch at this step: the same in every run."""
+def batch(torch, teacher, seed: int, step: int, rank: int, size: int, device):
+    """This rank's batch at this step: the same in every run (drawn on the CPU)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
     x = torch.randn(size, INPUTS, generator=g)
-    return x, (x @ teacher).argmax(dim=1)
+    return x.to(device), (x @ teacher).argmax(dim=1).to(device)
 
 
 def average_gradients(torch, dist, params, world: int) -> None:
@@ -75,7 +80,7 @@ def sgd_step(torch, params, momentum, lr: float, beta: float = 0.9) -> None:
 def parameter_digest(model) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -90,12 +95,18 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="bound on every collective (s)")
-    parser.add_argument("--backend", choices=("reccl", "gloo"), default="reccl",
-                        help="the process group's backend (gloo: the baseline, on GLOO_SOCKET_IFNAME)")
+    parser.add_argument("--backend", choices=("reccl", "gloo", "nccl"), default="reccl",
+                        help="reccl; the baselines gloo (CPU, on GLOO_SOCKET_IFNAME) and nccl (CUDA, "
+                             "NCCL's socket transport on NCCL_SOCKET_IFNAME)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: GPU tensors over NCCL (reccl = through torch_reccl's plugin)")
     parser.add_argument("--commands", action="store_true", help="read inject commands on stdin")
     args = parser.parse_args(argv)
     if (args.steps is None) == (args.duration is None):
         parser.error("give exactly one of --steps and --duration")
+    valid = {"cpu": ("reccl", "gloo"), "cuda": ("reccl", "nccl")}[args.device]
+    if args.backend not in valid:
+        parser.error(f"--device {args.device} runs over {' or '.join(valid)}, not {args.backend}")
 
     import torch
     import torch.distributed as dist
@@ -123,9 +134,18 @@ def main(argv=None) -> int:
 
         listen_for_commands(on_command)
 
-    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"--device cuda: this torch ({torch.__version__}) sees no CUDA GPU")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(args.backend, timeout=timeout)
     world = dist.get_world_size()
-    model = build_model(torch, args.width, args.depth, args.seed)
+    model = build_model(torch, args.width, args.depth, args.seed).to(device)
     params = list(model.parameters())
     with torch.no_grad():
         for p in params:
@@ -141,7 +161,7 @@ def main(argv=None) -> int:
     step, loss_value = 0, float("nan")
     while args.steps is None or step < args.steps:
         begin = time.perf_counter()
-        x, y = batch(torch, teacher, args.seed, step, rank, args.batch)
+        x, y = batch(torch, teacher, args.seed, step, rank, args.batch, device)
         for p in params:
             p.grad = None
         loss = loss_fn(model(x), y)
@@ -151,7 +171,7 @@ def main(argv=None) -> int:
         # one small all_reduce: the mean loss, and rank 0's decision to stop
         stop = 1.0 if (rank == 0 and args.duration is not None
                        and time.time() - t0 >= args.duration) else 0.0
-        shared = torch.tensor([loss.item(), stop], dtype=torch.float64)
+        shared = torch.tensor([loss.item(), stop], dtype=torch.float64, device=device)
         dist.all_reduce(shared)
         step += 1
         loss_value = float(shared[0].item()) / world
