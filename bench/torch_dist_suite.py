@@ -4,6 +4,7 @@
     python bench/torch_dist_suite.py                          # world sizes 2, 3, 4, every test
     python bench/torch_dist_suite.py --world-sizes 2 --subset fast
     python bench/torch_dist_suite.py -k all_reduce -k barrier --json out.json
+    python bench/torch_dist_suite.py --world-sizes 4 --shard 0/4 --json s0.json   # a quarter
 
 What runs: ``torch/testing/_internal/distributed/distributed_test.py`` from the
 installed torch (``DistributedTest._DistTestBase``), the way upstream's
@@ -360,6 +361,13 @@ def report(summary: dict, by_mode: Dict[str, Dict[str, dict]], out=sys.stdout) -
         print(f"  {t}  [reccl-as-gloo {line('reccl-as-gloo', t)}]", file=out)
 
 
+def _shard(text: str):
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    return int(match.group(1)), int(match.group(2))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4])
@@ -371,7 +379,10 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                         help="reccl-as-gloo runs the tests that pass on gloo and skip on reccl")
     parser.add_argument("--test-timeout", type=int, default=120, help="seconds per test")
-    parser.add_argument("--json", help="write every result here")
+    parser.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                        help="run every N-th test from the I-th (0 <= I < N) of the sorted list: "
+                             "N invocations with I = 0..N-1 together run the whole selection")
+    parser.add_argument("--json", help="write every result here (rewritten after each mode)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--results", help=argparse.SUPPRESS)
@@ -383,24 +394,32 @@ def main(argv=None) -> int:
     patterns = args.patterns + (FAST_SUBSET if args.subset == "fast" else [])
     started = time.time()
     summaries, all_results = [], {}
+    shard, shards = args.shard
+
+    def save() -> None:
+        if args.json:  # after every mode: a run cut short keeps what it finished
+            with open(args.json, "w") as f:
+                json.dump({"summaries": summaries, "results": all_results, "shard": f"{shard}/{shards}"},
+                          f, indent=1)
+
     for ws in args.world_sizes:
-        tests = list_tests(patterns, args.subset == "gated", ws)
-        print(f"world size {ws}: {len(tests)} tests of the installed torch's suite; per-test "
-              f"timeout {args.test_timeout}s", file=sys.stderr, flush=True)
-        by_mode = {mode: run_mode(mode, ws, tests, args.test_timeout) if mode in args.modes else {}
-                   for mode in ("gloo", "reccl")}
+        tests = list_tests(patterns, args.subset == "gated", ws)[shard::shards]
+        print(f"world size {ws}: {len(tests)} tests of the installed torch's suite (shard {shard}/{shards}); "
+              f"per-test timeout {args.test_timeout}s", file=sys.stderr, flush=True)
+        by_mode = all_results[str(ws)] = {"gloo": {}, "reccl": {}, "reccl-as-gloo": {}}
+        for mode in ("gloo", "reccl"):
+            if mode in args.modes:
+                by_mode[mode] = run_mode(mode, ws, tests, args.test_timeout)
+                save()
         gated = [t for t, r in by_mode["gloo"].items() if r["status"] == "passed"
                  and by_mode["reccl"].get(t, {}).get("status") == "skipped"]
-        by_mode["reccl-as-gloo"] = (run_mode("reccl-as-gloo", ws, gated, args.test_timeout)
-                                    if gated and "reccl-as-gloo" in args.modes else {})
+        if gated and "reccl-as-gloo" in args.modes:
+            by_mode["reccl-as-gloo"] = run_mode("reccl-as-gloo", ws, gated, args.test_timeout)
         summary = compare(ws, by_mode)
         report(summary, by_mode)
         summaries.append(summary)
-        all_results[str(ws)] = by_mode
+        save()
     print(f"\nwall time {time.time() - started:.0f} s", file=sys.stdout)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summaries": summaries, "results": all_results}, f, indent=1)
     return 0
 
 

@@ -1,8 +1,6 @@
 #include "core/connection.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <map>
 #include <thread>
 
@@ -45,17 +43,6 @@ uint64_t stallsReported() {
   StallBoard& board = stallBoard();
   std::lock_guard<std::mutex> lock(board.mutex);
   return board.reported;
-}
-
-bool peerHostAnswered(const std::string& failure) {
-  // The transports' own words (IoResult, TcpPath), and strerror's in this
-  // process's locale, whichever wrote the text.
-  static const std::string kAnswers[] = {std::strerror(ECONNREFUSED), std::strerror(ECONNRESET),
-                                         std::strerror(EPIPE), "connection closed by peer"};
-  for (const std::string& answer : kAnswers) {
-    if (failure.find(answer) != std::string::npos) return true;
-  }
-  return false;
 }
 
 Connection::Connection(ConnectionEnv env, uint64_t id, std::vector<PathCandidate> candidates)
@@ -153,11 +140,12 @@ void Connection::emitSwitchEvent(EventKind kind, int from, int to, Reason reason
   NicHealth::instance().emit(std::move(event));
 }
 
-void Connection::failPathLocked(int index, Reason reason, const std::string& detail) {
+void Connection::failPathLocked(int index, Reason reason, const PathFailure& failure) {
   Slot& slot = slots_.at(index);
   if (slot.state != SlotState::kUp) return;
   slot.state = SlotState::kFailed;
-  noteFailureLocked(index, reason, detail);
+  noteFailureLocked(index, reason, failure);
+  const std::string& detail = failure.what;
   shutdownPathLocked(*slot.path);
   if (!closed_ && !peerClosed_) {
     NicHealth& health = NicHealth::instance();
@@ -259,12 +247,12 @@ std::string Connection::slotSummaryLocked() const {
   return out;
 }
 
-void Connection::noteFailureLocked(int index, Reason reason, const std::string& detail) {
+void Connection::noteFailureLocked(int index, Reason reason, const PathFailure& failure) {
   Slot& slot = slots_.at(index);
   slot.lastFailure = reason;
-  slot.lastDetail = detail;
+  slot.lastDetail = failure.what;
   slot.lastFailureAt = Clock::now();
-  slot.peerAnswered = peerHostAnswered(detail);
+  slot.peerAnswered = failure.peerHostAnswered;
 }
 
 void Connection::failConnectionLocked(const std::string& why) {
@@ -449,10 +437,10 @@ void Connection::onNicHealth(int healthId, bool up, Reason reason) {
   env_.supervisor->poke();
 }
 
-void Connection::onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) {
+void Connection::onPathFailed(uint64_t pathId, Reason reason, const PathFailure& failure) {
   Lock lock(mutex_);
   int index = slotOf(pathId);
-  if (index >= 0) failPathLocked(index, reason, detail);
+  if (index >= 0) failPathLocked(index, reason, failure);
   if (closed_) peerClosedCv_.notify_all();  // close() stops waiting on a path that is gone
 }
 

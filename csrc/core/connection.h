@@ -50,12 +50,6 @@ struct StallInfo {
 std::vector<StallInfo> stalledConnections();
 uint64_t stallsReported();
 
-// True when a failure's text says the peer's host answered for the peer: a
-// dial refused (nothing listens on the port), or a path ended by an end of
-// stream or a reset. A peer process that died looks like this; a link or host
-// that is down does not (silence, no route, a dial timing out).
-bool peerHostAnswered(const std::string& failure);
-
 struct PathCandidate {
   int localNic = 0;
   int remoteNic = 0;
@@ -74,7 +68,7 @@ class Connection : public PathOwner, public Serviced {
   void keepAlive(std::shared_ptr<void> owner) { keepAlive_ = std::move(owner); }
   // A NIC changed health; paths on a dead local NIC fail at once.
   void onNicHealth(int healthId, bool up, Reason reason);
-  void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) override;
+  void onPathFailed(uint64_t pathId, Reason reason, const PathFailure& failure) override;
   bool expectsTraffic(uint64_t pathId) final;
   // CLOSE and NOTIFY mean the same at both ends; the rest goes to onRoleControlLocked.
   void onControl(uint64_t pathId, const ControlFrame& frame) final;
@@ -101,7 +95,7 @@ class Connection : public PathOwner, public Serviced {
     Reason lastFailure = Reason::kNone;
     std::string lastDetail;
     Clock::time_point lastFailureAt{};
-    bool peerAnswered = false;  // the last failure came from the peer's host (peerHostAnswered)
+    bool peerAnswered = false;  // the last failure came from the peer's host (PathFailure)
     Clock::time_point nextDial{};
     int backoffMs = 0;
     bool everUp = false;
@@ -112,8 +106,12 @@ class Connection : public PathOwner, public Serviced {
   // Stops and joins every path. Derived destructors call it first: path threads
   // call the derived overrides, which must not run on a half-destroyed object.
   void destroyAllPaths();
-  // Marks the slot failed and stops its I/O; the supervisor reaps it.
-  void failPathLocked(int index, Reason reason, const std::string& detail);
+  // Marks the slot failed and stops its I/O; the supervisor reaps it. A bare
+  // `detail` is a failure of this side's making (the peer's host said nothing).
+  void failPathLocked(int index, Reason reason, const PathFailure& failure);
+  void failPathLocked(int index, Reason reason, const std::string& detail) {
+    failPathLocked(index, reason, PathFailure{detail});
+  }
   // Installs a freshly connected path in `index`, retiring any path there.
   uint64_t installPathLocked(int index, std::shared_ptr<Path> path);
   uint64_t installPathLocked(int index, std::shared_ptr<Path> path, PathCandidate nics);
@@ -131,14 +129,14 @@ class Connection : public PathOwner, public Serviced {
   // happen) is dropped with a warning, so failover or the no-path bound applies.
   void checkActiveSlotLocked();
   // Records a failure of slot `index` (a path's or a dial's).
-  void noteFailureLocked(int index, Reason reason, const std::string& detail);
+  void noteFailureLocked(int index, Reason reason, const PathFailure& failure);
   // While `stalled` (no path carries traffic) holds: reports it (`stalled`
   // events, at 1, 2, 4, ... 30 s) and enforces RECCL_NO_PATH_TIMEOUT_MS, or
   // RECCL_PEER_GONE_TIMEOUT_MS while peerGoneLocked(). Once it ends after a
   // report: `recovered`.
   void checkStalledLocked(bool stalled, const char* what);
   // Every failure since traffic last moved, on a local NIC that is up, came
-  // from the peer's host (peerHostAnswered), and there is at least one.
+  // from the peer's host (PathFailure::peerHostAnswered), and there is at least one.
   bool peerGoneLocked() const;
   // Ends a reported stall: `recovered` when traffic moves again, else (the
   // connection failed or closed) only the bookkeeping.

@@ -15,6 +15,17 @@
 
 namespace reccl {
 
+// Why a path broke or a dial failed, as its transport saw it.
+struct PathFailure {
+  std::string what;
+  // The peer's host answered for the peer: a refused dial (nothing listens on
+  // its port), a reset or an end of stream. A peer process that died on a live
+  // host leaves exactly this; a link or host that is down does not (silence, no
+  // route, a timeout). While every failure since traffic stopped says so, a
+  // connection waits RECCL_PEER_GONE_TIMEOUT_MS, not RECCL_NO_PATH_TIMEOUT_MS.
+  bool peerHostAnswered = false;
+};
+
 // A slice of a message queued on a sending path. The payload stays in the
 // caller's buffer, which outlives the request. With `placement` (the receiver
 // registered its buffer) and `source` (so did the sender) a transport that can
@@ -42,7 +53,7 @@ class PathOwner {
   // Pairs with beginData whatever it returned; `landed` = every payload byte arrived.
   virtual void endData(uint64_t pathId, const DataHeader& header, bool landed) = 0;
   // The path is broken; called at most once per path.
-  virtual void onPathFailed(uint64_t pathId, Reason reason, const std::string& detail) = 0;
+  virtual void onPathFailed(uint64_t pathId, Reason reason, const PathFailure& failure) = 0;
   // Whether traffic is due on this path soon: it is the active one and the
   // owner holds requests not yet complete (sends not acknowledged, receives
   // not filled). A transport that can poll for completions polls while this

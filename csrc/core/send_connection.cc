@@ -314,7 +314,7 @@ void SendConnection::failPendingLocked(const std::string& why) {
   publishLanesLocked();
 }
 
-void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::string& error) {
+void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const PathFailure& failure) {
   std::shared_ptr<Path> discard;
   std::shared_ptr<Path> activateOn;
   std::vector<std::vector<uint8_t>> activateFrames;
@@ -325,7 +325,8 @@ void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const std::
     if (closed_ || !error_.empty() || !path || !usable) {
       slot.state = SlotState::kIdle;
       noteFailureLocked(index, Reason::kError,
-                        path ? (usable ? "connection closed" : "local NIC down") : error);
+                        path ? PathFailure{usable ? "connection closed" : "local NIC down"}
+                             : failure);
       slot.backoffMs = slot.backoffMs == 0 ? 50 : std::min(slot.backoffMs * 2, 2000);
       slot.nextDial = Clock::now() + Millis(slot.backoffMs);
       discard = std::move(path);
@@ -378,9 +379,9 @@ void SendConnection::dialLocked() {
     std::weak_ptr<SendConnection> weak = shared_from_this();
     int index = static_cast<int>(i);
     dialer_->dial(index, slot.nics,
-                  [weak, index](std::shared_ptr<Path> path, const std::string& error) {
+                  [weak, index](std::shared_ptr<Path> path, const PathFailure& failure) {
                     if (auto self = weak.lock()) {
-                      self->onDialed(index, std::move(path), error);
+                      self->onDialed(index, std::move(path), failure);
                     } else if (path) {
                       path->shutdown();
                     }

@@ -13,10 +13,10 @@
 namespace reccl {
 
 // Opens a path asynchronously; `done` runs on another thread with the path or
-// an error.
+// why there is none.
 class Dialer {
  public:
-  using Done = std::function<void(std::shared_ptr<Path> path, const std::string& error)>;
+  using Done = std::function<void(std::shared_ptr<Path> path, const PathFailure& failure)>;
   virtual ~Dialer() = default;
   virtual void dial(int pathIndex, PathCandidate nics, Done done) = 0;
 };
@@ -74,7 +74,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
     }
   };
 
-  void onDialed(int index, std::shared_ptr<Path> path, const std::string& error);
+  void onDialed(int index, std::shared_ptr<Path> path, const PathFailure& failure);
   // Queues the unsent part of `send` on the active path; false if it failed the send.
   bool postLocked(uint64_t seq, PendingSend& send);
   void postAllLocked();

@@ -50,8 +50,8 @@ std::shared_ptr<SendConnection> BondedTransport::connect(int nic, const std::vec
       std::move(env), id, candidates,
       std::make_unique<JobDialer>([this](std::function<void()> job) { runDialJob(std::move(job)); },
                                   [this](const ListenHandle& h, uint64_t connectionId,
-                                         int pathIndex, PathCandidate nics, std::string* error) {
-                                    return dialPath(h, connectionId, pathIndex, nics, error);
+                                         int pathIndex, PathCandidate nics, PathFailure* failure) {
+                                    return dialPath(h, connectionId, pathIndex, nics, failure);
                                   },
                                   handle, id),
       handle.chunkBytes);

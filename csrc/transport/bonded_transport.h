@@ -62,9 +62,10 @@ class BondedTransport : public Transport {
   virtual std::string remoteNicAddress(const ListenHandle& handle, size_t index) const = 0;
   // Runs `job` on this transport's dial threads.
   virtual void runDialJob(std::function<void()> job) = 0;
-  // The dialing half of a path's setup, on a dial thread; nullptr and `error` on failure.
+  // The dialing half of a path's setup, on a dial thread; nullptr and `failure` on failure.
   virtual std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId,
-                                         int pathIndex, PathCandidate nics, std::string* error) = 0;
+                                         int pathIndex, PathCandidate nics,
+                                         PathFailure* failure) = 0;
 
   const Config config_;
   std::vector<NicInfo> nics_;

@@ -32,16 +32,19 @@ bool transient(int error) { return error == EAGAIN || error == EWOULDBLOCK || er
 
 std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndpoint& remote,
                                const std::vector<HelloBody>& hellos, Millis timeout,
-                               std::string* error, uint64_t* acceptorTransport,
+                               PathFailure* failure, uint64_t* acceptorTransport,
                                bool* sameHostReads) {
   const Clock::time_point deadline = Clock::now() + timeout;
-  auto fail = [&](const std::string& why) {
-    *error = "handshake with " + remote.address + ": " + why;
+  // A listener that closes a greeted socket (wrong secret, closing down, an
+  // unknown connection) answers for a live process: not the peer's host
+  // answering for a dead one.
+  auto fail = [&](const std::string& why, bool peerHostAnswered = false) {
+    *failure = {"handshake with " + remote.address + ": " + why, peerHostAnswered};
     return std::vector<Fd>{};
   };
   std::vector<Handshake> shakes(hellos.size());
   for (size_t i = 0; i < hellos.size(); ++i) {
-    shakes[i].fd = startConnect(localAddress, remote.address, remote.port, error);
+    shakes[i].fd = startConnect(localAddress, remote.address, remote.port, failure);
     if (!shakes[i].fd.valid()) return {};
     shakes[i].hello = encodeHello(hellos[i]);
   }
@@ -66,7 +69,7 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
       if (polled[k].revents == 0) continue;
       Handshake& shake = *owners[k];
       if (shake.stage == Stage::kConnecting) {
-        if (!finishConnect(shake.fd.get(), localAddress, remote.address, remote.port, error)) {
+        if (!finishConnect(shake.fd.get(), localAddress, remote.address, remote.port, failure)) {
           return {};
         }
         shake.stage = Stage::kSending;
@@ -76,7 +79,7 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
                                     shake.hello.size() - shake.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
           if (transient(errno)) continue;
-          return fail(std::strerror(errno));
+          return fail(describeSocketError(errno), answeredByPeerHost(errno));
         }
         shake.sent += static_cast<size_t>(sent);
         if (shake.sent == shake.hello.size()) shake.stage = Stage::kAwaitingAck;
@@ -90,7 +93,7 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
       }
       if (got < 0) {
         if (transient(errno)) continue;
-        return fail(std::strerror(errno));
+        return fail(describeSocketError(errno), answeredByPeerHost(errno));
       }
       shake.received += static_cast<size_t>(got);
       if (shake.received < kAckBytes) continue;
@@ -118,10 +121,10 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
 }
 
 Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
-                 const HelloBody& hello, Millis timeout, std::string* error,
+                 const HelloBody& hello, Millis timeout, PathFailure* failure,
                  uint64_t* acceptorTransport) {
   std::vector<Fd> sockets =
-      dialWithHellos(localAddress, remote, {hello}, timeout, error, acceptorTransport);
+      dialWithHellos(localAddress, remote, {hello}, timeout, failure, acceptorTransport);
   return sockets.empty() ? Fd() : std::move(sockets.front());
 }
 

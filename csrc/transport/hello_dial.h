@@ -17,16 +17,16 @@ namespace reccl {
 // cost one round trip, not one each), all within `timeout`. Every socket must
 // get an accepting HELLO_ACK; `acceptorTransport`, when given, receives the id
 // the acceptor sent, and `sameHostReads` whether it took the first HELLO's
-// same-host offer. The sockets in the order of `hellos`, or none and the
-// reason in `error`.
+// same-host offer. The sockets in the order of `hellos`, or none and why in
+// `failure`.
 std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndpoint& remote,
                                const std::vector<HelloBody>& hellos, Millis timeout,
-                               std::string* error, uint64_t* acceptorTransport = nullptr,
+                               PathFailure* failure, uint64_t* acceptorTransport = nullptr,
                                bool* sameHostReads = nullptr);
 
 // The same for one socket: an invalid Fd on failure.
 Fd dialWithHello(const std::string& localAddress, const HandleEndpoint& remote,
-                 const HelloBody& hello, Millis timeout, std::string* error,
+                 const HelloBody& hello, Millis timeout, PathFailure* failure,
                  uint64_t* acceptorTransport = nullptr);
 
 }  // namespace reccl

@@ -15,10 +15,10 @@ namespace reccl {
 class JobDialer : public Dialer {
  public:
   using Run = std::function<void(std::function<void()> job)>;
-  // nullptr and `error` on failure.
+  // nullptr and `failure` filled on failure.
   using Open =
       std::function<std::shared_ptr<Path>(const ListenHandle& handle, uint64_t connectionId,
-                                          int pathIndex, PathCandidate nics, std::string* error)>;
+                                          int pathIndex, PathCandidate nics, PathFailure* failure)>;
 
   // `run` and `open` may be called after this dialer is gone, never after the
   // transport that gave them (it joins its jobs before it goes).
@@ -32,9 +32,9 @@ class JobDialer : public Dialer {
     // The job captures copies, not `this`: it may outlive the dialer.
     run_([open = open_, handle = handle_, connectionId = connectionId_, pathIndex, nics,
           done = std::move(done)] {
-      std::string error;
-      std::shared_ptr<Path> path = open(*handle, connectionId, pathIndex, nics, &error);
-      done(std::move(path), error);
+      PathFailure failure;
+      std::shared_ptr<Path> path = open(*handle, connectionId, pathIndex, nics, &failure);
+      done(std::move(path), failure);
     });
   }
 

@@ -48,11 +48,19 @@ void Fd::reset() {
   fd_ = -1;
 }
 
+std::string describeSocketError(int error) {
+  return error == 0 ? "connection closed by peer" : std::strerror(error);
+}
+
+bool answeredByPeerHost(int error) {
+  return error == 0 || error == ECONNREFUSED || error == ECONNRESET || error == EPIPE;
+}
+
 std::string IoResult::describe() const {
   switch (code) {
     case IoCode::kOk: return "ok";
-    case IoCode::kEof: return "connection closed by peer";
-    case IoCode::kError: return std::strerror(error);
+    case IoCode::kEof: return describeSocketError(0);
+    case IoCode::kError: return describeSocketError(error);
     case IoCode::kStopped: return "stopped";
     case IoCode::kStalled: return "no progress (stalled)";
   }
@@ -109,15 +117,15 @@ std::string connectLabel(const std::string& localAddress, const std::string& add
 }  // namespace
 
 Fd startConnect(const std::string& localAddress, const std::string& address, uint16_t port,
-                std::string* error) {
+                PathFailure* failure) {
   sockaddr_in local{}, remote{};
   if (!parseAddress(localAddress, 0, &local) || !parseAddress(address, port, &remote)) {
-    *error = "bad IPv4 address " + localAddress + " or " + address;
+    *failure = {"bad IPv4 address " + localAddress + " or " + address};
     return Fd();
   }
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {
-    *error = std::string("socket: ") + std::strerror(errno);
+    *failure = {std::string("socket: ") + std::strerror(errno)};
     return Fd();
   }
   // Bound to the NIC's address (so the path leaves by that NIC) but without
@@ -127,24 +135,27 @@ Fd startConnect(const std::string& localAddress, const std::string& address, uin
   const int noPort = 1;
   ::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &noPort, sizeof(noPort));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
-    *error = "bind to " + localAddress + ": " + std::strerror(errno);
+    *failure = {"bind to " + localAddress + ": " + std::strerror(errno)};
     return Fd();
   }
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0 &&
       errno != EINPROGRESS) {
-    *error = connectLabel(localAddress, address, port) + ": " + std::strerror(errno);
+    const int error = errno;
+    *failure = {connectLabel(localAddress, address, port) + ": " + std::strerror(error),
+                answeredByPeerHost(error)};
     return Fd();
   }
   return fd;
 }
 
 bool finishConnect(int fd, const std::string& localAddress, const std::string& address,
-                   uint16_t port, std::string* error) {
+                   uint16_t port, PathFailure* failure) {
   int soError = 0;
   socklen_t len = sizeof(soError);
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soError, &len) != 0) soError = errno;
   if (soError != 0) {
-    *error = connectLabel(localAddress, address, port) + ": " + std::strerror(soError);
+    *failure = {connectLabel(localAddress, address, port) + ": " + std::strerror(soError),
+                answeredByPeerHost(soError)};
     return false;
   }
   setNoDelay(fd);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/clock.h"
+#include "core/path.h"
 
 namespace reccl {
 
@@ -51,6 +52,13 @@ struct IoResult {
   std::string describe() const;
 };
 
+// A socket error in words: errno, or 0 for an end of stream.
+std::string describeSocketError(int error);
+// Whether a socket error (errno, or 0 for an end of stream) is the peer's host
+// answering for the peer: a refused connection, a reset, a broken pipe or an
+// end of stream (PathFailure::peerHostAnswered).
+bool answeredByPeerHost(int error);
+
 // What a blocking transfer (a handshake; paths use the event loops) watches
 // besides the socket.
 struct IoWatch {
@@ -67,11 +75,11 @@ IoResult recvAll(int fd, void* data, size_t bytes, const IoWatch& watch, Millis 
 // the socket is writable once it is up (then finishConnect says how it went).
 // An invalid Fd and the reason in `error` when it cannot even start.
 Fd startConnect(const std::string& localAddress, const std::string& address, uint16_t port,
-                std::string* error);
+                PathFailure* failure);
 // After a started connection turned writable: true when it is up (and sets
 // TCP_NODELAY), else false with the reason in `error`.
 bool finishConnect(int fd, const std::string& localAddress, const std::string& address,
-                   uint16_t port, std::string* error);
+                   uint16_t port, PathFailure* failure);
 // A listening socket on `address` (port 0 = any); fills the chosen port.
 Fd listenOn(const std::string& address, uint16_t* port, std::string* error);
 void setNoDelay(int fd);

@@ -138,7 +138,7 @@ void IbPath::shutdown() {
 void IbPath::fail(Reason reason, const std::string& detail) {
   // A path we stopped on purpose has not failed; report a real failure once.
   if (stop_.load() || owner_ == nullptr || failed_.exchange(true)) return;
-  owner_->onPathFailed(pathId_, reason, detail);
+  owner_->onPathFailed(pathId_, reason, PathFailure{detail});
 }
 
 std::string IbPath::describeCompletionError(const WorkCompletion& wc) const {

@@ -408,19 +408,20 @@ void IbTransport::acceptPath(const HelloBody& hello, Fd socket, const std::strin
 }
 
 std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
-                                            int pathIndex, PathCandidate nics, std::string* error) {
+                                            int pathIndex, PathCandidate nics,
+                                            PathFailure* failure) {
   const Millis timeout(config_.connectTimeoutMs);
   const NicInfo& local = nics_.at(nics.localNic);
   const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
   if (!NicHealth::instance().usable(healthIds_.at(nics.localNic))) {
-    *error = "local RDMA device " + local.name + " is down";
+    *failure = {"local RDMA device " + local.name + " is down"};
     return nullptr;
   }
   HelloBody hello = pathHello(handle, connectionId, pathIndex, nics);
   hello.socketKind = static_cast<uint8_t>(SocketKind::kControl);
   hello.socketCount = 1;  // the bootstrap socket; the path itself is the QP
   uint64_t peerTransport = 0;
-  Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, error, &peerTransport);
+  Fd socket = dialWithHello(bootstrapAddress_, remote, hello, timeout, failure, &peerTransport);
   if (!socket.valid()) return nullptr;
   try {
     auto endpoint =
@@ -440,8 +441,8 @@ std::shared_ptr<Path> IbTransport::dialPath(const ListenHandle& handle, uint64_t
         remote.address + "#" + std::to_string(nics.remoteNic),
         pairs_.join(healthIds_.at(nics.localNic), peerTransport, nics.remoteNic), config_);
   } catch (const Error& e) {
-    *error = "IB path " + local.name + "->" + remote.address + "#" +
-             std::to_string(nics.remoteNic) + ": " + e.what();
+    *failure = {"IB path " + local.name + "->" + remote.address + "#" +
+                std::to_string(nics.remoteNic) + ": " + e.what()};
     return nullptr;
   }
 }

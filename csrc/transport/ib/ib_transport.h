@@ -71,7 +71,7 @@ class IbTransport : public BondedTransport {
   // The receiving half of a path's setup, on a job thread.
   void acceptPath(const HelloBody& hello, Fd socket, const std::string& peer);
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
-                                 PathCandidate nics, std::string* error) override;
+                                 PathCandidate nics, PathFailure* failure) override;
   void watchEvents(int nic);
   // After IBV_EVENT_DEVICE_FATAL: the context is dead for good. Opens the
   // device again once it is back (retrying with backoff until the transport

@@ -184,15 +184,21 @@ void TcpPath::stopAndJoin() {
 
 bool TcpPath::blackholed() const { return NicHealth::instance().blackholed(healthId_); }
 
-void TcpPath::fail(Reason reason, const std::string& detail) {
+void TcpPath::fail(Reason reason, const PathFailure& failure) {
   if (window_) window_->revoke();  // as in shutdown(): before the owner hears of it
   // A path we stopped on purpose has not failed; report a real failure once.
   if (stop_.load() || failed_.exchange(true)) return;
-  owner_->onPathFailed(pathId_, reason, detail);
+  owner_->onPathFailed(pathId_, reason, failure);
 }
 
 void TcpPath::failIo(const char* what, Reason reason, const std::string& why) {
   fail(reason, std::string(what) + " " + peer_ + ": " + why);
+}
+
+void TcpPath::failSocket(const char* what, int error) {
+  fail(Reason::kError,
+       PathFailure{std::string(what) + " " + peer_ + ": " + describeSocketError(error),
+                   answeredByPeerHost(error)});
 }
 
 uint32_t TcpPath::pollMask(const Socket& socket) const {
@@ -302,7 +308,7 @@ bool TcpPath::sendControl(const std::vector<uint8_t>& frame) {
   // does not take goes out when the loop sees the socket writable.
   if (idle && !blackholed() && !writeQueuedControl(&error)) {
     lock.unlock();
-    failIo("control write to", Reason::kError, std::strerror(error));
+    failSocket("control write to", error);
     return false;
   }
   if (controlOutSent_ == controlOut_.size()) return true;
@@ -321,7 +327,7 @@ void TcpPath::flushControl() {
   if (!writeQueuedControl(&error)) {
     lock.unlock();
     control.loop->setEvents(control.id, 0);
-    failIo("control write to", Reason::kError, std::strerror(error));
+    failSocket("control write to", error);
     return;
   }
   if (controlOutSent_ == controlOut_.size()) control.loop->setEvents(control.id, EPOLLIN);
@@ -344,8 +350,7 @@ void TcpPath::readControl() {
       ssize_t got = ::recv(fd, into, want, MSG_DONTWAIT);
       if (got == 0 || (got < 0 && !wouldBlock(errno))) {
         control.loop->setEvents(control.id, 0);
-        failIo("control read from", Reason::kError,
-               got == 0 ? "connection closed by peer" : std::strerror(errno));
+        failSocket("control read from", got == 0 ? 0 : errno);
         return;
       }
       if (got < 0) return;  // the rest when it arrives
@@ -519,7 +524,7 @@ void TcpPath::writeData(Socket& socket) {
       }
       const int error = errno;
       socket.loop->setEvents(socket.id, 0);
-      failIo("data write to", Reason::kError, std::strerror(error));
+      failSocket("data write to", error);
       return;
     }
     socket.moved += static_cast<size_t>(sent);
@@ -551,20 +556,20 @@ void TcpPath::readData(Socket& socket) {
     if (want > 0) {
       ssize_t got = ::recv(fd, into, want, MSG_DONTWAIT);
       if (got == 0 || (got < 0 && !wouldBlock(errno))) {
-        const std::string why = got == 0 ? "connection closed by peer" : std::strerror(errno);
+        const int error = got == 0 ? 0 : errno;
         if (!socket.carried && &socket != &sockets_[1]) {
           // A late-joined socket that ends before its first frame: the sender's
           // grow gave up half way and closed it unused. The path goes on; a
           // dead NIC or peer fails it through its other sockets.
           socket.loop->setEvents(socket.id, 0);
           ::shutdown(fd, SHUT_RDWR);
-          RECCL_LOG(kInfo, "an unused data socket from " + peer_ + " closed (" + why +
-                               "); the path goes on without it");
+          RECCL_LOG(kInfo, "an unused data socket from " + peer_ + " closed (" +
+                               describeSocketError(error) + "); the path goes on without it");
           return;
         }
         finishReader(socket);
         socket.loop->setEvents(socket.id, 0);
-        failIo("data read from", Reason::kError, why);
+        failSocket("data read from", error);
         return;
       }
       if (got < 0) {

@@ -127,8 +127,11 @@ class TcpPath : public Path {
   // Registers socket `index` with a loop; attachMutex_ held, the path started.
   void registerSocketLocked(size_t index, int64_t now);
 
-  void fail(Reason reason, const std::string& detail);
+  void fail(Reason reason, const PathFailure& failure);
+  void fail(Reason reason, const std::string& detail) { fail(reason, PathFailure{detail}); }
   void failIo(const char* what, Reason reason, const std::string& why);
+  // A socket error (errno, or 0 for an end of stream) ended the path.
+  void failSocket(const char* what, int error);
   bool blackholed() const;
   // Writes what the kernel takes of the queued control bytes; false on error
   // (`error` set). Caller holds controlMutex_.

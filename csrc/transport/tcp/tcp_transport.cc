@@ -19,7 +19,7 @@ constexpr size_t kMaxPartialPaths = 256;
 
 std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
                                              int pathIndex, PathCandidate nics,
-                                             std::string* error) {
+                                             PathFailure* failure) {
   const NicInfo& local = nics_.at(nics.localNic);
   const HandleEndpoint& remote = handle.nics.at(nics.remoteNic);
   const Millis timeout(config_.connectTimeoutMs);
@@ -46,8 +46,8 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   }
   uint64_t peerTransport = 0;
   bool sameHostReads = false;
-  std::vector<Fd> sockets =
-      dialWithHellos(local.address, remote, hellos, timeout, error, &peerTransport, &sameHostReads);
+  std::vector<Fd> sockets = dialWithHellos(local.address, remote, hellos, timeout, failure,
+                                           &peerTransport, &sameHostReads);
   if (sockets.empty()) return nullptr;
   Fd control = std::move(sockets.front());
   std::vector<Fd> data(config_.socketsPerPath);
@@ -62,14 +62,14 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
     std::weak_ptr<TcpPath> weak = path;
     path->setGrow([this, weak, address = local.address, remote, later = std::move(later), timeout] {
       dials_.run([weak, address, remote, later, timeout] {
-        std::string why;
+        PathFailure why;
         std::vector<Fd> extra = dialWithHellos(address, remote, later, timeout, &why);
         std::shared_ptr<TcpPath> grown = weak.lock();
         if (!grown) return;
         if (extra.empty()) {
           // Not a path failure: the path goes on with the sockets it has.
           RECCL_LOG(kInfo,
-                    "path to " + remote.address + " keeps its first data socket only: " + why);
+                    "path to " + remote.address + " keeps its first data socket only: " + why.what);
           return;
         }
         for (size_t i = 0; i < extra.size(); ++i)

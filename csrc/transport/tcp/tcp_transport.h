@@ -73,7 +73,7 @@ class TcpTransport : public BondedTransport {
   bool takeSameHostOffer(const HelloBody& hello);
   void deliver(PartialPath partial, int nic);
   std::shared_ptr<Path> dialPath(const ListenHandle& handle, uint64_t connectionId, int pathIndex,
-                                 PathCandidate nics, std::string* error) override;
+                                 PathCandidate nics, PathFailure* failure) override;
 
   std::shared_ptr<PartialSweep> partialSweep_;  // serviced by supervisor_ (it holds a weak_ptr)
   std::vector<std::unique_ptr<Acceptor>> acceptors_;
