@@ -285,13 +285,7 @@ class FaultPolicy:
             except Exception as error:  # a rank that cannot reach the others exits all the same
                 print(f"[reccl] rank {self.rank}: waiting for the other ranks before exiting "
                       f"failed: {error}", file=sys.stderr)
-        saved = ("checkpoint at this step written" if advice.checkpoint
-                 else "no checkpoint: resume from the last one")
-        print(f"[reccl] rank {self.rank}: exiting for rescheduling at step {advice.step} "
-              f"({advice.action}; {saved}); exit code {RESCHEDULE_EXIT_CODE}: torchrun "
-              f"--max-restarts or the scheduler restarts the job, which resumes from its "
-              f"checkpoint" + (f". Why: {advice.reason}" if advice.reason else ""),
-              file=sys.stderr, flush=True)
+        print(rescheduling_message(advice, self.rank), file=sys.stderr, flush=True)
         self.close()
         raise SystemExit(RESCHEDULE_EXIT_CODE)
 
@@ -300,6 +294,16 @@ class FaultPolicy:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def rescheduling_message(advice: Advice, rank: int) -> str:
+    """The line a rank prints as it exits for rescheduling."""
+    saved = ("checkpoint at this step written" if advice.checkpoint
+             else "no checkpoint: resume from the last one")
+    return (f"[reccl] rank {rank}: exiting for rescheduling at step {advice.step} "
+            f"({advice.action}; {saved}); exit code {RESCHEDULE_EXIT_CODE}: torchrun "
+            f"--max-restarts or the scheduler restarts the job, which resumes from its "
+            f"checkpoint" + (f". Why: {advice.reason}" if advice.reason else ""))
 
 
 def log_advice(logger, record: dict) -> None:
