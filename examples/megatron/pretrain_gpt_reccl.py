@@ -84,7 +84,9 @@ once, without a checkpoint. ``torchrun --max-restarts`` starts the job again and
 Megatron resumes from ``--load``. A restarted job (TORCHELASTIC_RESTART_COUNT > 0)
 fires no scheduled faults: an injected fault dies with its process. The rule's
 costs: ``--reccl-t-detect``, ``--reccl-t-reload`` (seconds, the paper's 1800 by
-default), ``--reccl-expected-repair`` (inf: eq. 2), ``--reccl-assumed-k``.
+default), ``--reccl-expected-repair`` (inf: eq. 2), ``--reccl-assumed-k``. Each
+change of answer, with its inputs, goes to ``--reccl-events-jsonl`` and
+``--reccl-wandb`` on the collecting rank.
 
 Two other routes, documented in examples/megatron/README.md: a patch to Megatron's
 arguments.py and dist_signal_handler.py (``--distributed-backend reccl``) and the
@@ -552,14 +554,17 @@ def main(argv=None) -> None:
     after_import(TRAINING_MODULE, hook.install)
     if policy is not None:
         after_import(SIGNAL_HANDLER_MODULE, hook.adapt_signals)
+    sinks = []
     if ours.reccl_events_jsonl:
         from torch_reccl.integrations import jsonl
 
-        jsonl.attach(ours.reccl_events_jsonl)
+        sinks.append(jsonl.attach(ours.reccl_events_jsonl))
     if ours.reccl_wandb:
         from torch_reccl.integrations import wandb as reccl_wandb
 
-        reccl_wandb.attach(wait_for_run=True)  # Megatron calls wandb.init inside pretrain
+        sinks.append(reccl_wandb.attach(wait_for_run=True))  # Megatron calls wandb.init in pretrain
+    if policy is not None:
+        policy.loggers += sinks  # each change of answer, with its inputs, on the collecting rank
     after_import(SIGNAL_HANDLER_MODULE, adapt_signal_handler)  # --exit-signal-handler
     # Megatron sees an initialised torch.distributed and keeps it (its
     # _initialize_distributed prints "torch distributed is already initialized").

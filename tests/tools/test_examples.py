@@ -287,7 +287,9 @@ def test_megatron_launcher_policy_saves_through_megatrons_exit_path_and_resumes(
         return done.stdout + done.stderr
 
     clean = run(str(tmp_path / "clean"))
-    output = run(str(tmp_path / "job"), "--reccl-fault-schedule", "h0nic0:down@step 12",
+    jsonl = tmp_path / "events.jsonl"
+    output = run(str(tmp_path / "job"), "--reccl-events-jsonl", str(jsonl),
+                 "--reccl-fault-schedule", "h0nic0:down@step 12",
                  "--reccl-policy", "advised", "--reccl-t-detect", "10", "--reccl-t-reload", "0.1",
                  "--slow-from", "12", "--slow-iteration-ms", "60")
     exits = re.findall(r"rank (\d): exiting for rescheduling at step (\d+) \((\w+);", output)
@@ -296,6 +298,10 @@ def test_megatron_launcher_policy_saves_through_megatrons_exit_path_and_resumes(
         ("0", "19"), ("1", "19")], output
     assert sorted(re.findall(r"rank (\d): loaded checkpoint at iteration (\d+)", output)) == [
         ("0", "20"), ("1", "20")], output
+    advice = [r for r in map(json.loads, jsonl.read_text().splitlines()) if r["kind"] == "advice"]
+    exit_record = next(r for r in advice if r["action"] == "checkpoint_and_exit")
+    assert exit_record["step"] == 20 and exit_record["k_measured"] and exit_record["k"] > 2
+    assert exit_record["checkpoint_interval_steps"] == 10 and exit_record["t_detect_s"] == 10
     # both attempts print their parameters (the first at iteration 20); the ranks' lines may
     # run into each other, so match the 64 hex digits alone
     [final] = set(re.findall(r"parameters sha256 ([0-9a-f]{64})", clean))
