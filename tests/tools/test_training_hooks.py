@@ -169,3 +169,17 @@ def test_transformers_callback_checkpoints_exits_75_and_resumes_to_the_same_weig
     assert trainer.state.global_step == STEPS
     for mine, theirs in zip(model.state_dict().values(), reference.state_dict().values()):
         assert torch.equal(mine, theirs)
+
+
+def test_lightning_interval_comes_from_model_checkpoint_or_is_asked_for():
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from torch_reccl.integrations.lightning import FaultPolicyCallback
+
+    with_checkpoints = pl.Trainer(accelerator="cpu", devices=1, logger=False,
+                                  callbacks=[ModelCheckpoint(every_n_train_steps=25)])
+    assert FaultPolicyCallback("ckpt")._interval(with_checkpoints) == 25
+    without = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match="every_n_train_steps"):
+        FaultPolicyCallback("ckpt")._interval(without)
