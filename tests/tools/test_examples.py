@@ -300,7 +300,7 @@ def test_megatron_launcher_policy_saves_through_megatrons_exit_path_and_resumes(
         ("0", "20"), ("1", "20")], output
     advice = [r for r in map(json.loads, jsonl.read_text().splitlines()) if r["kind"] == "advice"]
     exit_record = next(r for r in advice if r["action"] == "checkpoint_and_exit")
-    assert exit_record["step"] == 20 and exit_record["k_measured"] and exit_record["k"] > 2
+    assert exit_record["step"] == 20 and exit_record["k_measured"] and exit_record["k"] > 1.5
     assert exit_record["checkpoint_interval_steps"] == 10 and exit_record["t_detect_s"] == 10
     # both attempts print their parameters (the first at iteration 20); the ranks' lines may
     # run into each other, so match the 64 hex digits alone

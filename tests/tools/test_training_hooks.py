@@ -24,7 +24,7 @@ from torch_reccl.policy import CHECKPOINT_AND_EXIT, RESCHEDULE_EXIT_CODE
 
 FAULT_AFTER, INTERVAL, STEPS = 12, 10, 40
 POLICY = {"t_detect_s": 10.0, "t_reload_s": 0.1}
-STEP_S = 0.004
+STEP_S = 0.01
 
 
 class Fault:
@@ -97,7 +97,7 @@ def test_lightning_callback_checkpoints_exits_75_and_resumes(tmp_path):
     sink.close()
     records = advice_records(tmp_path / "advice.jsonl")
     assert records[-1]["action"] == CHECKPOINT_AND_EXIT and records[-1]["k_measured"]
-    assert records[-1]["k"] > 2 and records[-1]["checkpoint_interval_steps"] == INTERVAL
+    assert records[-1]["k"] > 1.5 and records[-1]["checkpoint_interval_steps"] == INTERVAL
 
     fault.on = False  # the restarted job runs on healthy hardware
     resumed = FaultPolicyCallback(str(tmp_path / "ckpt"), INTERVAL, **POLICY)
