@@ -33,7 +33,7 @@ and step, so a job that resumes replays exactly the steps it lost.
 
 Needs root (network namespaces).
 
-    python bench/advisor_drill.py [--steps 400] [--fault-step 80] [--checkpoint-every 50]
+    python bench/advisor_drill.py [--steps 500] [--fault-step 80] [--checkpoint-every 50]
                                   [--restart-on same|spare] [--repair-s 1e9]
                                   [--rules advised restart run_degraded] [--json PATH]
 """
@@ -201,7 +201,7 @@ def summary_lines(results: dict, steps: int) -> list:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--fault-step", type=int, default=80,
                         help="host 0's NIC 1 goes down once this step is done")
     parser.add_argument("--checkpoint-every", type=int, default=50)
