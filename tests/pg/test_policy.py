@@ -24,7 +24,7 @@ from torch_reccl.policy import (
     FaultPolicy,
 )
 
-from conftest import reccl_env, report_rank, run_rank_job
+from conftest import init_rank_groups, reccl_env, report_rank, run_rank_job
 
 
 def event(kind: str, connection: int = 7, rank: int = 1, nic: str = "eth0", t: float = 0.0):
@@ -176,18 +176,9 @@ def policy_rank(rank, port, out_dir, rule):
     os.environ.update(reccl_env())
 
     def body(result):
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
         import torch_reccl
 
-        torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, WORLD, False,
-                              timeout=datetime.timedelta(seconds=60))
-        dist.init_process_group("reccl", store=store, rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=60))
+        torch, dist, _ = init_rank_groups(rank, port, WORLD)
         # T_detect = 1 s outweighs 10 steps at any slowdown here: eq. 4 never restarts
         policy = FaultPolicy(10, t_detect_s=1.0, t_reload_s=0.1, rule=rule)
         answers, seen = [], []
