@@ -31,6 +31,7 @@ starting the job again; the job resumes from its last checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import threading
@@ -119,7 +120,10 @@ class FaultPolicy:
     finite value lets a fault that heals soon be waited out. ``assumed_k``: the
     slowdown until ``min_samples`` degraded steps are measured. ``rule``: one of
     :data:`RULES`. ``group``: the process group the answer is broadcast over (the
-    default group; it must hold the collecting rank). ``listen=False``: no event
+    default group; it must hold the collecting rank). ``decide_every``: decide (and
+    broadcast) only every this many steps and at checkpoint steps, for steps so
+    short that a broadcast per step shows; ``continue`` in between, so an
+    ``exit_now`` may come up to that many steps late. ``listen=False``: no event
     callback (feed events with :meth:`observe`). ``loggers``: integration
     attachments (or sinks) whose ``advice(record)`` gets every change of answer.
 
@@ -130,17 +134,20 @@ class FaultPolicy:
                  t_reload_s: float = PAPER_T_RELOAD_S, t_timeout_s: float = PAPER_T_TIMEOUT_S,
                  expected_repair_s: float = math.inf, assumed_k: float = 1.03,
                  min_samples: int = 3, window: int = 50, rule: str = "advised", group=None,
-                 listen: bool = True, loggers: Optional[List] = None,
+                 decide_every: int = 1, listen: bool = True, loggers: Optional[List] = None,
                  clock: Callable[[], float] = time.time) -> None:
         if not isinstance(checkpoint_interval_steps, int) or checkpoint_interval_steps < 1:
             raise ValueError(f"checkpoint_interval_steps must be an int >= 1, "
                              f"got {checkpoint_interval_steps!r}")
+        if not isinstance(decide_every, int) or decide_every < 1:
+            raise ValueError(f"decide_every must be an int >= 1, got {decide_every!r}")
         if rule not in RULES:
             raise ValueError(f"unknown rule {rule!r}; valid: {', '.join(RULES)}")
         if not expected_repair_s > 0:
             raise ValueError(f"expected_repair_s must be > 0 (math.inf: never), "
                              f"got {expected_repair_s}")
         self.interval_steps = checkpoint_interval_steps
+        self.decide_every = decide_every
         self.rule = rule
         # The advisor works in seconds; its interval follows the measured healthy step.
         self.advisor = Advisor(checkpoint_interval_s=1.0, t_detect_s=t_detect_s,
@@ -199,9 +206,16 @@ class FaultPolicy:
         ``duration_s``: how long the step took (default: the time since the previous
         call on the deciding rank).
         """
+        deciding = step % self.decide_every == 0 or step % self.interval_steps == 0
         values = None
         if self.rank == self.decider:
-            values = self._decide(step, duration_s)
+            duration_s, now = self._observe_step(duration_s)
+            if deciding:
+                values = self._decide(step, duration_s, now)
+        if not deciding:  # the same on every rank: nothing is exchanged
+            if self._last is None:
+                return self._advice(step, _healthy_values(0))
+            return dataclasses.replace(self._last, step=step, action=CONTINUE)
         values = self._share(values)
         advice = self._advice(step, values)
         if self._last is None or _changes(advice) != _changes(self._last):
@@ -209,7 +223,8 @@ class FaultPolicy:
         self._last = advice
         return advice
 
-    def _decide(self, step: int, duration_s: Optional[float]) -> list:
+    def _observe_step(self, duration_s: Optional[float]) -> tuple:
+        """The deciding rank, every step: the step's time and the events so far."""
         now = self._clock()
         if duration_s is None and self._last_step_at is not None:
             duration_s = now - self._last_step_at
@@ -217,10 +232,12 @@ class FaultPolicy:
         self._apply_events()
         if duration_s is not None and duration_s > 0:
             self.advisor.record_step(duration_s)
+        return duration_s, now
+
+    def _decide(self, step: int, duration_s: Optional[float], now: float) -> list:
         self._reason = ""
         if not self._active or self.rule == "run_degraded":
-            return [_ACTION_CODES[CONTINUE], _NO_DECISION, len(self._active), 1.0, 0.0, 0.0,
-                    math.nan, math.nan, math.nan]
+            return _healthy_values(len(self._active))
         if self.rule == "restart":
             self._reason = "rule 'restart': every fault restarts the job from its last checkpoint"
             return [_ACTION_CODES[EXIT_NOW], _DECISION_CODES[RESTART_NOW], len(self._active), 1.0,
@@ -312,6 +329,11 @@ def log_advice(logger, record: dict) -> None:
     sink = getattr(logger, "sink", logger)
     if sink is not None:
         sink.advice(record)
+
+
+def _healthy_values(faults: int) -> list:
+    return [_ACTION_CODES[CONTINUE], _NO_DECISION, faults, 1.0, 0.0, 0.0, math.nan, math.nan,
+            math.nan]
 
 
 def _changes(advice: Advice) -> tuple:

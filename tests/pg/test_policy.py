@@ -152,10 +152,27 @@ def test_each_change_of_answer_is_logged_with_its_inputs(tmp_path):
     assert "restart at the next checkpoint" in records[-1]["reason"]
 
 
+def test_decide_every_answers_continue_in_between_and_decides_at_checkpoints():
+    clock = Clock()
+    policy = FaultPolicy(10, rule="restart", decide_every=4, listen=False, clock=clock)
+    run_steps(policy, clock, 1, 13, 1.0)
+    policy.observe(event("failover"))
+    answers = run_steps(policy, clock, 14, 16, 1.0)
+    # decided at 16 (a multiple of 4): the fault heard after step 13 exits there
+    assert [(a.step, a.action) for a in answers] == [(14, CONTINUE), (15, CONTINUE), (16, EXIT_NOW)]
+    advised = FaultPolicy(10, decide_every=8, listen=False, clock=clock)
+    run_steps(advised, clock, 1, 13, 1.0)
+    advised.observe(event("failover"))
+    answers = run_steps(advised, clock, 14, 20, 1.5)
+    assert answers[-1].action == CHECKPOINT_AND_EXIT and answers[-1].step == 20  # a checkpoint step
+    assert {a.action for a in answers[:-1]} == {CONTINUE}
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"checkpoint_interval_steps": 0}, "checkpoint_interval_steps"),
     ({"checkpoint_interval_steps": 10, "rule": "sometimes"}, "valid: advised, restart"),
     ({"checkpoint_interval_steps": 10, "expected_repair_s": 0}, "expected_repair_s"),
+    ({"checkpoint_interval_steps": 10, "decide_every": 0}, "decide_every"),
 ])
 def test_bad_parameters_name_what_is_valid(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -170,7 +187,7 @@ FAULT_AFTER = 12
 STEPS = 60
 
 
-def policy_rank(rank, port, out_dir, rule):
+def policy_rank(rank, port, out_dir, rule, decide_every):
     import os
 
     os.environ.update(reccl_env())
@@ -180,7 +197,8 @@ def policy_rank(rank, port, out_dir, rule):
 
         torch, dist, _ = init_rank_groups(rank, port, WORLD)
         # T_detect = 1 s outweighs 10 steps at any slowdown here: eq. 4 never restarts
-        policy = FaultPolicy(10, t_detect_s=1.0, t_reload_s=0.1, rule=rule)
+        policy = FaultPolicy(10, t_detect_s=1.0, t_reload_s=0.1, rule=rule,
+                             decide_every=decide_every)
         answers, seen = [], []
         torch_reccl.on_event(lambda e: seen.append((e.kind, time.time())),
                              kinds=["failover", "nic_down"])
@@ -208,15 +226,16 @@ def policy_rank(rank, port, out_dir, rule):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("rule, action", [("advised", CHECKPOINT_AND_EXIT), ("restart", EXIT_NOW)])
-def test_every_rank_gets_the_same_answer_at_the_same_step(tmp_path, rule, action):
-    results = run_rank_job(tmp_path, policy_rank, WORLD, (rule,), job_timeout_s=100)
+@pytest.mark.parametrize("rule, action, decide_every", [
+    ("advised", CHECKPOINT_AND_EXIT, 1), ("restart", EXIT_NOW, 1), ("restart", EXIT_NOW, 4)])
+def test_every_rank_gets_the_same_answer_at_the_same_step(tmp_path, rule, action, decide_every):
+    results = run_rank_job(tmp_path, policy_rank, WORLD, (rule, decide_every), job_timeout_s=100)
     answers = [r["answers"] for r in results]
     assert answers[1] == answers[0] and answers[2] == answers[0], answers
     last_step, last_action, _, faults = answers[0][-1]
     assert last_action == action and faults > 0
     assert all(r["exit_code"] == RESCHEDULE_EXIT_CODE for r in results)
-    assert last_step > FAULT_AFTER
+    assert last_step > FAULT_AFTER and last_step % decide_every == 0
     if rule == "advised":
         # the first checkpoint step after the deciding rank heard of the fault
         heard = next(step for step, _, _, n in answers[0] if n > 0)
