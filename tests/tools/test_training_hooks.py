@@ -9,11 +9,19 @@ saves through the framework's own checkpointing and the job leaves with exit cod
 whose Trainer restores the data position and RNG, the final weights equal a
 fault-free run's bit for bit. Each answer change is logged through a JSON-lines
 sink with its inputs. (The event path from the library and the broadcast across
-ranks are tests/pg/test_policy.py's.)
+ranks are tests/pg/test_policy.py's.) Last, a Lightning DDP job of 2 ranks over
+"reccl" under ``torchrun --max-restarts 1`` (tests/helpers/lightning_policy_job.py):
+rank 1's NIC down after step 12 by inject_fault, every rank saves and exits 75 at
+step 20, torchrun restarts the job, it resumes and ends with the fault-free
+parameters bit for bit.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -21,6 +29,8 @@ import pytest
 from torch_reccl.events import Event
 from torch_reccl.integrations.jsonl import JsonlSink
 from torch_reccl.policy import CHECKPOINT_AND_EXIT, RESCHEDULE_EXIT_CODE
+
+from conftest import HELPERS, REPO
 
 FAULT_AFTER, INTERVAL, STEPS = 12, 10, 40
 POLICY = {"t_detect_s": 10.0, "t_reload_s": 0.1}
@@ -183,3 +193,31 @@ def test_lightning_interval_comes_from_model_checkpoint_or_is_asked_for():
     without = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="every_n_train_steps"):
         FaultPolicyCallback("ckpt")._interval(without)
+
+
+def lightning_job(tmp_path, *args, restarts=0):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", RECCL_NICS="127.0.0.1,127.0.0.2")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", "--max-restarts", str(restarts),
+               os.path.join(HELPERS, "lightning_policy_job.py"), "--dir", str(tmp_path), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=200)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{done.returncode}:\n{output}"
+    return output
+
+
+def final_digests(output) -> list:
+    return sorted(re.findall(r"rank (\d): step 40 parameters sha256 ([0-9a-f]{64})", output))
+
+
+@pytest.mark.timeout(240)
+def test_lightning_ddp_job_over_reccl_restarts_through_torchrun_to_the_same_weights(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    clean = final_digests(lightning_job(tmp_path / "clean"))
+    assert len(clean) == 2 and clean[0][1] == clean[1][1]
+    output = lightning_job(tmp_path / "job", "--fault-step", "12", restarts=1)
+    exits = re.findall(r"rank (\d): exiting for rescheduling at step (\d+) \((\w+);", output)
+    assert sorted(exits) == [("0", "20", CHECKPOINT_AND_EXIT), ("1", "20", CHECKPOINT_AND_EXIT)]
+    assert sorted(re.findall(r"rank (\d): resuming from reccl-reschedule.ckpt", output)) == ["0", "1"]
+    assert final_digests(output) == clean
