@@ -18,11 +18,13 @@ the same hosts. ``--restart-on spare``: a third host is the spare; torchrun runs
 with --max-restarts 0 and this script, as a scheduler would, starts the job again
 with the spare in place of host 0 (the job's other host stays). The policy's
 costs: --t-detect 0 (the library sees the fault at once; no node has to be found),
---t-reload about what a restart measures here. In place, the restarted job finds eth1 still down: the library reads
-each NIC's flags at start (getifaddrs: IFF_UP and IFF_RUNNING, csrc/core/topology.cc),
-registers eth1 as down in its health table, declines to dial or accept over it, and
-every connection starts on the NICs that are up (the "start" message lists each
-NIC's state as torch_reccl.stats() sees it).
+--t-reload about what a restart measures here.
+
+In place, the restarted job finds eth1 still down: the library reads each NIC's
+flags at start (getifaddrs: IFF_UP and IFF_RUNNING, csrc/core/topology.cc),
+registers eth1 as down in its health table, declines to dial or accept over it,
+and every connection starts on the NICs that are up (the "start" message lists
+each NIC's state as torch_reccl.stats() sees it).
 
 Per run: wall time (first step of the first attempt to the last step), steps
 executed and lost (executed beyond the job's steps: work redone after a restart),
@@ -183,7 +185,7 @@ def run_once(fabric: Fabric, args, rule: str) -> dict:
     return result
 
 
-def summary_lines(results: dict, steps: int) -> list:
+def summary_lines(results: dict) -> list:
     reference = results.get("fault_free")
     lines = [f"{'rule':<13} {'wall s':>7} {'vs fault-free':>13} {'steps run':>9} {'lost':>5} "
              f"{'restarts':>8} {'down s':>7}  exit (step: action)                final model"]
@@ -254,7 +256,7 @@ def main(argv=None) -> int:
     for rule in args.rules:
         digests = {r["params_sha256"] for r in results[rule]["final"].values()}
         results[rule]["same_model_as_fault_free"] = digests == reference and len(reference) == 1
-    print("\n".join(summary_lines(results, args.steps)))
+    print("\n".join(summary_lines(results)))
     for rule in args.rules:
         for start in results[rule]["starts"][1:]:
             print(f"  {rule}: restarted job resumed from step {start['resumed_from']}, "
