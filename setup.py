@@ -95,11 +95,15 @@ setup(
         "plot": ["matplotlib"],
         "nvml": ["nvidia-ml-py"],  # reccl topo's and NVL's NVLink answers (torch_reccl/gpu_topo.py)
         "integrations": ["wandb", "tensorboard", "prometheus_client"],
+        "hooks": ["lightning", "transformers", "accelerate"],  # FaultPolicy callbacks
         # ruff and clang-format pinned: tests/tools/test_style.py checks the tree against them;
         # expecttest: torch's own distributed suite (bench/torch_dist_suite.py) imports it.
         "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
                  "ruff==0.17.6", "clang-format==23.1.5", "expecttest",
-                 "wandb", "tensorboard", "prometheus_client"],
+                 "wandb", "tensorboard", "prometheus_client",
+                 # the FaultPolicy callbacks' tests (tests/tools/test_training_hooks.py);
+                 # Transformers' Trainer needs accelerate
+                 "lightning", "transformers", "accelerate"],
     },
     # Built in this order: the extensions link the library.
     ext_modules=[

@@ -17,6 +17,7 @@ This module must stay importable without torch or the C++ extension.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -112,7 +113,11 @@ class Advisor:
 
     ``expected_repair_s`` (how long a fault usually lasts) lets it also weigh a
     planned restart at the next checkpoint against running degraded until the
-    repair; without it, a job past the threshold is told to keep going.
+    repair (the simulator's ``advised`` policy); ``math.inf`` says the fault stays
+    until the hardware is swapped, so any slowdown (k > 1) makes the reload at the
+    next checkpoint pay: the paper's eq. 2, the simulator's
+    ``degrade_until_checkpoint``. Without it, a job past the threshold is told to
+    keep going.
     """
 
     def __init__(
@@ -134,6 +139,9 @@ class Advisor:
             raise ValueError("t_detect_s, t_reload_s and t_timeout_s must be >= 0")
         if assumed_k < 1:
             raise ValueError(f"assumed_k must be >= 1, got {assumed_k}")
+        if expected_repair_s is not None and not expected_repair_s >= 0:
+            raise ValueError(f"expected_repair_s must be >= 0 (math.inf: until the hardware "
+                             f"is swapped), got {expected_repair_s}")
         if min_samples < 1 or window < min_samples:
             raise ValueError("need 1 <= min_samples <= window")
         self.checkpoint_interval_s = checkpoint_interval_s
@@ -172,6 +180,10 @@ class Advisor:
         """Every failed path is healthy again: steps count as healthy from now on."""
         self._failover_at = None
         self._degraded_steps.clear()
+
+    def healthy_step_s(self) -> float | None:
+        """Median healthy step time: what one step of work costs without a fault."""
+        return statistics.median(self._healthy_steps) if self._healthy_steps else None
 
     def estimate_k(self) -> float | None:
         """Slowdown since the latest failover, or None without enough steps.
@@ -224,6 +236,13 @@ class Advisor:
             degraded_for = (self._clock() if now is None else now) - self._failover_at
         to_checkpoint = k * (self.checkpoint_interval_s - t_elapsed_s)
         degraded_after = max(0.0, self.expected_repair_s - degraded_for - to_checkpoint)
+        if math.isinf(degraded_after):
+            if k > 1:
+                return RESTART_AT_NEXT_CHECKPOINT, (
+                    f"restart at the next checkpoint: the fault stays until the hardware is "
+                    f"swapped, so running on at {k_text} wastes more than the "
+                    f"{_format_duration(self.t_reload_s)} reload; until then {saved}")
+            return KEEP_GOING, f"keep going at {k_text}: no slowdown to escape; {saved}"
         wasted = degraded_after * (k - 1) / k
         if reload_beats_degraded(k, degraded_after, self.t_reload_s):
             return RESTART_AT_NEXT_CHECKPOINT, (

@@ -72,6 +72,22 @@ lets rank 0 - which hosts the TCPStore when started without torchrun - leave las
 so no rank's NCCL watchdog or event channel talks to a store that is gone; every
 step of this is bounded (FINISH_TIMEOUT_S).
 
+Restart or run degraded (``--reccl-policy advised``; docs/simulation.md, "The
+advisor in a running job"): the launcher holds a torch_reccl.policy.FaultPolicy
+with Megatron's ``--save-interval`` as its checkpoint interval and asks it after
+every ``train_step`` (one broadcast, so every rank gets the same answer at the same
+iteration). At ``checkpoint_and_exit`` it goes through Megatron's own exit path:
+``--exit-signal-handler``'s gathered flags read "signal received" on every rank,
+so Megatron saves its checkpoint (``--save``) and leaves its loop; the launcher then
+exits with code 75 after the usual finish. At ``exit_now`` every rank exits 75 at
+once, without a checkpoint. ``torchrun --max-restarts`` starts the job again and
+Megatron resumes from ``--load``. A restarted job (TORCHELASTIC_RESTART_COUNT > 0)
+fires no scheduled faults: an injected fault dies with its process. The rule's
+costs: ``--reccl-t-detect``, ``--reccl-t-reload`` (seconds, the paper's 1800 by
+default), ``--reccl-expected-repair`` (inf: eq. 2), ``--reccl-assumed-k``. Each
+change of answer, with its inputs, goes to ``--reccl-events-jsonl`` and
+``--reccl-wandb`` on the collecting rank.
+
 Two other routes, documented in examples/megatron/README.md: a patch to Megatron's
 arguments.py and dist_signal_handler.py (``--distributed-backend reccl``) and the
 zero-code route ``NCCL_NET_PLUGIN=$(python -m torch_reccl --plugin-path)``.
@@ -136,6 +152,19 @@ def split_argv(argv):
                         help="the schedule's faults are real link faults made by a driver outside "
                              "the job (bench/megatron_fault.py --link veth): this process injects "
                              "nothing and rank 0 writes the iterations done to PATH before each one")
+    parser.add_argument("--reccl-policy", choices=("advised", "restart", "run_degraded"),
+                        default=None, help="follow torch_reccl.policy.FaultPolicy with this rule: "
+                        "checkpoint and exit 75 through Megatron's --exit-signal-handler path")
+    parser.add_argument("--reccl-policy-interval", type=int, default=None, metavar="N",
+                        help="iterations between checkpoints (default: Megatron's --save-interval)")
+    parser.add_argument("--reccl-t-detect", type=float, default=1800.0,
+                        help="seconds to find a faulty node (FaultPolicy t_detect_s)")
+    parser.add_argument("--reccl-t-reload", type=float, default=1800.0,
+                        help="seconds to reschedule and load a checkpoint (FaultPolicy t_reload_s)")
+    parser.add_argument("--reccl-expected-repair", type=float, default=float("inf"),
+                        help="seconds a fault lasts (default inf: reload at the next checkpoint)")
+    parser.add_argument("--reccl-assumed-k", type=float, default=1.03,
+                        help="slowdown assumed until measured (FaultPolicy assumed_k)")
     parser.add_argument("--reccl-report", default=None, metavar="PATH",
                         help="the collecting rank writes the run's summary here as JSON: step "
                              "time of every iteration, around each fault, failovers and failbacks")
@@ -191,8 +220,10 @@ class IterationHook:
     def __init__(self, faults: List[Fault], host: int, nic_names: List[str],
                  apply: Callable[[str, str], str] = inject, sync: Optional[Callable[[], None]] = None,
                  clock: Callable[[], float] = time.perf_counter, announce: Callable[[str], None] = print,
-                 progress: Optional[Callable[[int], None]] = None):
+                 progress: Optional[Callable[[int], None]] = None, policy=None):
         self.progress = progress
+        self.policy = policy       # a FaultPolicy asked after every train_step, or None
+        self.reschedule = None     # its checkpoint_and_exit answer, once given
         self.pending = [f for f in faults if f.host is None or f.host == host]
         self.nic_names = nic_names
         self.apply = apply
@@ -225,6 +256,12 @@ class IterationHook:
                 self.sync()
             self.step_s[done + 1] = self.clock() - start
             self.calls += 1
+            if self.policy is not None and self.reschedule is None:
+                advice = self.policy.step(done + 1)
+                if advice.checkpoint:
+                    self.reschedule = advice  # Megatron saves and leaves at its signal check
+                elif advice.exit:
+                    self.policy.exit_for_rescheduling(advice)
             return result
 
         train_step_with_faults.reccl_hooked = True
@@ -233,6 +270,21 @@ class IterationHook:
     def install(self, module) -> None:
         if not getattr(module.train_step, "reccl_hooked", False):
             module.train_step = self.wrap(module.train_step)
+
+    def adapt_signals(self, module) -> None:
+        """Once the policy says checkpoint_and_exit, every rank's gathered "signal
+        received" flags read true (the gather still runs), so Megatron saves and exits."""
+        original = module.DistributedSignalHandler.signals_received
+        if getattr(original, "reccl_hooked", False):
+            return
+        hook = self
+
+        def signals_received(handler):
+            flags = original(handler)
+            return [1] * len(flags) if hook.reschedule is not None else flags
+
+        signals_received.reccl_hooked = True
+        module.DistributedSignalHandler.signals_received = signals_received
 
 
 def left_to_driver(nic: str, action: str) -> str:
@@ -440,12 +492,34 @@ def bounded(seconds: float, what: str):
     return timer
 
 
+def policy_interval(ours, megatron_args) -> Optional[int]:
+    """The policy's checkpoint interval: ours, else Megatron's --save-interval; checks
+    that Megatron's checkpoint-and-exit path is on."""
+    if not ours.reccl_policy:
+        return None
+    if "--exit-signal-handler" not in megatron_args:
+        raise SystemExit("pretrain_gpt_reccl.py: --reccl-policy needs Megatron's "
+                         "--exit-signal-handler (its save-and-exit path), and --save/--load")
+    if ours.reccl_policy_interval is not None:
+        return ours.reccl_policy_interval
+    for i, arg in enumerate(megatron_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--save-interval=") else (
+            megatron_args[i + 1] if arg == "--save-interval" and i + 1 < len(megatron_args) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    raise SystemExit("pretrain_gpt_reccl.py: --reccl-policy needs the checkpoint interval: "
+                     "Megatron's --save-interval N or --reccl-policy-interval N")
+
+
 def main(argv=None) -> None:
     ours, megatron_args = split_argv(sys.argv[1:] if argv is None else argv)
     try:
         faults = parse_iteration_schedule(ours.reccl_fault_schedule, by_driver=bool(ours.reccl_fault_driver))
     except ScheduleError as error:
         raise SystemExit(f"pretrain_gpt_reccl.py: --reccl-fault-schedule: {error}")
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        faults = []  # an injected fault died with the process that had it
+    interval = policy_interval(ours, megatron_args)
     init_distributed(ours.reccl_backend, ours.reccl_timeout_minutes)
     import torch.distributed as dist
 
@@ -464,23 +538,42 @@ def main(argv=None) -> None:
     events: List[dict] = []
     torch_reccl.on_event(lambda event: events.append(event.to_dict()), kinds=COUNTED_KINDS, job_wide=True)
     driver = ours.reccl_fault_driver
+    policy = None
+    if ours.reccl_policy:
+        from torch_reccl.policy import FaultPolicy
+
+        policy = FaultPolicy(interval, t_detect_s=ours.reccl_t_detect,
+                             t_reload_s=ours.reccl_t_reload,
+                             expected_repair_s=ours.reccl_expected_repair,
+                             assumed_k=ours.reccl_assumed_k, rule=ours.reccl_policy)
     hook = IterationHook(faults, this_host(), nic_names, sync=cuda_sync,
                          apply=left_to_driver if driver else inject,
                          announce=lambda line: say(f"{line} on rank {rank}"),
-                         progress=progress_writer(driver) if driver and rank == 0 else None)
+                         progress=progress_writer(driver) if driver and rank == 0 else None,
+                         policy=policy)
     after_import(TRAINING_MODULE, hook.install)
+    if policy is not None:
+        after_import(SIGNAL_HANDLER_MODULE, hook.adapt_signals)
+    sinks = []
     if ours.reccl_events_jsonl:
         from torch_reccl.integrations import jsonl
 
-        jsonl.attach(ours.reccl_events_jsonl)
+        sinks.append(jsonl.attach(ours.reccl_events_jsonl))
     if ours.reccl_wandb:
         from torch_reccl.integrations import wandb as reccl_wandb
 
-        reccl_wandb.attach(wait_for_run=True)  # Megatron calls wandb.init inside pretrain
+        sinks.append(reccl_wandb.attach(wait_for_run=True))  # Megatron calls wandb.init in pretrain
+    if policy is not None:
+        policy.loggers += sinks  # each change of answer, with its inputs, on the collecting rank
     after_import(SIGNAL_HANDLER_MODULE, adapt_signal_handler)  # --exit-signal-handler
     # Megatron sees an initialised torch.distributed and keeps it (its
     # _initialize_distributed prints "torch distributed is already initialized").
     code = run_script(ours.reccl_script, megatron_args)
+    if hook.reschedule is not None:
+        from torch_reccl.policy import RESCHEDULE_EXIT_CODE, rescheduling_message
+
+        say(rescheduling_message(hook.reschedule, rank))
+        code = RESCHEDULE_EXIT_CODE
     watchdog = bounded(FINISH_TIMEOUT_S, f"rank {rank}'s exit (events, summary, destroying groups)")
     finish(store, rank, world, collector, hook, faults, events, ours.reccl_report)
     watchdog.cancel()

@@ -261,3 +261,48 @@ def test_megatron_fault_run_with_a_real_veth_down_keeps_every_loss(tmp_path):
     for run in (clean, faulted):
         for log in run["logs"]:
             assert "Traceback" not in log and "Broken pipe" not in log, log
+
+
+@pytest.mark.timeout(300)
+def test_megatron_launcher_policy_saves_through_megatrons_exit_path_and_resumes(tmp_path):
+    """--reccl-policy advised under torchrun --max-restarts 1, stand-in checkout: host
+    0's NIC 0 down before iteration 13 and the iterations three times slower from
+    there (the slowdown the policy measures). The policy runs degraded to the next
+    checkpoint, iteration 20, where Megatron's --exit-signal-handler path saves
+    (--save) on the same iteration on every rank; the launcher exits 75, torchrun
+    restarts the job, which loads the checkpoint (--load) and finishes: the final
+    parameters equal a fault-free run's. (Megatron-LM's own save_checkpoint and
+    load_checkpoint are the stand-in's here; not run against Megatron-LM.)"""
+    def run(save_dir, *extra):
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   OMP_NUM_THREADS="1", RECCL_NICS="127.0.0.1,127.0.0.2")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", "--max-restarts", "1", LAUNCHER,
+                   "--reccl-script", "pretrain_gpt.py", *extra, "--train-iters", "40",
+                   "--exit-signal-handler", "--no-self-sigterm", "--iteration-ms", "10",
+                   "--save", save_dir, "--load", save_dir, "--save-interval", "10"]
+        done = subprocess.run(command, cwd=MEGATRON_CHECKOUT, env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, f"{done.returncode}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout + done.stderr
+
+    clean = run(str(tmp_path / "clean"))
+    jsonl = tmp_path / "events.jsonl"
+    output = run(str(tmp_path / "job"), "--reccl-events-jsonl", str(jsonl),
+                 "--reccl-fault-schedule", "h0nic0:down@step 12",
+                 "--reccl-policy", "advised", "--reccl-t-detect", "10", "--reccl-t-reload", "0.1",
+                 "--slow-from", "12", "--slow-iteration-ms", "60")
+    exits = re.findall(r"rank (\d): exiting for rescheduling at step (\d+) \((\w+);", output)
+    assert sorted(exits) == [("0", "20", "checkpoint_and_exit"), ("1", "20", "checkpoint_and_exit")], output
+    assert sorted(re.findall(r"rank (\d): exit signal at step (\d+)", output)) == [
+        ("0", "19"), ("1", "19")], output
+    assert sorted(re.findall(r"rank (\d): loaded checkpoint at iteration (\d+)", output)) == [
+        ("0", "20"), ("1", "20")], output
+    advice = [r for r in map(json.loads, jsonl.read_text().splitlines()) if r["kind"] == "advice"]
+    exit_record = next(r for r in advice if r["action"] == "checkpoint_and_exit")
+    assert exit_record["step"] == 20 and exit_record["k_measured"] and exit_record["k"] > 1.5
+    assert exit_record["checkpoint_interval_steps"] == 10 and exit_record["t_detect_s"] == 10
+    # both attempts print their parameters (the first at iteration 20); the ranks' lines may
+    # run into each other, so match the 64 hex digits alone
+    [final] = set(re.findall(r"parameters sha256 ([0-9a-f]{64})", clean))
+    assert re.findall(r"parameters sha256 ([0-9a-f]{64})", output).count(final) == 2, output

@@ -306,3 +306,76 @@ def test_missing_package_names_what_to_install(monkeypatch):
         reccl_wandb.attach(job_wide=False)
     with pytest.raises(ImportError, match="pip install prometheus_client"):
         prometheus.attach(port=0, job_wide=False)
+
+
+# --------------------------------------------------------------------------- FaultPolicy answers
+
+
+def policy_answers(loggers) -> list:
+    """A lone FaultPolicy through a fault (events and step times fed by hand): healthy,
+    failover, k measured, checkpoint_and_exit at step 20; each change goes to loggers."""
+    from torch_reccl.events import Event
+    from torch_reccl.policy import FaultPolicy
+
+    now = [100.0]
+    policy = FaultPolicy(10, t_detect_s=10.0, t_reload_s=0.1, listen=False, loggers=loggers,
+                         clock=lambda: now[0])
+    answers = []
+    for step in range(1, 21):
+        if step == 13:
+            policy.observe(Event(kind="failover", time=now[0], rank=1, nic="eth0", peer="",
+                                 reason="link down", detail="", connection=4))
+        seconds = 1.0 if step < 13 else 2.0
+        now[0] += seconds
+        answers.append(policy.step(step, duration_s=seconds))
+    return answers
+
+
+def test_policy_answers_reach_tensorboard_prometheus_and_wandb(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torch_reccl.integrations import prometheus, tensorboard, wandb as reccl_wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    run = wandb.init(project="reccl-test")
+    try:
+        sinks = [tensorboard.attach(log_dir=str(tmp_path / "tb"), job_wide=False),
+                 prometheus.attach(port=0, addr="127.0.0.1", job_wide=False),
+                 reccl_wandb.attach(job_wide=False)]
+        answers = policy_answers(sinks)
+        assert answers[-1].action == "checkpoint_and_exit" and answers[-1].k == 2.0
+        samples = scrape(sinks[1].sink.port)
+        for attachment in sinks:
+            attachment.close()
+        run_dir = os.path.dirname(run.dir)
+    finally:
+        run.finish()
+
+    accumulator = EventAccumulator(str(tmp_path / "tb"))
+    accumulator.Reload()
+    actions = accumulator.Scalars("reccl/advice/action")
+    assert [(s.step, s.value) for s in actions] == [(1, 0), (13, 0), (15, 0), (20, 1)]
+    assert accumulator.Scalars("reccl/advice/k")[-1].value == 2.0
+    assert accumulator.Scalars("reccl/advice/faults")[-1].value == 1
+    texts = accumulator.Tensors("reccl/advice/text_summary")
+    assert b"restart at the next checkpoint" in texts[-1].tensor_proto.string_val[0]
+
+    assert samples[("reccl_advice_action", (("reccl_advice_action", "checkpoint_and_exit"),))] == 1
+    assert samples[("reccl_advice_action", (("reccl_advice_action", "continue"),))] == 0
+    assert samples[("reccl_advice", (("value", "k"),))] == 2.0
+    assert samples[("reccl_advice_step", ())] == 20
+
+    # commit=False: the scalars join one row (the latest values); the table has every answer
+    history = history_rows(finished_run_records(run_dir))
+    advice = [row for row in history if "reccl/advice/action" in row]
+    assert advice[-1]["reccl/advice/step"] == 20 and advice[-1]["reccl/advice/action"] == 1
+    assert advice[-1]["reccl/advice/k"] == 2.0
+    rows = []
+    for table_file in sorted(glob.glob(os.path.join(run_dir, "files", "media", "table", "reccl", "*.json"))):
+        rows += json.load(open(table_file))["data"]
+    assert [row[5] for row in rows if row[2] == "advice"] == [
+        "continue", "continue", "continue", "checkpoint_and_exit"]

@@ -25,12 +25,22 @@ the parameters). With ``--commands`` the rank reads JSON commands on stdin:
 ``{"cmd": "inject", "nic": NAME, "kind": "down"|"up"|"flap"|"blackhole",
 "period": S, "count": N}`` calls :func:`torch_reccl.inject_fault` in this
 process (the drill's fallback without root).
+
+With ``--checkpoint-dir`` rank 0 saves the model, the momentum and the step every
+``--checkpoint-every`` steps (the directory must be shared by the ranks) and every
+rank resumes from the latest checkpoint there when it starts -- after ``torchrun
+--max-restarts`` brought the job back, say. ``--policy`` puts a
+:class:`torch_reccl.policy.FaultPolicy` in the loop: at its ``checkpoint_and_exit``
+the ranks save and exit with code 75, at ``exit_now`` they exit at once (``exit``
+message first). Since every batch is a function of (seed, step, rank), a job that
+resumes replays exactly the steps it lost and ends with the fault-free parameters.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import hashlib
+import math
 import os
 import sys
 import time
@@ -84,6 +94,32 @@ def parameter_digest(model) -> str:
     return h.hexdigest()
 
 
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+def save_checkpoint(torch, directory: str, step: int, params, momentum) -> None:
+    """Rank 0's checkpoint: written to a temporary file, then renamed over the old one."""
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    state = {"step": step, "params": [p.detach().clone() for p in params],
+             "momentum": [m.clone() for m in momentum]}
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(torch, directory: str, params, momentum) -> int:
+    """Loads the latest checkpoint into params and momentum; the step it was taken at (0: none)."""
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu")  # copy_ moves it to each rank's device
+    with torch.no_grad():
+        for p, saved in zip(params, state["params"]):
+            p.copy_(saved)
+        for m, saved in zip(momentum, state["momentum"]):
+            m.copy_(saved)
+    return int(state["step"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_reccl.drill.trainer")
     parser.add_argument("--steps", type=int, default=None, help="train exactly this many steps")
@@ -101,12 +137,27 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: GPU tensors over NCCL (reccl = through torch_reccl's plugin)")
     parser.add_argument("--commands", action="store_true", help="read inject commands on stdin")
+    parser.add_argument("--checkpoint-dir", help="save here every --checkpoint-every steps and "
+                        "resume from here at start (a directory every rank reads)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints")
+    parser.add_argument("--policy", choices=("off", "advised", "restart", "run_degraded"),
+                        default="off", help="a FaultPolicy with this rule answers every step")
+    parser.add_argument("--t-detect", type=float, default=1800.0, help="FaultPolicy t_detect_s")
+    parser.add_argument("--t-reload", type=float, default=1800.0, help="FaultPolicy t_reload_s")
+    parser.add_argument("--expected-repair", type=float, default=math.inf,
+                        help="FaultPolicy expected_repair_s (default: inf, eq. 2)")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds of emulated compute added to every step")
     args = parser.parse_args(argv)
     if (args.steps is None) == (args.duration is None):
         parser.error("give exactly one of --steps and --duration")
     valid = {"cpu": ("reccl", "gloo"), "cuda": ("reccl", "nccl")}[args.device]
     if args.backend not in valid:
         parser.error(f"--device {args.device} runs over {' or '.join(valid)}, not {args.backend}")
+    if (args.checkpoint_dir is None) != (args.checkpoint_every < 1):
+        parser.error("--checkpoint-dir and --checkpoint-every >= 1 go together")
+    if args.policy != "off" and args.checkpoint_dir is None:
+        parser.error("--policy needs --checkpoint-dir and --checkpoint-every")
 
     import torch
     import torch.distributed as dist
@@ -153,12 +204,22 @@ def main(argv=None) -> int:
     teacher = torch.randn(INPUTS, CLASSES, generator=torch.Generator().manual_seed(args.seed + 1))
     momentum = [torch.zeros_like(p) for p in params]
     loss_fn = torch.nn.CrossEntropyLoss()
+    step = load_checkpoint(torch, args.checkpoint_dir, params, momentum) if args.checkpoint_dir else 0
+    policy = None
+    if args.policy != "off":
+        from torch_reccl.policy import FaultPolicy
+
+        policy = FaultPolicy(args.checkpoint_every, t_detect_s=args.t_detect,
+                             t_reload_s=args.t_reload, expected_repair_s=args.expected_repair,
+                             rule=args.policy)
 
     dist.barrier()
     t0 = time.time()
     if rank == 0:
-        report("start", t0=t0, world=world, batch=args.batch)
-    step, loss_value = 0, float("nan")
+        report("start", t0=t0, world=world, batch=args.batch, resumed_from=step,
+               restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+               nics={name: nic["up"] for name, nic in torch_reccl.stats()["nics"].items()})
+    loss_value = float("nan")
     while args.steps is None or step < args.steps:
         begin = time.perf_counter()
         x, y = batch(torch, teacher, args.seed, step, rank, args.batch, device)
@@ -166,6 +227,8 @@ def main(argv=None) -> int:
             p.grad = None
         loss = loss_fn(model(x), y)
         loss.backward()
+        if args.step_delay:
+            time.sleep(args.step_delay)
         average_gradients(torch, dist, params, world)
         sgd_step(torch, params, momentum, args.lr)
         # one small all_reduce: the mean loss, and rank 0's decision to stop
@@ -176,9 +239,21 @@ def main(argv=None) -> int:
         step += 1
         loss_value = float(shared[0].item()) / world
         seconds = time.perf_counter() - begin
+        advice = policy.step(step) if policy is not None else None
         if rank == 0:
             report("step", step=step, t=time.time(), loss=loss_value, step_s=seconds,
-                   samples_per_s=args.batch * world / seconds)
+                   samples_per_s=args.batch * world / seconds,
+                   **({"advice": advice.action, "faults": advice.faults, "k": advice.k}
+                      if advice is not None else {}))
+        if args.checkpoint_dir and rank == 0 and (
+                step % args.checkpoint_every == 0 or (advice is not None and advice.checkpoint)):
+            save_checkpoint(torch, args.checkpoint_dir, step, params, momentum)
+        if advice is not None and advice.exit:
+            flush_events()
+            if rank == 0:
+                report("exit", step=step, action=advice.action, reason=advice.reason, k=advice.k,
+                       t=time.time())
+            policy.exit_for_rescheduling(advice)
         if shared[1].item() > 0:
             break
     digest = parameter_digest(model)

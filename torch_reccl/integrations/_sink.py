@@ -102,6 +102,32 @@ def describe(event: Event) -> str:
     return text
 
 
+ADVICE_ACTIONS = ("continue", "checkpoint_and_exit", "exit_now")  # torch_reccl.policy.ACTIONS
+
+
+def advice_scalars(record: dict) -> Dict[str, float]:
+    """The numbers of a FaultPolicy answer (torch_reccl.policy.Advice.to_record) that
+    dashboards plot, keyed by short names; ``action`` as its index in ADVICE_ACTIONS."""
+    values = {"advice/action": float(ADVICE_ACTIONS.index(record["action"])),
+              "advice/faults": float(record["faults"]), "advice/k": float(record["k"])}
+    for name in ("t_elapsed_s", "threshold_s", "t_restart_s", "t_failover_s"):
+        if record.get(name) == record.get(name):  # not nan (no fault: no decision)
+            values["advice/" + name] = float(record[name])
+    return values
+
+
+def describe_advice(record: dict) -> str:
+    """One line for humans: the answer at a step and why."""
+    text = f"step {record['step']}: {record['action']}"
+    if record.get("decision"):
+        measured = "measured" if record.get("k_measured") else "assumed"
+        text += (f" (advisor: {record['decision']}, {record['faults']} fault(s) active, "
+                 f"k={record['k']:.3f} {measured})")
+    if record.get("reason"):
+        text += f" - {record['reason']}"
+    return text
+
+
 def _rate(bytes_per_s: Optional[float]) -> str:
     return "?" if bytes_per_s is None else f"{bytes_per_s / 1e6:.1f} MB/s"
 

@@ -1,10 +1,13 @@
 """Events as JSON lines in a file: one ``Event.to_json()`` per line, appended and
-flushed as it happens, so ``tail -f`` and ``jq`` work while the job runs::
+flushed as it happens, so ``tail -f`` and ``jq`` work while the job runs (and each
+change of a :class:`~torch_reccl.policy.FaultPolicy` answer given ``loggers=``, a
+line of kind ``"advice"``)::
 
     torch_reccl.integrations.jsonl.attach("reccl_events.jsonl")
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Iterable, Optional
@@ -27,6 +30,14 @@ class JsonlSink:
             if self._file.closed:
                 return
             self._file.write(event.to_json() + "\n")
+            self._file.flush()
+
+    def advice(self, record: dict) -> None:
+        """A FaultPolicy answer (kind "advice") as one more line."""
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.write(json.dumps(record, sort_keys=True) + "\n")
             self._file.flush()
 
     def close(self) -> None:

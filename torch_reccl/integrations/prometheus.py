@@ -9,6 +9,11 @@ From events (labels ``rank``, ``nic``; job-wide on rank 0):
 - ``reccl_interruption_seconds``                       histogram of failover interruptions
 - ``reccl_slowdown``                                   gauge: the last measured slowdown
 
+From a :class:`~torch_reccl.policy.FaultPolicy` given ``loggers=``:
+``reccl_advice_action`` (an enum: continue, checkpoint_and_exit, exit_now),
+``reccl_advice{value=faults|k|t_elapsed_s|threshold_s|t_restart_s|t_failover_s}``
+and ``reccl_advice_step``.
+
 From this process's ``torch_reccl.stats()``, read at scrape time (label ``nic``):
 ``reccl_nic_up`` (1 usable, 0 not), ``reccl_bytes_sent_total``,
 ``reccl_bytes_received_total``, ``reccl_nic_failovers_total``,
@@ -22,7 +27,13 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from torch_reccl.events import Event
-from torch_reccl.integrations._sink import Attachment, attach_sink, require
+from torch_reccl.integrations._sink import (
+    ADVICE_ACTIONS,
+    Attachment,
+    advice_scalars,
+    attach_sink,
+    require,
+)
 
 # Interruptions (s): failovers take ms on a dead link, up to a heartbeat on a silent one.
 INTERRUPTION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -78,6 +89,13 @@ class PrometheusSink:
             ["rank"], buckets=INTERRUPTION_BUCKETS, registry=self.registry)
         self.slowdown = client.Gauge("reccl_slowdown", "last measured slowdown after a failover "
                                      "(throughput before / after)", ["rank", "nic"], registry=self.registry)
+        self.advice_action = client.Enum("reccl_advice_action", "the FaultPolicy's latest answer",
+                                         states=list(ADVICE_ACTIONS), registry=self.registry)
+        self.advice_values = client.Gauge(
+            "reccl_advice", "the FaultPolicy's latest inputs: faults, k, and the rule's times (s)",
+            ["value"], registry=self.registry)
+        self.advice_step = client.Gauge("reccl_advice_step", "training step of the latest answer",
+                                        registry=self.registry)
         self._stats_collector = _NicStatsCollector(core)
         self.registry.register(self._stats_collector)
         self._server, self._thread = client.start_http_server(port, addr=addr, registry=self.registry)
@@ -94,6 +112,14 @@ class PrometheusSink:
             self.failbacks.labels(rank, event.nic).inc()
         elif event.kind == "slowdown" and event.slowdown is not None:
             self.slowdown.labels(rank, event.nic).set(event.slowdown)
+
+    def advice(self, record: dict) -> None:
+        """A FaultPolicy answer: ``reccl_advice_action``, ``reccl_advice{value=...}``."""
+        self.advice_action.state(record["action"])
+        self.advice_step.set(record["step"])
+        for name, value in advice_scalars(record).items():
+            if name != "advice/action":
+                self.advice_values.labels(name.split("/", 1)[1]).set(value)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -6,7 +6,12 @@ Scalars (x axis: the event count, wall time: the event's time): ``reccl/failover
 and ``reccl/failbacks`` (running totals), ``reccl/interruption_ms`` (each failover's
 detection-to-resumed time), ``reccl/bytes_replayed``, ``reccl/failback_ms``,
 ``reccl/nics_down`` and ``reccl/slowdown`` (see the ``slowdown`` event). Text:
-``reccl/events``, one line per event. Needs ``pip install tensorboard``.
+``reccl/events``, one line per event. A :class:`~torch_reccl.policy.FaultPolicy`
+given ``loggers=`` adds, at each change of its answer and against the training
+step, ``reccl/advice/action`` (0 continue, 1 checkpoint_and_exit, 2 exit_now),
+``reccl/advice/faults``, ``reccl/advice/k`` and the rule's times
+(``reccl/advice/t_elapsed_s``, ``threshold_s``, ``t_restart_s``, ``t_failover_s``),
+and the text ``reccl/advice``. Needs ``pip install tensorboard``.
 """
 from __future__ import annotations
 
@@ -14,7 +19,15 @@ import threading
 from typing import Iterable, Optional
 
 from torch_reccl.events import Event
-from torch_reccl.integrations._sink import Attachment, Totals, attach_sink, describe, require
+from torch_reccl.integrations._sink import (
+    Attachment,
+    Totals,
+    advice_scalars,
+    attach_sink,
+    describe,
+    describe_advice,
+    require,
+)
 
 PREFIX = "reccl/"
 
@@ -43,6 +56,17 @@ class TensorBoardSink:
             self.writer.add_text(PREFIX + "events", describe(event), global_step=step,
                                  walltime=event.time)
             self.writer.flush()  # events are rare; make them visible at once
+
+    def advice(self, record: dict) -> None:
+        """A FaultPolicy answer: scalars ``reccl/advice/*`` and a line in
+        ``reccl/advice``, against the training step."""
+        with self._lock:
+            for name, value in advice_scalars(record).items():
+                self.writer.add_scalar(PREFIX + name, value, global_step=record["step"],
+                                       walltime=record["time"])
+            self.writer.add_text(PREFIX + "advice", describe_advice(record),
+                                 global_step=record["step"], walltime=record["time"])
+            self.writer.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -8,7 +8,11 @@ event; ``define_metric``), so reccl charts never disturb yours:
 ``reccl/failovers``, ``reccl/failbacks`` (running totals), ``reccl/interruption_ms``,
 ``reccl/bytes_replayed``, ``reccl/failback_ms``, ``reccl/nics_down``,
 ``reccl/slowdown``; and ``reccl/events``, a table with a row per event (logged at
-most once a second, and at ``close()``).
+most once a second, and at ``close()``). A :class:`~torch_reccl.policy.FaultPolicy`
+given ``loggers=`` adds, at each change of its answer, ``reccl/advice/action`` (0
+continue, 1 checkpoint_and_exit, 2 exit_now), ``reccl/advice/faults``,
+``reccl/advice/k``, the rule's times, ``reccl/advice/step`` (the training step) and
+a row of kind ``advice`` in the table.
 
 By default values are logged with ``commit=False``: they join the row of your next
 ``run.log`` (or the run's end), so they never advance W&B's own ``_step`` and never
@@ -33,7 +37,15 @@ import time
 from typing import Deque, Iterable, Optional
 
 from torch_reccl.events import Event
-from torch_reccl.integrations._sink import Attachment, Totals, attach_sink, describe, require
+from torch_reccl.integrations._sink import (
+    Attachment,
+    Totals,
+    advice_scalars,
+    attach_sink,
+    describe,
+    describe_advice,
+    require,
+)
 
 PREFIX = "reccl/"
 STEP_METRIC = PREFIX + "step"
@@ -120,7 +132,25 @@ class WandbSink:
             if not self._closed:
                 self._log_waiting_locked()
 
-    def _log_locked(self, event: Event) -> None:
+    def advice(self, record: dict) -> None:
+        """A FaultPolicy answer: ``reccl/advice/*`` scalars, ``reccl/advice/step`` (the
+        training step) and a table row of kind "advice"."""
+        with self._lock:
+            if self._closed:
+                return
+            self._waiting.append(record)
+            self._log_waiting_locked()
+
+    def _log_locked(self, event) -> None:
+        if isinstance(event, dict):  # an advice record
+            self._totals.steps += 1
+            row = {PREFIX + name: value for name, value in advice_scalars(event).items()}
+            row[PREFIX + "advice/step"] = event["step"]
+            row[STEP_METRIC] = self._totals.steps
+            self.run.log(row, commit=self._commit)
+            self._add_row([event["time"], None, "advice", "", "", event["action"], -1, -1, None,
+                           None, event["k"], describe_advice(event)])
+            return
         values = self._totals.update(event)
         row = {PREFIX + name: value for name, value in values.items()}
         row[STEP_METRIC] = self._totals.steps

@@ -4,7 +4,9 @@ launcher hooks (written from its public source): ``train()`` runs iterations whi
 name with ``iteration=`` the iterations done, then counts the iteration and, on the
 last rank, logs it as Megatron's training_log does (``iteration N/ M | lm loss:
 X |``, the loss as ``{:.6E}``). With an exit-signal handler every rank stops at the
-iteration where any rank got SIGTERM, as Megatron's does.
+iteration where any rank got SIGTERM, as Megatron's does, after saving a checkpoint
+when ``save`` is given (Megatron's ``save_checkpoint_and_time`` with ``--save``),
+which it also does every ``save_interval`` iterations.
 """
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ def train_step(model, optimizer, data, iteration=None):
     return {"lm loss": averaged / dist.get_world_size()}
 
 
-def train(model, optimizer, train_iters: int, signal_handler=None, on_iteration=None):
+def train(model, optimizer, train_iters: int, signal_handler=None, on_iteration=None,
+          iteration: int = 0, save=None, save_interval: int = 0):
     rank, world = dist.get_rank(), dist.get_world_size()
-    iteration = 0
     while iteration < train_iters:
         if on_iteration is not None:
             on_iteration(iteration)
@@ -38,7 +40,11 @@ def train(model, optimizer, train_iters: int, signal_handler=None, on_iteration=
         if rank == world - 1:
             print(f" iteration {iteration:8d}/{train_iters:8d} | lm loss: {loss_dict['lm loss'].item():.6E} |",
                   flush=True)
+        if save is not None and save_interval and iteration % save_interval == 0:
+            save(iteration)
         if signal_handler is not None and any(signal_handler.signals_received()):
+            if save is not None:
+                save(iteration)
             print(f"rank {rank}: exit signal at step {iteration - 1}", flush=True)
             break
     return iteration
