@@ -2,9 +2,9 @@
 
 NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened as
 tests/helpers/nccl_net_harness.py does) or the transport's Python API (--driver
-transport): one connection per channel, channel c on NIC c; every step gives each
-channel an equal share of --step-bytes in --message-bytes messages, --window in
-flight per channel, all polled from one thread as NCCL's proxy does, and the step
+transport): one connection per channel, channel c on NIC c mod --nics; every
+step gives each channel an equal share of --step-bytes in --message-bytes
+messages, --window in flight per channel, all polled from one thread as NCCL's proxy does, and the step
 ends when the slowest channel ends. The receiver checks every byte of every
 message.
 
@@ -12,7 +12,8 @@ The run is a list of phases (--phases free,down1,...). Before each, the sender
 writes <dir>/want-<phase> and waits for the driver's <dir>/go-<phase> (the driver
 applies that phase's fault first); it then runs --warmup steps and --steps timed
 steps. Per phase it records each step's time, busbw (step bytes / step time), the
-bytes each local NIC sent and the connections spreading at its end; everything
+bytes each local NIC sent and the connections spreading at its end (with
+--per-step also each step's channel end times and bytes per NIC); everything
 goes to <dir>/result-<role>.json. Used by tests/fabric/test_spread_fabric.py and
 bench/plugin_spread.py.
 """
@@ -182,6 +183,7 @@ def main() -> int:
     parser.add_argument("--role", choices=["send", "recv"], required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--nics", type=int, default=4, help="channel c goes on NIC c mod this")
     parser.add_argument("--phases", default="free")
     parser.add_argument("--step-bytes", type=int, default=64 << 20)
     parser.add_argument("--message-bytes", type=int, default=512 << 10)
@@ -192,6 +194,8 @@ def main() -> int:
                              "(a slow NIC needs load for a few seconds before it is found)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--deadline", type=float, default=300)
+    parser.add_argument("--per-step", action="store_true",
+                        help="also record each timed step's channel end times and bytes per NIC")
     args = parser.parse_args()
 
     import torch_reccl
@@ -216,7 +220,7 @@ def main() -> int:
     try:
         if args.role == "recv":
             for c in range(args.channels):
-                handle, listen = driver.listen(c)
+                handle, listen = driver.listen(c % args.nics)
                 publish(os.path.join(args.dir, f"handle-{c}"), handle)
                 comms.append(driver.accept(listen))
             buffers = [[np.zeros(args.message_bytes, np.uint8) for _ in range(args.window)]
@@ -246,7 +250,7 @@ def main() -> int:
             for c in range(args.channels):
                 wait_file(os.path.join(args.dir, f"handle-{c}"), deadline)
                 with open(os.path.join(args.dir, f"handle-{c}"), "rb") as f:
-                    comms.append(driver.connect(c, f.read()))
+                    comms.append(driver.connect(c % args.nics, f.read()))
             for comm in comms:  # NCCL registers its buffers once; TCP stages from any address
                 driver.register(comm, content(0, 0, args.message_bytes))
             base = [0]
@@ -268,23 +272,30 @@ def main() -> int:
             for phase in phases:
                 publish(os.path.join(args.dir, f"want-{phase}"), b"")
                 wait_file(os.path.join(args.dir, f"go-{phase}"), deadline)
-                times = []
+                times, channel_s, step_nic_bytes = [], [], []
                 for step in range(warmups[phase] + args.steps):
                     if step == warmups[phase]:
                         before = nic_bytes("bytes_sent")
                         started = time.perf_counter()
+                    step_before = nic_bytes("bytes_sent") if args.per_step else None
                     t0 = time.perf_counter()
                     ends = pump(driver, comms, post, check, [per_step] * args.channels, deadline,
                                 args.window)
                     base[0] += per_step
                     if step >= warmups[phase]:
                         times.append(max(ends) - t0)
+                        if args.per_step:  # ACKed by the step's end: exact per step
+                            channel_s.append([end - t0 for end in ends])
+                            step_after = nic_bytes("bytes_sent")
+                            step_nic_bytes.append({n: step_after[n] - step_before.get(n, 0)
+                                                   for n in step_after})
                 elapsed = time.perf_counter() - started
                 after = nic_bytes("bytes_sent")
                 result["phases"].append({
                     "phase": phase, "step_s": times,
                     "busbw_gbps": args.step_bytes * len(times) / elapsed / 1e9,
                     "nic_bytes_sent": {n: after[n] - before.get(n, 0) for n in after},
+                    "channel_s": channel_s, "step_nic_bytes": step_nic_bytes,
                     "spreading": torch_reccl.stats()["spreading"]})
             publish(os.path.join(args.dir, "want-end"), b"")
     except Exception as error:
