@@ -147,14 +147,18 @@ def summarize(results: dict, args) -> dict:
         out["phases"][name] = {
             "busbw_gbps": phase["busbw_gbps"], "of_line_rate": phase["busbw_gbps"] / line_rate,
             "ratio": ratio, "bound": bound(name), "of_bound": ratio / bound(name),
-            "step_s": phase["step_s"],
+            "step_s": phase["step_s"], "tcp": phase["tcp"],
             "nic_share": {n: phase["nic_bytes_sent"].get(n, 0) / total for n in NICS},
             "spreading": [sorted(e["nics"]) for e in phase["spreading"]]}
         if args.per_step:
-            out["phases"][name].update(imbalance(phase, PHASE_RAILS[name]))
+            out["phases"][name].update(imbalance(phase, PHASE_RAILS[name]),
+                                       channel_s=phase["channel_s"],
+                                       step_nic_bytes=phase["step_nic_bytes"],
+                                       step_tcp_timeouts=phase["step_tcp_timeouts"])
     # Grey-failure verdicts on the sending host (the slowed NIC is host 0's).
     degraded = [e for e in results["send"]["events"] if e["kind"] == "degraded"]
     out["degraded_nics"] = sorted({e["nic"] for e in degraded})
+    out["receiver_tcp"] = results["recv"].get("tcp", {})
     out["detected_s"] = (min(e["time"] for e in degraded) - results["slowed_at"]
                          if degraded and results["slowed_at"] else None)
     return out
@@ -232,6 +236,10 @@ def main() -> int:
         for phase in phases[1:]:
             share = result["phases"][phase]["nic_share"]
             print(f"  {PHASE_NAMES[phase]}: bytes per NIC " + " ".join(f"{n} {share[n]:.3f}" for n in NICS))
+        for phase in phases:
+            tcp = result["phases"][phase]["tcp"]
+            print(f"  {PHASE_NAMES[phase]}: host 0 TCP " + " ".join(f"{k} {v}" for k, v in sorted(tcp.items())))
+        print("  whole run: host 1 TCP " + " ".join(f"{k} {v}" for k, v in sorted(result["receiver_tcp"].items())))
         if "slow1" in phases:
             detected = result["detected_s"]
             print(f"  degraded NICs (events on host 0): {result['degraded_nics'] or 'none'}"

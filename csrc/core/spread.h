@@ -2,8 +2,8 @@
 // chunks go over one path per surviving NIC ("lanes") instead of the backup
 // alone, so every surviving NIC carries an equal part of the failed NIC's load.
 //
-// SpreadLanes picks the lane for each chunk: the one whose bytes still waiting
-// for their ACK, plus the chunk, take the least time at its weight. A lane's
+// SpreadLanes picks the lane for each piece (below): the one whose bytes still
+// waiting for their ACK, plus the piece, take the least time at its weight. A lane's
 // weight is its measured goodput (an EWMA of the bytes acknowledged per second
 // while it had bytes outstanding; equal at start) times the NIC's
 // NicHealth::weight() and a PCI-distance factor. A slower lane acknowledges

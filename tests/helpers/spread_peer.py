@@ -12,8 +12,9 @@ The run is a list of phases (--phases free,down1,...). Before each, the sender
 writes <dir>/want-<phase> and waits for the driver's <dir>/go-<phase> (the driver
 applies that phase's fault first); it then runs --warmup steps and --steps timed
 steps. Per phase it records each step's time, busbw (step bytes / step time), the
-bytes each local NIC sent and the connections spreading at its end (with
---per-step also each step's channel end times and bytes per NIC); everything
+bytes each local NIC sent, the host's TCP retransmissions and timeouts and the
+connections spreading at its end (with --per-step also each step's channel end
+times, bytes per NIC and TCP timeouts); everything
 goes to <dir>/result-<role>.json. Used by tests/fabric/test_spread_fabric.py and
 bench/plugin_spread.py.
 """
@@ -176,6 +177,23 @@ def nic_bytes(key: str) -> dict:
     return {name: s[key] for name, s in torch_reccl.stats()["nics"].items()}
 
 
+def tcp_counters() -> dict:
+    """This netns's TCP retransmission counters (Linux /proc), or {} elsewhere."""
+    wanted = {"RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"}
+    out = {}
+    for name in ("snmp", "netstat"):
+        try:
+            with open(f"/proc/self/net/{name}") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return {}
+        for keys, values in zip(lines[::2], lines[1::2]):
+            for key, value in zip(keys.split()[1:], values.split()[1:]):
+                if key in wanted:
+                    out[key] = int(value)
+    return out
+
+
 def main() -> int:
     faulthandler.enable()
     parser = argparse.ArgumentParser()
@@ -241,7 +259,9 @@ def main() -> int:
                 if size != want.size or not np.array_equal(buffers[c][index % args.window][:size], want):
                     bad.append((c, index, size))
 
+            tcp_before = tcp_counters()
             pump(driver, comms, post, check, [total] * args.channels, deadline, args.window)
+            result["tcp"] = {k: v - tcp_before.get(k, 0) for k, v in tcp_counters().items()}
             result["messages"] = total * args.channels
             result["bad"] = bad[:20]
             result["bad_count"] = len(bad)
@@ -272,12 +292,14 @@ def main() -> int:
             for phase in phases:
                 publish(os.path.join(args.dir, f"want-{phase}"), b"")
                 wait_file(os.path.join(args.dir, f"go-{phase}"), deadline)
-                times, channel_s, step_nic_bytes = [], [], []
+                times, channel_s, step_nic_bytes, step_timeouts = [], [], [], []
                 for step in range(warmups[phase] + args.steps):
                     if step == warmups[phase]:
                         before = nic_bytes("bytes_sent")
+                        tcp_before = tcp_counters()
                         started = time.perf_counter()
                     step_before = nic_bytes("bytes_sent") if args.per_step else None
+                    step_tcp = tcp_counters() if args.per_step else None
                     t0 = time.perf_counter()
                     ends = pump(driver, comms, post, check, [per_step] * args.channels, deadline,
                                 args.window)
@@ -289,13 +311,18 @@ def main() -> int:
                             step_after = nic_bytes("bytes_sent")
                             step_nic_bytes.append({n: step_after[n] - step_before.get(n, 0)
                                                    for n in step_after})
+                            step_timeouts.append(tcp_counters().get("TCPTimeouts", 0)
+                                                 - step_tcp.get("TCPTimeouts", 0))
                 elapsed = time.perf_counter() - started
                 after = nic_bytes("bytes_sent")
+                tcp_after = tcp_counters()
                 result["phases"].append({
                     "phase": phase, "step_s": times,
                     "busbw_gbps": args.step_bytes * len(times) / elapsed / 1e9,
                     "nic_bytes_sent": {n: after[n] - before.get(n, 0) for n in after},
                     "channel_s": channel_s, "step_nic_bytes": step_nic_bytes,
+                    "step_tcp_timeouts": step_timeouts,
+                    "tcp": {k: v - tcp_before.get(k, 0) for k, v in tcp_after.items()},
                     "spreading": torch_reccl.stats()["spreading"]})
             publish(os.path.join(args.dir, "want-end"), b"")
     except Exception as error:
