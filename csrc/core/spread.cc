@@ -112,7 +112,8 @@ uint64_t ChunkPieces::chunkLength(uint64_t offset, uint64_t messageBytes) const 
 }
 
 uint64_t ChunkPieces::fullMask(uint64_t offset, uint64_t messageBytes) const {
-  const uint64_t units = std::max<uint64_t>(1, (chunkLength(offset, messageBytes) + unit_ - 1) / unit_);
+  const uint64_t units =
+      std::max<uint64_t>(1, (chunkLength(offset, messageBytes) + unit_ - 1) / unit_);
   return units >= 64 ? ~uint64_t{0} : (uint64_t{1} << units) - 1;
 }
 
