@@ -21,7 +21,8 @@ phase is the cost check of spreading and detection), `off` (RECCL_SPREAD=off),
 With k of N NICs down lock-step traffic keeps at best (N-k)/N of a fault-free
 phase that fills the NICs, so each phase is reported against the run's
 fault-free busbw and against that bound; the fault-free phase is reported as a
-share of the line rate, and ratios are quoted only when it reaches --min-fill
+share of the line rate (each fault phase also as a share of the surviving NICs'
+line rate), and ratios are quoted only when it reaches --min-fill
 (else the bench says so and exits 1: a fault-free phase that leaves the NICs
 idle makes every ratio look better than it is). Needs root.
 
@@ -146,8 +147,10 @@ def summarize(results: dict, args) -> dict:
         ratio = phase["busbw_gbps"] / free
         out["phases"][name] = {
             "busbw_gbps": phase["busbw_gbps"], "of_line_rate": phase["busbw_gbps"] / line_rate,
+            "of_survivors_line_rate": phase["busbw_gbps"] / (line_rate * bound(name)),
             "ratio": ratio, "bound": bound(name), "of_bound": ratio / bound(name),
             "step_s": phase["step_s"], "tcp": phase["tcp"],
+            "timed_from": phase["timed_from"], "timed_to": phase["timed_to"],
             "nic_share": {n: phase["nic_bytes_sent"].get(n, 0) / total for n in NICS},
             "spreading": [sorted(e["nics"]) for e in phase["spreading"]]}
         if args.per_step:
@@ -159,6 +162,8 @@ def summarize(results: dict, args) -> dict:
     degraded = [e for e in results["send"]["events"] if e["kind"] == "degraded"]
     out["degraded_nics"] = sorted({e["nic"] for e in degraded})
     out["receiver_tcp"] = results["recv"].get("tcp", {})
+    out["events"] = {role: [{k: e.get(k) for k in ("time", "kind", "nic", "connection", "reason", "detail")}
+                            for e in results[role]["events"]] for role in ("send", "recv")}
     out["detected_s"] = (min(e["time"] for e in degraded) - results["slowed_at"]
                          if degraded and results["slowed_at"] else None)
     return out
@@ -181,7 +186,7 @@ def main() -> int:
                         help="untimed steps after eth0 is slowed (detection needs ~2.5 s of load)")
     parser.add_argument("--settle", type=float, default=1.5)
     parser.add_argument("--heartbeat-ms", type=int, default=1000)
-    parser.add_argument("--min-fill", type=float, default=0.85,
+    parser.add_argument("--min-fill", type=float, default=0.88,
                         help="share of the line rate fault-free must reach before ratios are quoted")
     parser.add_argument("--per-step", action="store_true",
                         help="record bytes per NIC and channel end times of every step: how even "
@@ -223,7 +228,7 @@ def main() -> int:
               f"fault-free at {result['fill']:.1%} of line rate"
               + ("" if fills else f", below {args.min_fill:.0%}: the NICs are not filled, "
                  "ratios not quoted"))
-        print(f"{'phase':>16} {'GB/s':>7} {'of line':>8} {'ratio':>6} {'bound':>6} {'of bound':>8}"
+        print(f"{'phase':>16} {'GB/s':>7} {'of line':>8} {'of survivors':>12} {'ratio':>6} {'bound':>6} {'of bound':>8}"
               + (f" {'busiest NIC/mean':>16} {'end spread':>10}" if args.per_step else ""))
         for phase in phases:
             p = result["phases"][phase]
@@ -232,6 +237,7 @@ def main() -> int:
             extra = (f" {p['busiest_nic_over_mean']:>16.3f} {p['channel_end_spread']:>10.3f}"
                      if args.per_step else "")
             print(f"{PHASE_NAMES[phase]:>16} {p['busbw_gbps']:>7.3f} {p['of_line_rate']:>8.1%} "
+                  f"{p['of_survivors_line_rate']:>12.1%} "
                   f"{ratios}{extra}")
         for phase in phases[1:]:
             share = result["phases"][phase]["nic_share"]

@@ -321,7 +321,7 @@ def main() -> int:
                     if step == warmups[phase]:
                         before = nic_bytes("bytes_sent")
                         tcp_before = tcp_counters()
-                        started = time.perf_counter()
+                        started, wall_started = time.perf_counter(), time.time()
                     step_before = nic_bytes("bytes_sent") if args.per_step else None
                     step_tcp = tcp_counters() if args.per_step else None
                     t0 = time.perf_counter()
@@ -341,7 +341,7 @@ def main() -> int:
                 after = nic_bytes("bytes_sent")
                 tcp_after = tcp_counters()
                 result["phases"].append({
-                    "phase": phase, "step_s": times,
+                    "phase": phase, "step_s": times, "timed_from": wall_started, "timed_to": time.time(),
                     "busbw_gbps": args.step_bytes * len(times) / elapsed / 1e9,
                     "nic_bytes_sent": {n: after[n] - before.get(n, 0) for n in after},
                     "channel_s": channel_s, "step_nic_bytes": step_nic_bytes,
