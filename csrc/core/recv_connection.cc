@@ -13,6 +13,7 @@ RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
                                std::vector<PathCandidate> candidates, uint64_t chunkBytes)
     : Connection(std::move(env), id, std::move(candidates)),
       chunkBytes_(chunkBytes),
+      pieces_(chunkBytes),
       // A failback's old path, or a spreading sender's other lanes, are healthy
       // and finish the chunk they are in: within 50 ms plus a chunk's time at
       // 10 MB/s (a socket's share of a 1 Gbit NIC several paths load at once).
@@ -82,7 +83,10 @@ bool RecvConnection::attachPath(int index, PathCandidate nics, std::shared_ptr<P
 
 uint64_t RecvConnection::resumeOffsetLocked(const PostedRecv& recv) const {
   size_t prefix = 0;
-  while (prefix < recv.landed.size() && recv.landed[prefix]) ++prefix;
+  while (prefix < recv.landed.size() &&
+         recv.landed[prefix] == pieces_.fullMask(prefix * chunkBytes_, recv.messageBytes)) {
+    ++prefix;
+  }
   uint64_t offset = prefix * chunkBytes_;
   if (recv.messageBytes >= 0) offset = std::min<uint64_t>(offset, recv.messageBytes);
   return offset;
@@ -250,18 +254,12 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
                         std::to_string(header.messageBytes) + " bytes; earlier chunks said " +
                         std::to_string(recv.messageBytes));
   }
-  const uint64_t expected =
-      header.offset < header.messageBytes
-          ? std::min<uint64_t>(chunkBytes_, header.messageBytes - header.offset)
-          : 0;
-  bool aligned = header.offset % chunkBytes_ == 0;
-  bool inside =
-      header.offset < header.messageBytes || (header.messageBytes == 0 && header.offset == 0);
-  if (!aligned || !inside || header.bytes != expected) {
+  if (!pieces_.valid(header.offset, header.bytes, header.messageBytes)) {
     throw ProtocolError("DATA chunk [" + std::to_string(header.offset) + ", +" +
                         std::to_string(header.bytes) + ") is not a chunk of a " +
                         std::to_string(header.messageBytes) + "-byte message in " +
-                        std::to_string(chunkBytes_) + "-byte chunks");
+                        std::to_string(chunkBytes_) + "-byte chunks, nor a piece of one in " +
+                        std::to_string(pieces_.unit()) + "-byte units");
   }
   if (recv.messageBytes < 0) {
     recv.messageBytes = static_cast<int64_t>(header.messageBytes);
@@ -277,7 +275,8 @@ uint8_t* RecvConnection::beginData(uint64_t pathId, const DataHeader& header, bo
     throw ProtocolError("a staged chunk of message " + std::to_string(header.seq) +
                         ", whose receive buffer is device memory (direct placement only)");
   }
-  if (recv.landed[header.offset / chunkBytes_]) return nullptr;  // a resent duplicate
+  const uint64_t piece = pieces_.maskOf(header.offset, header.bytes);
+  if ((recv.landed[header.offset / chunkBytes_] & piece) == piece) return nullptr;  // a duplicate
   ++copying_[{header.epoch, pathId}];
   ++recv.copies;
   if (index < 64) dataSlots_ |= uint64_t{1} << index;
@@ -321,9 +320,15 @@ std::shared_ptr<Path> RecvConnection::landLocked(uint64_t pathId, const DataHead
   if (it == recvs_.end()) return nullptr;
   PostedRecv& recv = it->second;
   size_t chunk = header.offset / chunkBytes_;
-  if (chunk >= recv.landed.size() || recv.landed[chunk]) return nullptr;
-  recv.landed[chunk] = 1;
-  ++recv.landedCount;
+  if (chunk >= recv.landed.size()) return nullptr;
+  const uint64_t full = pieces_.fullMask(header.offset, header.messageBytes);
+  uint64_t& landed = recv.landed[chunk];
+  const uint64_t piece = pieces_.maskOf(header.offset, header.bytes);
+  if ((landed & piece) == piece) return nullptr;
+  // A piece resent with other boundaries (a new epoch, other lanes) may overlap
+  // units that landed: the same bytes, written again.
+  landed |= piece;
+  if (landed == full) ++recv.landedCount;
   int index = slotOf(pathId);  // -1 if the path was retired meanwhile
   if (index >= 0) {
     NicHealth::instance()

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/connection.h"
+#include "core/spread.h"
 
 namespace reccl {
 
@@ -55,8 +56,8 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   struct PostedRecv {
     std::shared_ptr<Request> request;
     int64_t messageBytes = -1;     // learned from the first chunk
-    std::vector<uint8_t> landed;   // per chunk
-    size_t landedCount = 0;
+    std::vector<uint64_t> landed;  // per chunk, its units that landed (core/spread.h pieces)
+    size_t landedCount = 0;        // chunks all of whose units landed
     std::vector<uint8_t> place;    // the PLACE frame of a registered receive; empty if none
     bool hostAccessible = true;    // false: device memory, direct placement only
     int copies = 0;                // chunks a path is copying into it now (beginData..endData)
@@ -103,6 +104,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
       std::map<uint64_t, PostedRecv>::iterator it, const std::string& why);
 
   const uint64_t chunkBytes_;
+  const ChunkPieces pieces_;
   // How long copies of the old epoch get before their paths are stopped.
   const Millis fenceGrace_;
   std::map<uint64_t, PostedRecv> recvs_;

@@ -18,7 +18,8 @@ SendConnection::SendConnection(ConnectionEnv env, uint64_t id,
                                std::unique_ptr<Dialer> dialer, uint64_t chunkBytes)
     : Connection(std::move(env), id, std::move(candidates)),
       dialer_(std::move(dialer)),
-      chunkBytes_(chunkBytes) {}
+      chunkBytes_(chunkBytes),
+      pieces_(chunkBytes) {}
 
 SendConnection::~SendConnection() {
   destroyAllPaths();
@@ -104,13 +105,16 @@ bool SendConnection::postLocked(uint64_t seq, PendingSend& send) {
   uint64_t offset = send.resumeOffset - send.resumeOffset % chunkBytes_;
   const Clock::time_point postedAt = Clock::now();
   send.carried.clear();
+  // Spreading: a piece per lane and chunk, so the lanes' shares come out even
+  // (core/spread.h, "Pieces").
+  const size_t lanes = lanes_.slots().size();
   do {
     DataChunk chunk{};
     chunk.header.seq = seq;
     chunk.header.epoch = epoch_;
     chunk.header.messageBytes = bytes;
     chunk.header.offset = offset;
-    chunk.header.bytes = static_cast<uint32_t>(std::min<uint64_t>(chunkBytes_, bytes - offset));
+    chunk.header.bytes = static_cast<uint32_t>(pieces_.pieceLength(offset, bytes, lanes));
     chunk.payload = send.request->data() + offset;
     if (send.registration != nullptr && send.placement != nullptr) {
       chunk.placement = send.placement;

@@ -104,6 +104,7 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
 
   std::unique_ptr<Dialer> dialer_;
   const uint64_t chunkBytes_;
+  const ChunkPieces pieces_;
   std::map<uint64_t, PendingSend> sends_;
   std::map<uint64_t, uint64_t> earlyCts_;  // receives posted before their send
   std::map<uint64_t, std::shared_ptr<const Placement>> earlyPlacements_;  // likewise, PLACE

@@ -106,6 +106,39 @@ void SpreadLanes::acked(int slot, uint64_t bytes, Clock::time_point now) {
 
 void SpreadLanes::forget(int slot) { meters_.erase(slot); }
 
+uint64_t ChunkPieces::chunkLength(uint64_t offset, uint64_t messageBytes) const {
+  const uint64_t start = offset - offset % chunkBytes_;
+  return start >= messageBytes ? 0 : std::min(chunkBytes_, messageBytes - start);
+}
+
+uint64_t ChunkPieces::fullMask(uint64_t offset, uint64_t messageBytes) const {
+  const uint64_t units =
+      std::max<uint64_t>(1, (chunkLength(offset, messageBytes) + unit_ - 1) / unit_);
+  return units >= 64 ? ~uint64_t{0} : (uint64_t{1} << units) - 1;
+}
+
+uint64_t ChunkPieces::maskOf(uint64_t offset, uint64_t bytes) const {
+  const uint64_t first = offset % chunkBytes_ / unit_;
+  const uint64_t units = std::max<uint64_t>(1, (bytes + unit_ - 1) / unit_);
+  const uint64_t run = units >= 64 ? ~uint64_t{0} : (uint64_t{1} << units) - 1;
+  return run << first;
+}
+
+bool ChunkPieces::valid(uint64_t offset, uint64_t bytes, uint64_t messageBytes) const {
+  if (messageBytes == 0) return offset == 0 && bytes == 0;
+  if (offset >= messageBytes || bytes == 0 || offset % chunkBytes_ % unit_ != 0) return false;
+  const uint64_t end = offset - offset % chunkBytes_ + chunkLength(offset, messageBytes);
+  return bytes <= end - offset && (bytes % unit_ == 0 || offset + bytes == end);
+}
+
+uint64_t ChunkPieces::pieceLength(uint64_t offset, uint64_t messageBytes, size_t lanes) const {
+  const uint64_t end = offset - offset % chunkBytes_ + chunkLength(offset, messageBytes);
+  if (lanes <= 1) return end - offset;
+  const uint64_t units = (chunkLength(offset, messageBytes) + unit_ - 1) / unit_;
+  const uint64_t piece = (units + lanes - 1) / lanes * unit_;
+  return std::min(piece, end - offset);
+}
+
 double spreadDistanceFactor(int cost) { return cost > 0 ? 1.0 / (1.0 + cost / 100.0) : 1.0; }
 
 SpreadTable& SpreadTable::instance() {

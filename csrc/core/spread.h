@@ -2,13 +2,20 @@
 // chunks go over one path per surviving NIC ("lanes") instead of the backup
 // alone, so every surviving NIC carries an equal part of the failed NIC's load.
 //
-// SpreadLanes picks the lane for each chunk: the one whose bytes still waiting
-// for their ACK, plus the chunk, take the least time at its weight. A lane's
+// SpreadLanes picks the lane for each piece (below): the one whose bytes still
+// waiting for their ACK, plus the piece, take the least time at its weight. A lane's
 // weight is its measured goodput (an EWMA of the bytes acknowledged per second
 // while it had bytes outstanding; equal at start) times the NIC's
 // NicHealth::weight() and a PCI-distance factor. A slower lane acknowledges
 // later, so it holds more outstanding bytes and gets fewer new chunks even
 // before its goodput is measured.
+//
+// Pieces: a chunk is the unit of resume (a RESYNC counts whole chunks), but a
+// message of a few chunks cannot be split evenly over lanes a chunk at a time
+// (4 chunks over 3 lanes load one NIC with 2 of them, and the collective waits
+// for it). While spreading, the sender cuts each chunk into one piece per lane;
+// pieces start on a multiple of ChunkPieces::unit() inside their chunk, and the
+// receiver counts a chunk landed once all its units have.
 //
 // SpreadTable lists the connections spreading now, for stats().
 #pragma once
@@ -65,6 +72,32 @@ class SpreadLanes {
 // (core/topology.h nicDistance: +100 across the host bridge, +200 another NUMA
 // node): it moves fewer bytes per second for the same buffers.
 double spreadDistanceFactor(int cost);
+
+// The piece geometry of a message in `chunkBytes`-byte chunks, the same at
+// both ends (the receiver's listen handle carries its chunkBytes).
+class ChunkPieces {
+ public:
+  static constexpr uint64_t kUnitsPerChunk = 64;  // a chunk's landed units fit one mask
+  explicit ChunkPieces(uint64_t chunkBytes)
+      : chunkBytes_(chunkBytes), unit_((chunkBytes + kUnitsPerChunk - 1) / kUnitsPerChunk) {}
+  uint64_t unit() const { return unit_; }
+  // The bytes of the chunk holding `offset` in a message of `messageBytes`.
+  uint64_t chunkLength(uint64_t offset, uint64_t messageBytes) const;
+  // The units of that chunk: its mask when all have landed (a 0-byte message
+  // has one chunk of one unit).
+  uint64_t fullMask(uint64_t offset, uint64_t messageBytes) const;
+  // The units of the piece [offset, +bytes), which must be valid().
+  uint64_t maskOf(uint64_t offset, uint64_t bytes) const;
+  // A piece may start on any unit of a chunk and run to a later unit boundary
+  // or to the chunk's end (a whole chunk is one piece).
+  bool valid(uint64_t offset, uint64_t bytes, uint64_t messageBytes) const;
+  // The length of the piece at `offset` when a chunk is cut for `lanes` lanes.
+  uint64_t pieceLength(uint64_t offset, uint64_t messageBytes, size_t lanes) const;
+
+ private:
+  uint64_t chunkBytes_;
+  uint64_t unit_;
+};
 
 struct SpreadInfo {
   uint64_t connection = 0;

@@ -610,6 +610,76 @@ def test_hand_written_sender_and_malformed_data(events):
 
 
 @pytest.mark.timeout(30)
+def test_pieces_of_chunks_land_unit_by_unit_and_resync_counts_only_whole_chunks(events):
+    """A spreading sender cuts chunks into pieces on 1/64-chunk units (64 bytes
+    at 4096-byte chunks). The receiver takes them in any order, drops a piece
+    all of whose units landed, writes one that overlaps landed units (resent
+    with other boundaries), completes the message when every unit of every
+    chunk has landed, reports only whole chunks in a RESYNC, and fails the path
+    on a piece off the unit grid or across a chunk's end."""
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
+    raw = RawSender(address, port, listener.handle)
+    try:
+        conn = listener.accept(5)
+        buf = bytearray(10000)
+        r = conn.irecv(buf)
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
+        raw.read_control(6)
+        payload = os.urandom(9000)  # chunks of 4096, 4096 and 808 bytes
+
+        def send(epoch, offset, nbytes):
+            raw.data.sendall(frame(9, DATA.pack(0, epoch, len(payload), offset, nbytes))
+                             + payload[offset:offset + nbytes])
+
+        # Epoch 1: chunk 0 in three pieces (the last to its end), out of order;
+        # chunk 1's first half only.
+        for offset, nbytes in ((1408, 1408), (0, 1408), (2816, 1280), (4096, 2048)):
+            send(1, offset, nbytes)
+        time.sleep(0.2)
+        assert r.test() == (False, 0)
+        raw.control.sendall(_testing.encode_frame("activate", 2, 0))
+        body = raw.read_control(6)
+        epoch, next_seq, count = RESYNC_HEADER.unpack_from(body)
+        assert (epoch, next_seq, count) == (2, 1, 1)
+        # Chunk 0 whole, chunk 1 half: the sender resumes at chunk 1.
+        assert RESYNC_ENTRY.unpack_from(body, RESYNC_HEADER.size) == (0, 10000, 4096)
+        # Epoch 2: chunk 1 in other boundaries (overlapping its landed half), a
+        # duplicate of a landed piece, and the last chunk in two pieces.
+        for offset, nbytes in ((4096, 3072), (4096, 2048), (7168, 1024), (8192, 768), (8960, 40)):
+            send(2, offset, nbytes)
+        assert r.wait(5) == 9000 and bytes(buf[:9000]) == payload
+        assert ACK.unpack(raw.read_control(4)) == (0, 9000)
+
+        # Off the unit grid, then across a chunk's end: protocol errors.
+        bad_data_fails_its_path(events, conn, raw.data, 0xC0FFEE, 9000,
+                                frame(9, DATA.pack(1, 2, 9000, 4100, 60)) + b"x" * 60,
+                                "protocol error")
+    finally:
+        raw.close()
+    listener.close()
+
+
+@pytest.mark.timeout(30)
+def test_pieces_may_not_cross_a_chunk_end(events):
+    t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
+    listener = t.listen(0)
+    address, port = _testing.decode_handle(listener.handle)["nics"][0]
+    raw = RawSender(address, port, listener.handle)
+    try:
+        conn = listener.accept(5)
+        raw.control.sendall(_testing.encode_frame("activate", 1, 0))
+        raw.read_control(6)
+        bad_data_fails_its_path(events, conn, raw.data, 0xC0FFEE, 9000,
+                                frame(9, DATA.pack(0, 1, 9000, 3840, 512)) + b"x" * 512,
+                                "piece of one in 64-byte units")
+    finally:
+        raw.close()
+    listener.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_late_data_socket_that_closes_before_any_frame_leaves_its_path_at_work(events):
     """A sender's grow dials the missing data sockets in one round and, if that
     round fails half way (a deadline under load), closes the ones already

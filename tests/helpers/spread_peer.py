@@ -2,9 +2,9 @@
 
 NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened as
 tests/helpers/nccl_net_harness.py does) or the transport's Python API (--driver
-transport): one connection per channel, channel c on NIC c; every step gives each
-channel an equal share of --step-bytes in --message-bytes messages, --window in
-flight per channel, all polled from one thread as NCCL's proxy does, and the step
+transport): one connection per channel, channel c on NIC c mod --nics; every
+step gives each channel an equal share of --step-bytes in --message-bytes
+messages, --window in flight per channel, all polled from one thread as NCCL's proxy does, and the step
 ends when the slowest channel ends. The receiver checks every byte of every
 message.
 
@@ -12,7 +12,9 @@ The run is a list of phases (--phases free,down1,...). Before each, the sender
 writes <dir>/want-<phase> and waits for the driver's <dir>/go-<phase> (the driver
 applies that phase's fault first); it then runs --warmup steps and --steps timed
 steps. Per phase it records each step's time, busbw (step bytes / step time), the
-bytes each local NIC sent and the connections spreading at its end; everything
+bytes each local NIC sent, the host's TCP retransmissions and timeouts and the
+connections spreading at its end (with --per-step also each step's channel end
+times, bytes per NIC and TCP timeouts); everything
 goes to <dir>/result-<role>.json. Used by tests/fabric/test_spread_fabric.py and
 bench/plugin_spread.py.
 """
@@ -32,12 +34,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 POOL = np.random.default_rng(5).integers(0, 256, (64 << 20) + 4096, dtype=np.uint8)
 
 
-def content(channel: int, index: int, size: int) -> np.ndarray:
+def fill(out: np.ndarray, channel: int, index: int) -> np.ndarray:
+    """Writes message `index` of `channel` (len(out) bytes) into `out`: a slice
+    of POOL that depends on both, its first 8 bytes a stamp of both. In place:
+    a fresh megabyte per message would cost the harness page faults, CPU that
+    the NICs' traffic needs on a small machine."""
     offset = (channel * 7919 + index * 104729) % 4096
-    data = POOL[offset:offset + size].copy()
+    np.copyto(out, POOL[offset:offset + out.size])
     stamp = np.frombuffer(np.int64(index * 100 + channel).tobytes(), np.uint8)
-    data[:min(8, size)] = stamp[:min(8, size)]
-    return data
+    out[:min(8, out.size)] = stamp[:min(8, out.size)]
+    return out
+
+
+def matches(data: np.ndarray, channel: int, index: int, scratch: np.ndarray) -> bool:
+    """Whether `data` is message `index` of `channel`, compared in place (`scratch`:
+    a bool buffer at least as long)."""
+    offset = (channel * 7919 + index * 104729) % 4096
+    stamp = np.frombuffer(np.int64(index * 100 + channel).tobytes(), np.uint8)
+    head = min(8, data.size)
+    if not np.array_equal(data[:head], stamp[:head]):
+        return False
+    same = scratch[:data.size - head]
+    np.equal(data[head:], POOL[offset + head:offset + data.size], out=same)
+    return bool(same.all())
 
 
 class PluginDriver:
@@ -175,6 +194,23 @@ def nic_bytes(key: str) -> dict:
     return {name: s[key] for name, s in torch_reccl.stats()["nics"].items()}
 
 
+def tcp_counters() -> dict:
+    """This netns's TCP retransmission counters (Linux /proc), or {} elsewhere."""
+    wanted = {"RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"}
+    out = {}
+    for name in ("snmp", "netstat"):
+        try:
+            with open(f"/proc/self/net/{name}") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return {}
+        for keys, values in zip(lines[::2], lines[1::2]):
+            for key, value in zip(keys.split()[1:], values.split()[1:]):
+                if key in wanted:
+                    out[key] = int(value)
+    return out
+
+
 def main() -> int:
     faulthandler.enable()
     parser = argparse.ArgumentParser()
@@ -182,6 +218,7 @@ def main() -> int:
     parser.add_argument("--role", choices=["send", "recv"], required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--nics", type=int, default=4, help="channel c goes on NIC c mod this")
     parser.add_argument("--phases", default="free")
     parser.add_argument("--step-bytes", type=int, default=64 << 20)
     parser.add_argument("--message-bytes", type=int, default=512 << 10)
@@ -192,6 +229,8 @@ def main() -> int:
                              "(a slow NIC needs load for a few seconds before it is found)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--deadline", type=float, default=300)
+    parser.add_argument("--per-step", action="store_true",
+                        help="also record each timed step's channel end times and bytes per NIC")
     args = parser.parse_args()
 
     import torch_reccl
@@ -216,7 +255,7 @@ def main() -> int:
     try:
         if args.role == "recv":
             for c in range(args.channels):
-                handle, listen = driver.listen(c)
+                handle, listen = driver.listen(c % args.nics)
                 publish(os.path.join(args.dir, f"handle-{c}"), handle)
                 comms.append(driver.accept(listen))
             buffers = [[np.zeros(args.message_bytes, np.uint8) for _ in range(args.window)]
@@ -232,12 +271,16 @@ def main() -> int:
                 size = sizes[index % per_step]
                 return driver.irecv(comms[c], buffers[c][index % args.window][:size])
 
+            scratch = np.empty(args.message_bytes, bool)
+
             def check(c, index, size):
-                want = content(c, index, sizes[index % per_step])
-                if size != want.size or not np.array_equal(buffers[c][index % args.window][:size], want):
+                want = sizes[index % per_step]
+                if size != want or not matches(buffers[c][index % args.window][:size], c, index, scratch):
                     bad.append((c, index, size))
 
+            tcp_before = tcp_counters()
             pump(driver, comms, post, check, [total] * args.channels, deadline, args.window)
+            result["tcp"] = {k: v - tcp_before.get(k, 0) for k, v in tcp_counters().items()}
             result["messages"] = total * args.channels
             result["bad"] = bad[:20]
             result["bad_count"] = len(bad)
@@ -246,45 +289,64 @@ def main() -> int:
             for c in range(args.channels):
                 wait_file(os.path.join(args.dir, f"handle-{c}"), deadline)
                 with open(os.path.join(args.dir, f"handle-{c}"), "rb") as f:
-                    comms.append(driver.connect(c, f.read()))
+                    comms.append(driver.connect(c % args.nics, f.read()))
             for comm in comms:  # NCCL registers its buffers once; TCP stages from any address
-                driver.register(comm, content(0, 0, args.message_bytes))
+                driver.register(comm, np.zeros(args.message_bytes, np.uint8))
             base = [0]
-            live = {}  # each message's bytes stay alive until its send completes
+            # Message i of a channel goes from slot i % window, free again since
+            # message i - window completed (at most `window` in flight, done in order).
+            slots = [[np.empty(args.message_bytes, np.uint8) for _ in range(args.window)]
+                     for _ in range(args.channels)]
+            filled = [[None] * args.window for _ in range(args.channels)]
 
             def post(c, index):
                 i = base[0] + index
-                data = live.get((c, i))
-                if data is None:
-                    data = live[(c, i)] = content(c, i, sizes[i % per_step])
+                slot = i % args.window
+                data = slots[c][slot][:sizes[i % per_step]]
+                if filled[c][slot] != i:  # not on a retry of the same message
+                    fill(data, c, i)
+                    filled[c][slot] = i
                 return driver.isend(comms[c], data)
 
             def check(c, index, size):
                 i = base[0] + index
-                live.pop((c, i))
                 if size != sizes[i % per_step]:
                     raise AssertionError(f"send {c}/{i}: {size} bytes, sent {sizes[i % per_step]}")
 
             for phase in phases:
                 publish(os.path.join(args.dir, f"want-{phase}"), b"")
                 wait_file(os.path.join(args.dir, f"go-{phase}"), deadline)
-                times = []
+                times, channel_s, step_nic_bytes, step_timeouts = [], [], [], []
                 for step in range(warmups[phase] + args.steps):
                     if step == warmups[phase]:
                         before = nic_bytes("bytes_sent")
-                        started = time.perf_counter()
+                        tcp_before = tcp_counters()
+                        started, wall_started = time.perf_counter(), time.time()
+                    step_before = nic_bytes("bytes_sent") if args.per_step else None
+                    step_tcp = tcp_counters() if args.per_step else None
                     t0 = time.perf_counter()
                     ends = pump(driver, comms, post, check, [per_step] * args.channels, deadline,
                                 args.window)
                     base[0] += per_step
                     if step >= warmups[phase]:
                         times.append(max(ends) - t0)
+                        if args.per_step:  # ACKed by the step's end: exact per step
+                            channel_s.append([end - t0 for end in ends])
+                            step_after = nic_bytes("bytes_sent")
+                            step_nic_bytes.append({n: step_after[n] - step_before.get(n, 0)
+                                                   for n in step_after})
+                            step_timeouts.append(tcp_counters().get("TCPTimeouts", 0)
+                                                 - step_tcp.get("TCPTimeouts", 0))
                 elapsed = time.perf_counter() - started
                 after = nic_bytes("bytes_sent")
+                tcp_after = tcp_counters()
                 result["phases"].append({
-                    "phase": phase, "step_s": times,
+                    "phase": phase, "step_s": times, "timed_from": wall_started, "timed_to": time.time(),
                     "busbw_gbps": args.step_bytes * len(times) / elapsed / 1e9,
                     "nic_bytes_sent": {n: after[n] - before.get(n, 0) for n in after},
+                    "channel_s": channel_s, "step_nic_bytes": step_nic_bytes,
+                    "step_tcp_timeouts": step_timeouts,
+                    "tcp": {k: v - tcp_before.get(k, 0) for k, v in tcp_after.items()},
                     "spreading": torch_reccl.stats()["spreading"]})
             publish(os.path.join(args.dir, "want-end"), b"")
     except Exception as error:
