@@ -182,7 +182,8 @@ def test_cli_refuses_bad_schedules_before_starting_anything(capsys, args, messag
 def test_cli_refuses_cuda_without_a_gpu(capsys):
     assert cli.main(["drill", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
-    assert f"--device cuda: this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu" in err, err
+    assert (f"--device cuda needs CUDA GPUs, and this torch ({torch.__version__}) sees none; "
+            f"use --device cpu") in err, err
 
 
 def test_cli_refuses_bad_durations(capsys):

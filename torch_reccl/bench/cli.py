@@ -51,6 +51,7 @@ from torch_reccl.cli.launch import (
     LaunchError,
     LoopbackPlacement,
     cuda_net_env,
+    cuda_problem,
     cuda_rank_env,
     terminated_by_signal,
     unique_fabric_name,
@@ -211,22 +212,6 @@ def variants(args) -> List[Variant]:
     for faults in args.fault or []:
         out.append(Variant(f"{args.backend},{fault_label(faults)}", args.backend, env(args.backend), faults))
     return out
-
-
-def cuda_problem(ranks: int) -> Optional[str]:
-    """Why --device cuda cannot run here, or None."""
-    try:
-        import torch
-    except ImportError as error:
-        return f"torch is not importable: {error}"
-    if not torch.cuda.is_available():
-        return (f"--device cuda needs CUDA GPUs, and this torch ({torch.__version__}) sees none; "
-                f"use --device cpu")
-    if torch.cuda.device_count() < ranks:
-        return (f"--device cuda runs one rank per GPU: {ranks} ranks need {ranks} GPUs, "
-                f"this machine has {torch.cuda.device_count()}; use --ranks "
-                f"{torch.cuda.device_count()}")
-    return None
 
 
 # ---------------------------------------------------------------- running

@@ -108,6 +108,23 @@ def cuda_net_env(backend: str) -> Dict[str, str]:
             "NCCL_NET": "ReCCL" if backend == "reccl" else "Socket"}
 
 
+def cuda_problem(ranks: int = 1) -> Optional[str]:
+    """Why --device cuda cannot run here, or None: ``ranks`` ranks of one GPU
+    each need as many GPUs (1, the default, where ranks share the GPUs)."""
+    try:
+        import torch
+    except ImportError as error:
+        return f"torch is not importable: {error}"
+    if not torch.cuda.is_available():
+        return (f"--device cuda needs CUDA GPUs, and this torch ({torch.__version__}) sees none; "
+                f"use --device cpu")
+    if torch.cuda.device_count() < ranks:
+        return (f"--device cuda runs one rank per GPU: {ranks} ranks need {ranks} GPUs, "
+                f"this machine has {torch.cuda.device_count()}; use --ranks "
+                f"{torch.cuda.device_count()}")
+    return None
+
+
 def cuda_rank_env(rank: int, label: str) -> Dict[str, str]:
     """Rank ``rank``'s own NCCL host: ranks sharing a machine (or a GPU) look like hosts."""
     return {"NCCL_HOSTID": f"{label}-{rank}"}

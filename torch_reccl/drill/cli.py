@@ -50,7 +50,13 @@ import sys
 import time
 from typing import List, Optional
 
-from torch_reccl.cli.launch import FabricPlacement, LoopbackPlacement, terminated_by_signal, unique_fabric_name
+from torch_reccl.cli.launch import (
+    FabricPlacement,
+    LoopbackPlacement,
+    cuda_problem,
+    terminated_by_signal,
+    unique_fabric_name,
+)
 from torch_reccl.cli.progress import isatty
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.runner import RunResult, Settings, interruptions, median, per_rank, run_training, step_times
@@ -80,17 +86,6 @@ def parse_duration(text: str) -> float:
 
 
 BASELINE_NAMES = {"gloo": "Gloo", "nccl": "NCCL's socket transport"}
-
-
-def cuda_problem() -> Optional[str]:
-    """Why CUDA ranks cannot run here, or None (ranks share GPUs: one is enough)."""
-    try:
-        import torch
-    except ImportError as error:
-        return f"torch is not importable: {error}"
-    if not torch.cuda.is_available():
-        return f"this torch ({torch.__version__}) sees no CUDA GPU"
-    return None
 
 
 def fabric_problem() -> Optional[str]:
@@ -326,9 +321,9 @@ def run(args) -> int:
                              f"{'cpu' if args.compare == 'gloo' else 'cuda'}; with --device {args.device} "
                              f"compare {baselines[args.device]}")
         if args.device == "cuda":
-            problem = cuda_problem()
+            problem = cuda_problem()  # ranks share the GPUs: one is enough
             if problem:
-                raise ValueError(f"--device cuda: {problem}; use --device cpu")
+                raise ValueError(problem)
     except ValueError as error:  # ScheduleError is a ValueError
         print(f"reccl drill: error: {error}", file=sys.stderr)
         return 2
