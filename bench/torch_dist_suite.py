@@ -59,6 +59,7 @@ from typing import Dict, List, Optional
 
 GLOO_NAME_ENV = "TORCH_DIST_SUITE_AS_GLOO"  # not RECCL_*: reccl checks those names
 WORKER_ENV = "TORCH_DIST_SUITE_WORKER"
+START_METHOD_ENV = "TORCH_DIST_SUITE_START_METHOD"
 MODES = ("gloo", "reccl", "reccl-as-gloo")
 # The fast subset (a few minutes on 2 cores): collectives, p2p, groups, DDP basics.
 FAST_SUBSET = [f"^test_{name}$" for name in (
@@ -115,7 +116,10 @@ if os.environ.get(WORKER_ENV) == "1":
 
         def setUp(self):
             super().setUp()
-            self._spawn_processes()
+            if os.environ.get(START_METHOD_ENV) == "fork":
+                self._start_processes(torch.multiprocessing.get_context("fork").Process)
+            else:
+                self._spawn_processes()
             torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
@@ -198,10 +202,12 @@ def _worker_main(args) -> int:
 
 # --------------------------------------------------------------------------- driver side
 
-def _mode_env(mode: str, world_size: int, temp_dir: str, test_timeout: int) -> Dict[str, str]:
+def _mode_env(mode: str, world_size: int, temp_dir: str, test_timeout: int,
+              start_method: str = "spawn") -> Dict[str, str]:
     env = dict(os.environ)
     env.update({
         WORKER_ENV: "1",
+        START_METHOD_ENV: start_method,
         "BACKEND": "reccl" if mode == "reccl" else "gloo",
         "WORLD_SIZE": str(world_size),
         "TEMP_DIR": temp_dir,
@@ -245,7 +251,7 @@ def list_tests(patterns: List[str], gated_only: bool, world_size: int) -> List[s
 
 
 def run_mode(mode: str, world_size: int, tests: List[str], test_timeout: int,
-             log=sys.stderr) -> Dict[str, dict]:
+             start_method: str = "spawn", log=sys.stderr) -> Dict[str, dict]:
     """Runs `tests` in one mode; restarts the worker after a test it hung in."""
     results: Dict[str, dict] = {}
     remaining = list(tests)
@@ -255,7 +261,7 @@ def run_mode(mode: str, world_size: int, tests: List[str], test_timeout: int,
         results_path = os.path.join(temp_dir, "results.jsonl")
         for sub in ("barrier", "test_dir"):
             os.makedirs(os.path.join(temp_dir, sub), exist_ok=True)
-        env = _mode_env(mode, world_size, temp_dir, test_timeout)
+        env = _mode_env(mode, world_size, temp_dir, test_timeout, start_method)
         stdout_path = os.path.join(temp_dir, "worker.log")
         with open(stdout_path, "w") as worker_log:
             proc = subprocess.Popen(_worker_cmd(["--results", results_path] + remaining), env=env,
@@ -382,6 +388,10 @@ def main(argv=None) -> int:
     parser.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                         help="run every N-th test from the I-th (0 <= I < N) of the sorted list: "
                              "N invocations with I = 0..N-1 together run the whole selection")
+    parser.add_argument("--start-method", choices=["spawn", "fork"], default="spawn",
+                        help="how each test starts its ranks: spawn (upstream's way; every rank "
+                             "imports torch and the suite, ~5 s of CPU each) or fork (the ranks "
+                             "inherit the imported suite; for CPU-only runs, many times faster)")
     parser.add_argument("--json", help="write every result here (rewritten after each mode)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help=argparse.SUPPRESS)
@@ -399,7 +409,8 @@ def main(argv=None) -> int:
     def save() -> None:
         if args.json:  # after every mode: a run cut short keeps what it finished
             with open(args.json, "w") as f:
-                json.dump({"summaries": summaries, "results": all_results, "shard": f"{shard}/{shards}"},
+                json.dump({"summaries": summaries, "results": all_results, "shard": f"{shard}/{shards}",
+                           "start_method": args.start_method},
                           f, indent=1)
 
     for ws in args.world_sizes:
@@ -409,12 +420,13 @@ def main(argv=None) -> int:
         by_mode = all_results[str(ws)] = {"gloo": {}, "reccl": {}, "reccl-as-gloo": {}}
         for mode in ("gloo", "reccl"):
             if mode in args.modes:
-                by_mode[mode] = run_mode(mode, ws, tests, args.test_timeout)
+                by_mode[mode] = run_mode(mode, ws, tests, args.test_timeout, args.start_method)
                 save()
         gated = [t for t, r in by_mode["gloo"].items() if r["status"] == "passed"
                  and by_mode["reccl"].get(t, {}).get("status") == "skipped"]
         if gated and "reccl-as-gloo" in args.modes:
-            by_mode["reccl-as-gloo"] = run_mode("reccl-as-gloo", ws, gated, args.test_timeout)
+            by_mode["reccl-as-gloo"] = run_mode("reccl-as-gloo", ws, gated, args.test_timeout,
+                                                args.start_method)
         summary = compare(ws, by_mode)
         report(summary, by_mode)
         summaries.append(summary)
