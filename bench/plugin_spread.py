@@ -9,8 +9,9 @@ thread, the step ending when the slowest channel ends; host 1 receives and
 checks every byte. Phases (--phases): fault-free; `down1` host 0's eth0 down;
 `down2` eth0 and eth1 down; optionally `slow1` eth0 slowed to 10% (tbf; link up,
 no errors) with --slow-warmup untimed steps first, so grey-failure detection has
-the load it judges by. After each change --warmup settling steps, then --steps
-timed steps.
+the load it judges by. Before the fault-free phase --setup-warmup untimed steps
+(connections fully grown); after each change --warmup settling steps; then
+--steps timed steps.
 
 Each run (--runs) is one pass through the phases with its own settings: `on`
 (the defaults: spreading and grey detection on), `plain` (RECCL_SPREAD=off
@@ -73,8 +74,9 @@ def run(settings: dict, phases: list, args) -> dict:
                   "--message-bytes", str(args.message_kb << 10),
                   "--window", str(args.window), "--warmup", str(args.warmup),
                   "--steps", str(args.steps), "--deadline", str(args.timeout)]
-        if "slow1" in phases:
-            common += ["--phase-warmup", f"slow1={args.slow_warmup}"]
+        first_steps = [f"free={args.setup_warmup}"] + (
+            [f"slow1={args.slow_warmup}"] if "slow1" in phases else [])
+        common += ["--phase-warmup", ",".join(first_steps)]
         if args.per_step:
             common.append("--per-step")
         slowed_at = None
@@ -182,6 +184,11 @@ def main() -> int:
     parser.add_argument("--runs", default="on,plain", help=f"any of {', '.join(RUNS)}")
     parser.add_argument("--warmup", type=int, default=2, help="settling steps after each change")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per phase")
+    parser.add_argument("--setup-warmup", type=int, default=20,
+                        help="untimed steps before the fault-free phase, as nccl-tests' warm-up "
+                             "iterations: fresh sockets (data sockets still joining, TCP's 1 s "
+                             "initial retransmission timeout) otherwise cost the first phase "
+                             "up to a second")
     parser.add_argument("--slow-warmup", type=int, default=60,
                         help="untimed steps after eth0 is slowed (detection needs ~2.5 s of load)")
     parser.add_argument("--settle", type=float, default=1.5)
@@ -208,7 +215,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    record = {"command": " ".join(sys.argv), "date": datetime.datetime.utcnow().isoformat() + "Z",
+    record = {"command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
               "rate_mbit": args.rate_mbit, "load_average_before": os.getloadavg(), "runs": {}}
     for name in runs:
@@ -218,7 +225,8 @@ def main() -> int:
     print(f"plugin busbw, 2 hosts x {len(NICS)} rails at {args.rate_mbit:g} Mbit/s (line rate "
           f"{line_rate:.3f} GB/s), {args.channels} channels, {args.channel_mb} MiB per channel "
           f"and step in {args.message_kb} KiB messages, {args.window} in flight; "
-          f"{args.warmup} settling + {args.steps} timed steps per phase")
+          f"{args.setup_warmup} untimed steps first, then {args.warmup} settling + {args.steps} "
+          f"timed steps per phase")
     filled = True
     for name in runs:
         result = record["runs"][name]

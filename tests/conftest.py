@@ -20,6 +20,8 @@ there is only one (``gpu_of``).
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import os
 import signal
 import sys
@@ -210,6 +212,32 @@ def stream(send, recv, sizes, seed, window=8, on_sent=None, slack=0):
     sent = run_sender(send, sizes, seed, window, 30.0, on_done=on_sent)
     received = join()
     assert sent == received == sum(sizes)
+
+
+def socket_fds() -> int:
+    import procstat  # bench/
+
+    return procstat.fds()[1]
+
+
+@contextlib.contextmanager
+def socket_count():
+    """Yields sockets() -> how many sockets this process opened (less closed)
+    since the block began. The count is process-wide, so nothing else may close
+    sockets meanwhile: a transport an earlier test left in a reference cycle (a
+    traceback holding its test's frame, say) keeps its own 3 sockets (2 acceptors,
+    netlink) until the garbage collector runs, which in a long session can be in
+    the middle of a count (seen: 85 sockets where 88 were open). So garbage is
+    collected first and the collector stays off until the block ends."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        base = socket_fds()
+        yield lambda: socket_fds() - base
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def wait_until(predicate, timeout, interval=0.02):

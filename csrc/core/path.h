@@ -76,6 +76,12 @@ class Path {
   virtual bool sendControl(const std::vector<uint8_t>& frame) = 0;
   virtual void sendData(const DataChunk& chunk) = 0;  // queued, written by path threads
   virtual void dropQueuedData() = 0;
+  // Caps the parallel streams (a TCP path's data sockets) the path writes data
+  // on; 0 lifts the cap. A spreading connection caps its lanes at one: each
+  // surviving NIC then carries lanes of several connections beside its own, and
+  // every extra flow into its queue adds losses, and retransmission timeouts,
+  // at the end of each step (docs/transport.md, "Spreading").
+  virtual void limitDataStreams(size_t streams) { (void)streams; }
   // Drops queued data, then waits (at most `timeout`) until no write this path
   // placed directly into the peer's buffers can still land there: each has
   // completed (an RC completion means placed) or the path is stopped. True

@@ -315,7 +315,7 @@ void SendConnection::failPendingLocked(const std::string& why) {
   for (auto& [seq, send] : sends_) send.request->fail(why);
   sends_.clear();
   lanes_.reset({}, {});
-  publishLanesLocked();
+  lanesChangedLocked();
 }
 
 void SendConnection::onDialed(int index, std::shared_ptr<Path> path, const PathFailure& failure) {
@@ -439,7 +439,7 @@ void SendConnection::startLanesLocked(const std::vector<int>& lanes) {
   std::vector<double> factors;
   for (int lane : lanes) factors.push_back(laneFactorLocked(lane));
   lanes_.reset(lanes, factors);
-  publishLanesLocked();
+  lanesChangedLocked();
 }
 
 void SendConnection::growLanesLocked() {
@@ -458,10 +458,15 @@ void SendConnection::growLanesLocked() {
     lanes_.add(lane, laneFactorLocked(lane));
     grown = true;
   }
-  if (grown) publishLanesLocked();
+  if (grown) lanesChangedLocked();
 }
 
-void SendConnection::publishLanesLocked() const {
+void SendConnection::lanesChangedLocked() {
+  const bool spreading = lanes_.slots().size() > 1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const bool lane = lanes_.has(static_cast<int>(i));
+    if (slots_[i].path) slots_[i].path->limitDataStreams(spreading && lane ? 1 : 0);
+  }
   std::vector<std::string> nics;
   if (lanes_.slots().size() > 1) {
     for (int lane : lanes_.slots())

@@ -96,7 +96,9 @@ class SendConnection : public Connection, public std::enable_shared_from_this<Se
   // Adds paths that came up since the epoch began to a spreading epoch.
   void growLanesLocked();
   bool spreadWantedLocked() const;
-  void publishLanesLocked() const;
+  // After the lanes changed: caps each lane at one stream while spreading
+  // (core/path.h, limitDataStreams) and lists them in the SpreadTable.
+  void lanesChangedLocked();
   // Fails `send` (and, by CANCEL, its receive) when its bytes cannot travel:
   // device memory at one end needs direct placement, i.e. both ends registered.
   bool checkCarriableLocked(uint64_t seq, PendingSend& send);

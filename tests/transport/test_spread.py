@@ -17,7 +17,7 @@ import pytest
 import torch_reccl
 from torch_reccl.transport import ConfigError, Transport
 
-from conftest import close_both, plan_sizes, reccl_env, stream, wait_until
+from conftest import close_both, plan_sizes, reccl_env, socket_count, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("healed_nics")]
 
@@ -76,6 +76,27 @@ def test_spreads_over_every_surviving_nic_then_fails_back(pair_factory, events):
     stream(send, recv, sizes, 62)
     moved = sent_since(before)
     assert moved[NICS[0]] == sum(sizes), moved  # single path again
+
+
+def test_lanes_write_on_one_data_socket_each(pair_factory):
+    """A lane stays on its first data socket (core/path.h, limitDataStreams):
+    bulk data spread over three lanes opens no socket, where each lane path
+    would grow to 1 + RECCL_NSOCKS sockets at both ends; after failback the
+    primary grows again."""
+    _t, _l, send, recv = pair_factory(spread_env(RECCL_NSOCKS="4"))
+    torch_reccl.inject_fault(NICS[0], "down")
+    assert wait_until(lambda: lanes_of(send.id) == NICS[1:], 5), (lanes_of(send.id), send.paths())
+    stream(send, recv, plan_sizes(67, 10, 1 << 16), 67)  # every lane up and carrying
+    with socket_count() as sockets:
+        stream(send, recv, [16 << 20] * 4, 68)  # 1024 chunks: they queue behind every lane
+        time.sleep(0.3)  # a socket dialed for a lane would have joined by now
+        assert sockets() == 0, sockets()
+        torch_reccl.inject_fault(NICS[0], "up")
+        assert wait_until(lambda: send.active_path == 0 and lanes_of(send.id) == [], 10), send.paths()
+        stream(send, recv, [16 << 20] * 4, 69)
+        # The primary's three late data sockets join, at both ends (it was redialed
+        # on its first data socket after the fault).
+        assert wait_until(lambda: sockets() >= 2 * 3, 5), sockets()
 
 
 def test_a_lane_lost_mid_stream_is_replayed_on_the_others(pair_factory, events):

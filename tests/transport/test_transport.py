@@ -13,7 +13,6 @@ bounds, path plans, handles, secrets, events.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -33,8 +32,8 @@ from torch_reccl.transport import (
     Transport,
 )
 
-import procstat
-from conftest import PRIMARY, close_both, in_thread, plan_sizes, reccl_env, stream, testing as load_testing, wait_until
+from conftest import (PRIMARY, close_both, in_thread, plan_sizes, reccl_env, socket_count, socket_fds, stream,
+                      testing as load_testing, wait_until)
 
 _testing = load_testing()  # decode_handle
 
@@ -150,30 +149,6 @@ def test_backup_off_opens_only_the_primary(pair_factory):
     time.sleep(0.2)
     assert len(send.paths()) == 1 and send.paths()[0].startswith("primary")
     stream(send, recv, plan_sizes(5, 10, 1 << 16), 5)
-
-
-def socket_fds() -> int:
-    return procstat.fds()[1]
-
-
-@contextlib.contextmanager
-def socket_count():
-    """Yields sockets() -> how many sockets this process opened (less closed)
-    since the block began. The count is process-wide, so nothing else may close
-    sockets meanwhile: a transport an earlier test left in a reference cycle (a
-    traceback holding its test's frame, say) keeps its own 3 sockets (2 acceptors,
-    netlink) until the garbage collector runs, which in a long session can be in
-    the middle of a count (seen: 85 sockets where 88 were open). So garbage is
-    collected first and the collector stays off until the block ends."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        base = socket_fds()
-        yield lambda: socket_fds() - base
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @pytest.mark.timeout(20)

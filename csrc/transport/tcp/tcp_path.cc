@@ -443,25 +443,13 @@ void TcpPath::sendData(const DataChunk& chunk) {
     std::lock_guard<std::mutex> lock(queueMutex_);
     if (stop_.load()) return;
     queue_.push_back(chunk);
-    // Wake one idle writer per chunk, taking turns, so chunks spread over sockets.
-    const size_t writers = sockets_.size() - 1;
-    bool woke = false;
-    bool missing = false;
-    for (size_t step = 0; step < writers; ++step) {
-      Socket& socket = sockets_[1 + (nextWriter_ + step) % writers];
-      missing = missing || !socket.joined;
-      if (!socket.joined || socket.writerArmed) continue;
-      socket.writerArmed = true;
-      socket.loop->setEvents(socket.id, EPOLLOUT);
-      nextWriter_ = (nextWriter_ + step + 1) % writers;
-      woke = true;
-      break;
-    }
+    const bool woke = wakeWriterLocked();
     // Chunks queue behind every joined writer: the missing sockets' bandwidth is
     // wanted now. (One chunk alone may find the last writer not yet idle after
     // its previous chunk was acknowledged; that is no backlog.)
     if (!woke && queue_.size() >= 2 && grow_ && !growAsked_) {
-      for (size_t i = 1; i < sockets_.size(); ++i) missing = missing || !sockets_[i].joined;
+      bool missing = false;
+      for (size_t i = 1; i <= usableWritersLocked(); ++i) missing = missing || !sockets_[i].joined;
       grow = growAsked_ = missing;
     }
   }
@@ -473,14 +461,42 @@ void TcpPath::dropQueuedData() {
   queue_.clear();
 }
 
+void TcpPath::limitDataStreams(size_t streams) {
+  std::lock_guard<std::mutex> lock(queueMutex_);
+  streamLimit_ = streams;
+}
+
+bool TcpPath::wakeWriterLocked() {
+  // One idle writer per chunk, taking turns, so chunks spread over sockets.
+  const size_t writers = usableWritersLocked();
+  for (size_t step = 0; step < writers; ++step) {
+    Socket& socket = sockets_[1 + (nextWriter_ + step) % writers];
+    if (!socket.joined || socket.writerArmed) continue;
+    socket.writerArmed = true;
+    socket.loop->setEvents(socket.id, EPOLLOUT);
+    nextWriter_ = (nextWriter_ + step + 1) % writers;
+    return true;
+  }
+  return false;
+}
+
+size_t TcpPath::usableWritersLocked() const {
+  const size_t all = sockets_.size() - 1;
+  return streamLimit_ == 0 ? all : std::min(streamLimit_, all);
+}
+
 void TcpPath::writeData(Socket& socket) {
   const int fd = socket.fd.get();
   for (size_t budget = kBytesPerTurn; budget > 0;) {
     if (socket.phase == DataPhase::kIdle) {
       std::lock_guard<std::mutex> lock(queueMutex_);
-      if (queue_.empty()) {
+      // A socket past the stream cap finishes its frame, then takes no more.
+      const bool capped =
+          static_cast<size_t>(&socket - &sockets_[kControl]) > usableWritersLocked();
+      if (queue_.empty() || capped) {
         socket.writerArmed = false;
         socket.loop->setEvents(socket.id, 0);
+        if (!queue_.empty()) wakeWriterLocked();  // hands the queue to a socket within the cap
         return;
       }
       const DataChunk chunk = queue_.front();

@@ -51,6 +51,7 @@ class TcpPath : public Path {
   bool sendControl(const std::vector<uint8_t>& frame) override;
   void sendData(const DataChunk& chunk) override;
   void dropQueuedData() override;
+  void limitDataStreams(size_t streams) override;
   void shutdown() override;
   void stopAndJoin() override;
   int localNic() const override { return localNic_; }
@@ -109,6 +110,10 @@ class TcpPath : public Path {
   void flushControl();
   void controlTimer();
   void writeData(Socket& socket);
+  // The data sockets chunks may go to: all, or the first streamLimit_.
+  size_t usableWritersLocked() const;
+  // Arms the next idle writer within the cap; false when none is idle.
+  bool wakeWriterLocked();
   void readData(Socket& socket);
   // Releases a reader's half-read frame (endData(false)) once the path stops.
   void finishReader(Socket& socket);
@@ -182,6 +187,7 @@ class TcpPath : public Path {
   mutable std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
   size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
+  size_t streamLimit_ = 0;  // data sockets written on, 0: all (queueMutex_)
   std::mutex joinMutex_;  // concurrent stopAndJoin calls: one unregisters, the other waits
   bool joined_ = false;
   // Guards the sockets' fd and loop against a late attachData (held only
