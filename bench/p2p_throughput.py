@@ -486,9 +486,10 @@ def main(argv=None) -> int:
     # Defaults: the environment's RECCL_* value, else the setting's own default.
     from torch_reccl.settings import settings
     setting = {s["name"]: os.environ.get(s["name"], s["default"]) for s in settings()}
-    ap.add_argument("--nsocks", type=int, default=int(setting["RECCL_NSOCKS"]),
-                    help="RECCL_NSOCKS and the raw baseline's socket count (default "
-                         f"{setting['RECCL_NSOCKS']})")
+    # RECCL_NSOCKS=0: a Transport's own default, 4 (csrc/transport/tcp/tcp_transport.cc).
+    nsocks = int(setting["RECCL_NSOCKS"]) or 4
+    ap.add_argument("--nsocks", type=int, default=nsocks,
+                    help=f"RECCL_NSOCKS and the raw baseline's socket count (default {nsocks})")
     ap.add_argument("--chunk", type=int, default=int(setting["RECCL_CHUNK_BYTES"]),
                     help=f"RECCL_CHUNK_BYTES (default {setting['RECCL_CHUNK_BYTES']})")
     ap.add_argument("--backup", choices=["0", "1", "both"], default="1",

@@ -184,11 +184,11 @@ def main() -> int:
     parser.add_argument("--runs", default="on,plain", help=f"any of {', '.join(RUNS)}")
     parser.add_argument("--warmup", type=int, default=2, help="settling steps after each change")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per phase")
-    parser.add_argument("--setup-warmup", type=int, default=20,
-                        help="untimed steps before the fault-free phase, as nccl-tests' warm-up "
-                             "iterations: fresh sockets (data sockets still joining, TCP's 1 s "
-                             "initial retransmission timeout) otherwise cost the first phase "
-                             "up to a second")
+    parser.add_argument("--setup-warmup", type=int, default=80,
+                        help="untimed steps before the fault-free phase (~3 s at 4 channels), as "
+                             "nccl-tests' warm-up iterations: just after set-up, data sockets "
+                             "still joining and TCP finding its windows make the first steps "
+                             "up to 4x slower now and then")
     parser.add_argument("--slow-warmup", type=int, default=60,
                         help="untimed steps after eth0 is slowed (detection needs ~2.5 s of load)")
     parser.add_argument("--settle", type=float, default=1.5)

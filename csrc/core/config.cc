@@ -104,10 +104,11 @@ constexpr SettingSpec kSettings[] = {
             "i.e. the peer process died on a live host (ms); at most RECCL_NO_PATH_TIMEOUT_MS"),
     integer("RECCL_CONNECT_TIMEOUT_MS", "5000", 100, 120000, storeNumber<&Config::connectTimeoutMs>,
             "bound on one dial attempt and on a handshake (ms)"),
-    integer("RECCL_NSOCKS", "2", 1, 16, storeNumber<&Config::socketsPerPath>,
-            "data sockets per path (a path starts with one and grows to this many under bulk "
-            "data); each is a TCP flow into its NIC's queue, and flows beyond what fills the NIC "
-            "only add losses there (docs/transport.md)"),
+    integer("RECCL_NSOCKS", "0", 0, 16, storeNumber<&Config::socketsPerPath>,
+            "data sockets per path; 0 = 2 in the NCCL plugin, where NCCL runs two or more "
+            "channels per NIC, and 4 in the CPU engine, one channel per NIC. A path starts with "
+            "one and grows to this many under bulk data; each is a TCP flow into its NIC's queue, "
+            "and flows beyond what fills the NIC only add losses there (docs/transport.md)"),
     integer(
         "RECCL_IO_THREADS", "0", 0, 64, storeNumber<&Config::ioThreads>,
         "TCP transport: I/O threads per NIC in use, each an epoll loop in one process-wide pool "

@@ -21,7 +21,7 @@ struct Config {
   int noPathTimeoutMs;             // RECCL_NO_PATH_TIMEOUT_MS: no path this long -> ops fail
   int peerGoneTimeoutMs;  // RECCL_PEER_GONE_TIMEOUT_MS: the same when the peer process is gone
   int connectTimeoutMs;  // RECCL_CONNECT_TIMEOUT_MS: one dial attempt
-  int socketsPerPath;  // RECCL_NSOCKS: data sockets per path
+  int socketsPerPath;  // RECCL_NSOCKS: data sockets per path; 0 = the user's default
   int ioThreads;  // RECCL_IO_THREADS: I/O threads per NIC; 0 = by cores
   int64_t chunkBytes;  // RECCL_CHUNK_BYTES: unit of striping and resync
   bool failback;  // RECCL_FAILBACK

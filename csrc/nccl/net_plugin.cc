@@ -13,6 +13,8 @@ namespace reccl {
 
 namespace {
 
+constexpr int kPluginDataSockets = 2;  // RECCL_NSOCKS=0 in the plugin
+
 struct ListenComm {
   std::shared_ptr<Listener> listener;
 };
@@ -141,6 +143,10 @@ ncclResult_t NetPlugin::init(ncclDebugLogger_t logger) {
     // NCCL's buffers may be device or driver-mapped memory another process
     // cannot read, and NCCL moves same-host traffic over P2P/SHM itself.
     config.sameHostReads = false;
+    // NCCL runs two or more channels per NIC, a connection each: two data
+    // sockets per path fill the NIC, more only add flows into its queue, and
+    // losses there with them (docs/transport.md).
+    if (config.socketsPerPath == 0) config.socketsPerPath = kPluginDataSockets;
     transport_ = makeTransport(config, verbs_);
     const bool ib = std::string(transport_->kind()) == "ib";
     std::string nics;

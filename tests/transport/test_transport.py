@@ -176,9 +176,12 @@ def test_a_socket_count_is_not_disturbed_by_a_transport_left_in_a_reference_cycl
 def test_data_sockets_join_when_a_path_needs_them():
     """A path starts on its control socket and first data socket; the other
     RECCL_NSOCKS - 1 join once chunks wait behind a busy data socket, so set-up
-    costs two handshakes per path (docs/scale.md, "set-up"). Both ends live in
-    this process: every socket shows twice in its fds."""
-    t = Transport(reccl_env(RECCL_NSOCKS="4"))
+    costs two handshakes per path (docs/scale.md, "set-up"). RECCL_NSOCKS=0,
+    the default, is 4 outside the NCCL plugin. Both ends live in this process:
+    every socket shows twice in its fds."""
+    env = reccl_env()
+    assert env.get("RECCL_NSOCKS", "0") == "0", env
+    t = Transport(env)
     listener = t.listen(0)
     with socket_count() as sockets:
         send = t.connect(0, listener.handle)

@@ -15,6 +15,14 @@ namespace reccl {
 
 namespace {
 constexpr size_t kMaxPartialPaths = 256;
+// RECCL_NSOCKS=0 where nothing chose otherwise (the CPU engine: one channel
+// per NIC, so a path's sockets are the NIC's only flows).
+constexpr int kDefaultDataSockets = 4;
+
+Config withDataSockets(Config config) {
+  if (config.socketsPerPath == 0) config.socketsPerPath = kDefaultDataSockets;
+  return config;
+}
 }  // namespace
 
 std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_t connectionId,
@@ -80,7 +88,8 @@ std::shared_ptr<Path> TcpTransport::dialPath(const ListenHandle& handle, uint64_
   return path;
 }
 
-TcpTransport::TcpTransport(Config config) : BondedTransport(std::move(config), "NICs") {
+TcpTransport::TcpTransport(Config config)
+    : BondedTransport(withDataSockets(std::move(config)), "NICs") {
   nics_ = discoverNics(config_.nics);
   if (nics_.size() > kMaxHandleNics) {
     throw ConfigError("reccl supports at most " + std::to_string(kMaxHandleNics) +
