@@ -342,6 +342,10 @@ def test_a_device_back_from_a_fatal_error_is_reopened_registered_again_and_faile
     assert send.active_path == 0 and recv.active_path == 0
 
 
+def received_through(nic: str) -> int:
+    return torch_reccl.stats()["nics"].get(nic, {}).get("bytes_received", 0)
+
+
 def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabric):
     """A failover in the middle of a receive into device memory: the receiver's
     primary NIC placed the first chunks (they were on the wire when the sender's
@@ -371,8 +375,13 @@ def test_a_gpu_flush_reads_through_every_nic_that_wrote_part_of_the_receive(fabr
     f.emu.hold(A1)
     f.emu.port_down(A0)
     landed = f.emu.counters()["wire_delivered"]
+    taken = received_through(B0)
     f.emu.hold(A0, False)
     assert f.emu.counters()["wire_delivered"] > landed  # placed through B0
+    # ... and taken by the receiver before the failover reaches it: it polls each
+    # NIC's completions on its own, and a new epoch first makes B0's chunks stale
+    # (their bytes written again through B1, which then rightly flushes alone).
+    assert wait_until(lambda: received_through(B0) > taken, 5)
     f.emu.hold(A1, False)
     assert request_s.wait(10) == size and request_r.wait(10) == size
     assert memoryview(dst.host).tobytes() == message(95, 0, size)

@@ -32,8 +32,18 @@ from torch_reccl.transport import (
     Transport,
 )
 
-from conftest import (PRIMARY, close_both, in_thread, plan_sizes, reccl_env, socket_count, socket_fds, stream,
-                      testing as load_testing, wait_until)
+from conftest import (
+    PRIMARY,
+    close_both,
+    in_thread,
+    plan_sizes,
+    reccl_env,
+    socket_count,
+    socket_fds,
+    stream,
+    testing as load_testing,
+    wait_until,
+)
 
 _testing = load_testing()  # decode_handle
 
