@@ -7,13 +7,20 @@ NIC down via inject_fault; host buffers, and GPU buffers staged by NVL). All
 variants run in the same invocation. Also prints rank 0's threads and open sockets
 (by thread name) at the end of each variant, its communicators still up.
 
-    python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--json PATH]
+    python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--ops all_reduce ...]
+                               [--only VARIANT ...] [--rounds R] [--json PATH]
+
+With --rounds R every chosen variant runs R times, the variants taking turns
+(A B, B A, A B ...), so that a slow spell of the machine hits all of them alike; the
+summary gives each variant's median and, for every other variant, its ratio to
+the first one round by round (min / median / max).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -21,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from torch_reccl.bench.rank import run_collective  # noqa: E402
+from torch_reccl.bench.rank import OPS, run_collective  # noqa: E402
 from torch_reccl.cli.launch import spawn_bounded  # noqa: E402
 
 COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
@@ -72,7 +79,7 @@ def census() -> dict:
     return {"threads": sum(names.values()), "sockets": procstat.fds()[1], "thread_names": names}
 
 
-def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload):
+def worker(rank, env, nic_down, ops, sizes_mib, iters, out_path, store_path, preload):
     os.environ.update(env)
     os.environ["NCCL_HOSTID"] = f"bench-host-{rank}"
     import torch_reccl
@@ -90,7 +97,7 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
         torch_reccl.inject_fault(torch_reccl.nics()[0]["name"], "down")
     dist.all_reduce(warm)  # every rank: the collectives must stay in step
     results = {}
-    for name in ("all_reduce", "all_gather", "reduce_scatter"):
+    for name in ops:
         for mib in sizes_mib:
             numel = (mib << 20) // 4
             x = torch.ones(numel, device="cuda")
@@ -119,45 +126,88 @@ def worker(rank, env, nic_down, sizes_mib, iters, out_path, store_path, preload)
     dist.destroy_process_group()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--json")
-    parser.add_argument("--only", nargs="+", help="run only these variants")
-    parser.add_argument("--preload", action="store_true",
-                        help="import torch_reccl._C before NCCL loads it as a plugin")
-    args = parser.parse_args()
-    if torch.cuda.device_count() < 1:
-        print("needs a GPU (the two ranks share one when there is only one)")
-        return 1
-    import torch_reccl
+def run_variant(label, env, nic_down, args, tmp, round_index) -> dict:
+    """One set of two ranks; rank 0's results ({} when the variant failed)."""
+    out = os.path.join(tmp, f"{label}.{round_index}.json")
+    store = os.path.join(tmp, f"{label}.{round_index}.store")
+    try:
+        spawn_bounded(worker, ({**COMMON, **env}, nic_down, args.ops, args.sizes_mib, args.iters, out,
+                               store, args.preload), nprocs=2, timeout_s=540)
+        with open(out) as f:
+            return json.load(f)
+    except Exception as error:  # one broken variant must not hide the others
+        print(f"variant {label} (round {round_index + 1}) failed: {error}", file=sys.stderr)
+        return {}
 
-    table = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, (env, nic_down) in variants(torch_reccl.plugin_path()).items():
-            if args.only and label not in args.only:
-                continue
-            out = os.path.join(tmp, f"{label}.json")
-            store = os.path.join(tmp, f"{label}.store")
-            try:
-                spawn_bounded(worker, ({**COMMON, **env}, nic_down, args.sizes_mib, args.iters, out,
-                                       store, args.preload), nprocs=2, timeout_s=540)
-                with open(out) as f:
-                    table[label] = json.load(f)
-            except Exception as error:  # one broken variant must not hide the others
-                print(f"variant {label} failed: {error}", file=sys.stderr)
-                table[label] = {}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(table, f, indent=1)
+
+def print_table(title: str, table: dict) -> None:
     labels = list(table)
-    print(f"busbw GB/s (2 ranks on {torch.cuda.device_count()} GPU(s), network path forced)")
+    print(title)
     print(f"{'collective/MiB':22s}" + "".join(f"{label:>19s}" for label in labels))
     keys = next(([k for k in t if k != "census"] for t in table.values() if t), [])
     for key in keys:
         print(f"{key:22s}" + "".join(f"{table[label][key]:19.2f}" if key in table[label] else f"{'failed':>19s}"
                                      for label in labels))
+
+
+def print_rounds(rounds: list) -> None:
+    """Each variant's median over the rounds, and each variant against the first
+    one, round by round (both ran back to back)."""
+    labels = list(rounds[0])
+    keys = next(([k for k in t if k != "census"] for r in rounds for t in r.values() if t), [])
+    median = {label: {k: statistics.median(r[label][k] for r in rounds if k in r[label]) for k in keys
+                      if any(k in r[label] for r in rounds)} for label in labels}
+    print_table(f"median busbw GB/s over {len(rounds)} rounds", median)
+    for label in labels[1:]:
+        print(f"{label} / {labels[0]}, round by round: min / median / max")
+        for key in keys:
+            ratios = [r[label][key] / r[labels[0]][key] for r in rounds
+                      if key in r[label] and key in r[labels[0]]]
+            if ratios:
+                print(f"  {key:20s} {min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}"
+                      f"   ({' '.join(f'{x:.3f}' for x in ratios)})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024])
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the chosen variants this many times, taking turns")
+    parser.add_argument("--json")
+    parser.add_argument("--only", nargs="+", help="run only these variants, in this order")
+    parser.add_argument("--preload", action="store_true",
+                        help="import torch_reccl._C before NCCL loads it as a plugin")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}")
+    if torch.cuda.device_count() < 1:
+        print("needs a GPU (the two ranks share one when there is only one)")
+        return 1
+    import torch_reccl
+
+    every = variants(torch_reccl.plugin_path())
+    unknown = [label for label in args.only or [] if label not in every]
+    if unknown:
+        parser.error(f"--only: no variant {', '.join(unknown)}; valid: {', '.join(every)}")
+    chosen = {label: every[label] for label in (args.only or every)}
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(args.rounds):
+            # every other round in reverse, so no variant always runs right after another
+            order = list(chosen) if round_index % 2 == 0 else list(reversed(chosen))
+            ran = {label: run_variant(label, *chosen[label], args, tmp, round_index) for label in order}
+            rounds.append({label: ran[label] for label in chosen})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rounds[0] if args.rounds == 1 else rounds, f, indent=1)
+    title = f"busbw GB/s (2 ranks on {torch.cuda.device_count()} GPU(s), network path forced)"
+    for round_index, table in enumerate(rounds):
+        print_table(title if args.rounds == 1 else f"{title}, round {round_index + 1}", table)
+    if args.rounds > 1:
+        print_rounds(rounds)
+    table = rounds[-1]
     print("rank 0 after the last collective, communicators up: threads / open sockets")
     census = ["%d / %d" % (t["census"]["threads"], t["census"]["sockets"]) if t else "failed" for t in table.values()]
     print(f"{'':22s}" + "".join(f"{cell:>19s}" for cell in census))
