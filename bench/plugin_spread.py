@@ -80,7 +80,8 @@ def run(settings: dict, phases: list, args) -> dict:
         if args.per_step:
             common.append("--per-step")
         slowed_at = None
-        with Fabric(hosts=2, rails=len(NICS), rate_mbit=args.rate_mbit, name=args.fabric) as fab:
+        with Fabric(hosts=2, rails=len(NICS), rate_mbit=args.rate_mbit, name=args.fabric,
+                    tcp_congestion=args.tcp_congestion) as fab:
             logs = [open(os.path.join(tmp, f"log-{role}"), "w") for role in ("recv", "send")]
             procs = [fab.popen(host, [sys.executable, PEER, "--role", role, *common], env=env,
                                stdout=subprocess.DEVNULL, stderr=log)
@@ -199,6 +200,8 @@ def main() -> int:
                         help="record bytes per NIC and channel end times of every step: how even "
                              "the survivors' load was")
     parser.add_argument("--fabric", default="psb", help="name of the emulated fabric (unique per user)")
+    parser.add_argument("--tcp-congestion", default="cubic", metavar="NAME",
+                        help="the hosts' TCP congestion control ('inherit': this machine's default)")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
@@ -212,12 +215,19 @@ def main() -> int:
     if args.message_kb <= 0 or per_channel % (args.message_kb << 10):
         parser.error(f"--message-kb {args.message_kb}: must divide --channel-mb {args.channel_mb} MiB")
     args.window = args.window or per_channel // (args.message_kb << 10)
+    from torch_reccl.fabric.fabric import tcp_congestion_arg
+
+    try:
+        args.tcp_congestion = tcp_congestion_arg(args.tcp_congestion)
+    except ValueError as error:
+        parser.error(str(error))
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
     record = {"command": " ".join(sys.argv), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
-              "rate_mbit": args.rate_mbit, "load_average_before": os.getloadavg(), "runs": {}}
+              "rate_mbit": args.rate_mbit, "tcp_congestion": args.tcp_congestion or "inherited",
+              "load_average_before": os.getloadavg(), "runs": {}}
     for name in runs:
         record["runs"][name] = summarize(run(RUNS[name], phases, args), args)
     record["load_average_after"] = os.getloadavg()
@@ -226,7 +236,7 @@ def main() -> int:
           f"{line_rate:.3f} GB/s), {args.channels} channels, {args.channel_mb} MiB per channel "
           f"and step in {args.message_kb} KiB messages, {args.window} in flight; "
           f"{args.setup_warmup} untimed steps first, then {args.warmup} settling + {args.steps} "
-          f"timed steps per phase")
+          f"timed steps per phase; TCP congestion control {record['tcp_congestion']}")
     filled = True
     for name in runs:
         result = record["runs"][name]

@@ -257,6 +257,8 @@ def test_validation_and_names():
         Fabric(rails=300, name="v")
     with pytest.raises(ValueError, match="rate_mbit"):
         Fabric(rate_mbit=-5, name="v")
+    with pytest.raises(ValueError, match="tcp_congestion must be None .* or an algorithm's name"):
+        Fabric(tcp_congestion="Cubic;reboot", name="v")
     fab = Fabric(hosts=2, rails=2, name="v1")
     with pytest.raises(ValueError, match=r"host must be an int in 0\.\.1; got 2"):
         fab.nic_ip(2, 0)
@@ -566,6 +568,32 @@ def test_two_fabrics_coexist(make_fabric, server):
     assert probe(b, 0, b.nic_ip(1, 0))
 
 
+def _congestion(fab, host):
+    return fab.run(host, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"], timeout=10).stdout.strip()
+
+
+def test_hosts_use_the_chosen_tcp_congestion_control_not_this_machines(root):
+    """cubic unless told otherwise, whatever the root namespace uses; None keeps
+    what a new namespace gets; a name the kernel lacks fails before anything is built."""
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        available = f.read().split()
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        machine = f.read().strip()
+    other = next(a for a in available if a != "cubic")  # reno is always built in
+    with Fabric(hosts=2, rails=1, name=_unique_name("t")) as fab:
+        assert [_congestion(fab, h) for h in range(2)] == ["cubic", "cubic"]
+        assert Fabric.attach(fab.name).tcp_congestion == "cubic"
+    with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=other) as fab:
+        assert _congestion(fab, 0) == other
+    with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=None) as fab:
+        assert _congestion(fab, 0) == machine
+    name = _unique_name("t")
+    with pytest.raises(FabricError, match="'nosuchcc' is not available in this kernel; available: "
+                                          + ", ".join(available)):
+        Fabric(hosts=1, rails=1, name=name, tcp_congestion="nosuchcc").up()
+    assert _leftovers(name) == ([], [])
+
+
 def test_attach_shares_state(make_fabric):
     fab = make_fabric("a")
     other = Fabric.attach(fab.name)
@@ -640,9 +668,14 @@ def test_reccl_entry_point(root):
 def test_cli_round_trip(root):
     name = _unique_name("k")
     try:
-        cp = _cli("up", "--name", name, "--hosts", "2", "--rails", "2", "--rate-mbit", "500")
+        cp = _cli("up", "--name", name, "--hosts", "2", "--rails", "2", "--rate-mbit", "500",
+                  "--tcp-congestion", "Bad!")
+        assert cp.returncode == 2 and "--tcp-congestion 'Bad!': want an algorithm's name" in cp.stderr
+        cp = _cli("up", "--name", name, "--hosts", "2", "--rails", "2", "--rate-mbit", "500",
+                  "--tcp-congestion", "reno")
         assert cp.returncode == 0, cp.stderr
-        assert f"fabric {name}: 2 hosts x 2 rails" in cp.stdout
+        assert f"fabric {name}: 2 hosts x 2 rails, 500 mbit/s per NIC, TCP congestion control reno" \
+            in cp.stdout
         cp = _cli("fail", "--name", name, "nic", "1:0")
         assert cp.returncode == 0, cp.stderr
         cp = _cli("fail", "--name", name, "rail", "7")

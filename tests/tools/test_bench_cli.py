@@ -112,6 +112,8 @@ def test_bad_arguments_are_refused_by_the_parser(capsys, args, message):
     (["--compare", "nccl"], "valid baselines: gloo"),
     (["--compare", "reccl"], "is the backend itself"),
     (["--rate-mbit", "100"], "--rate-mbit needs --fabric"),
+    (["--tcp-congestion", "reno"], "--tcp-congestion needs --fabric"),
+    (["--fabric", "2x2", "--tcp-congestion", "Reno?"], "--tcp-congestion 'Reno?': want an algorithm's name"),
     (["--fabric", "2x2", "--ranks", "3"], "disagrees with --fabric"),
     (["--backend", "gloo", "--nic-down"], "only the reccl backend"),
     (["--backend", "gloo", "--fault", "h0nic0:down"], "only the reccl backend"),
@@ -144,7 +146,7 @@ def test_fabric_nic_down_run_fails_over():
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads(done.stdout)
     assert record["variants"] == ["reccl", "reccl,NIC0-down"] and not record["errors"]
-    assert "emulated fabric" in record["where"]
+    assert "emulated fabric" in record["where"] and "TCP cubic" in record["where"]
     assert record["failovers"]["reccl"] == 0
     assert record["failovers"]["reccl,NIC0-down"] >= 1
     for row in record["rows"]:

@@ -4,7 +4,8 @@
                 [--min-bytes 1M] [--max-bytes 256M] [--factor 2] [--dtype float32]
                 [--warmup 2] [--iters 5] [--device cpu|cuda]
                 [--backend reccl] [--compare gloo|nccl] [--nic-down]
-                [--fault TARGET:ACTION[,...]]... [--fabric HOSTSxRAILS [--rate-mbit M]]
+                [--fault TARGET:ACTION[,...]]... [--fabric HOSTSxRAILS [--rate-mbit M]
+                [--tcp-congestion NAME]]
                 [--json [PATH]]
 
 Spawns N ranks (one process each) and times every op at every size from
@@ -59,6 +60,7 @@ from torch_reccl.cli.launch import (
 from torch_reccl.cli.progress import ProgressBar
 from torch_reccl.drill.faults import FabricFaults, InjectedFaults
 from torch_reccl.drill.schedule import Fault, ScheduleError, check_topology, parse_schedule
+from torch_reccl.fabric.fabric import DEFAULT_TCP_CONGESTION, tcp_congestion_arg
 
 BACKENDS = {"cpu": ("reccl", "gloo"), "cuda": ("reccl", "nccl")}
 SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
@@ -170,8 +172,12 @@ def check_args(args) -> None:
                              f"(one rank per host); leave --ranks out")
         if args.rails is not None and args.rails != rails:
             raise ValueError(f"--rails {args.rails} disagrees with --fabric {hosts}x{rails}")
+        tcp_congestion_arg(args.tcp_congestion or DEFAULT_TCP_CONGESTION)
     elif args.rate_mbit is not None:
         raise ValueError("--rate-mbit needs --fabric HOSTSxRAILS (loopback NICs have no rate cap)")
+    elif args.tcp_congestion is not None:
+        raise ValueError("--tcp-congestion needs --fabric HOSTSxRAILS (loopback NICs use this "
+                         "machine's TCP settings)")
     ranks = args.fabric[0] if args.fabric else (args.ranks or 2)
     if not 2 <= ranks <= 64:
         raise ValueError(f"--ranks must be 2..64 (busbw needs at least 2 ranks); got {ranks}")
@@ -396,7 +402,8 @@ def run(args) -> int:
                           "leave it out to use loopback NICs", file=sys.stderr)
                     return 2
                 fabric = Fabric(hosts=ranks, rails=rails, rate_mbit=args.rate_mbit,
-                                name=unique_fabric_name("b"))
+                                name=unique_fabric_name("b"),
+                                tcp_congestion=tcp_congestion_arg(args.tcp_congestion or DEFAULT_TCP_CONGESTION))
                 try:
                     fabric.up()
                 except FabricError as error:
@@ -487,6 +494,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="run one rank per host of an emulated fabric (root), e.g. 2x2")
     parser.add_argument("--rate-mbit", type=float, default=None,
                         help="with --fabric: cap every NIC at this rate")
+    parser.add_argument("--tcp-congestion", default=None,
+                        metavar="NAME", help="with --fabric: the hosts' TCP congestion control (default "
+                        "cubic, whatever this machine uses; 'inherit' keeps its default)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="give up when no result arrives for this many seconds (default 300)")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",

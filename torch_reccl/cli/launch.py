@@ -225,8 +225,9 @@ class FabricPlacement:
     def describe(self) -> str:
         f = self.fabric
         rate = f"{f.rate_mbit:g} Mbit/s per NIC" if f.rate_mbit else "no rate cap"
+        tcp = f"TCP {f.tcp_congestion}" if f.tcp_congestion else "TCP as this machine"
         return (f"{f.hosts} hosts x {f.rails} rails in emulated fabric {f.name!r} "
-                f"(one rank per host, NICs {','.join(self.nic_names(0))}, {rate})")
+                f"(one rank per host, NICs {','.join(self.nic_names(0))}, {rate}, {tcp})")
 
 
 # ---------------------------------------------------------------- the job

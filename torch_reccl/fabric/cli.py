@@ -1,6 +1,6 @@
 """``reccl fabric``: build, fault, heal and tear down an emulated fabric.
 
-    reccl fabric up    --name N --hosts H --rails R [--rate-mbit M]
+    reccl fabric up    --name N --hosts H --rails R [--rate-mbit M] [--tcp-congestion NAME]
     reccl fabric down  --name N
     reccl fabric fail  --name N (nic H:R | rail R | blackhole H:R | flap H:R [--period S --count C]
                                  | slow H:R --percent P | lossy H:R --percent P)
@@ -72,7 +72,9 @@ def _guard(fn):
 
 def format_show(info: dict) -> str:
     rate = f"{info['rate_mbit']:g} mbit/s per NIC" if info["rate_mbit"] else "no rate cap"
-    lines = [f"fabric {info['name']}: {info['hosts']} hosts x {info['rails']} rails, {rate}"]
+    tcp = info.get("tcp_congestion") or "the namespaces' default"
+    lines = [f"fabric {info['name']}: {info['hosts']} hosts x {info['rails']} rails, {rate}, "
+             f"TCP congestion control {tcp}"]
     for h in info["host_state"]:
         lines.append(f"host {h['host']}  netns {h['netns']}  mgmt0 {h['mgmt_ip']}")
         for n in h["nics"]:
@@ -93,8 +95,10 @@ def format_show(info: dict) -> str:
 @_guard
 def cmd_up(args) -> int:
     from torch_reccl.fabric import Fabric
+    from torch_reccl.fabric.fabric import tcp_congestion_arg
 
-    fab = Fabric(hosts=args.hosts, rails=args.rails, rate_mbit=args.rate_mbit, name=args.name)
+    fab = Fabric(hosts=args.hosts, rails=args.rails, rate_mbit=args.rate_mbit, name=args.name,
+                 tcp_congestion=tcp_congestion_arg(args.tcp_congestion))
     fab.up()
     print(format_show(fab.show()))
     return 0
@@ -270,6 +274,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     q.add_argument("--rails", type=int, required=True, help="NICs per host = rail switches")
     q.add_argument("--rate-mbit", type=float, default=None,
                    help="cap every NIC at this rate, both directions (default: no cap)")
+    q.add_argument("--tcp-congestion", default="cubic", metavar="NAME",
+                   help="TCP congestion control of every host (default cubic, whatever this "
+                        "machine uses; 'inherit' keeps the namespaces' default)")
     q.set_defaults(func=cmd_up)
 
     q = named("down", "tear a fabric down (everything carrying its name)")

@@ -11,6 +11,10 @@ Topology of ``Fabric(hosts=H, rails=K, name=N)``::
 Addresses: eth{r} of host h is 198.18.{r}.{h+1}/24, mgmt0 is 198.19.0.{h+1}/24
 (RFC 2544 benchmarking range), so traffic for rail r leaves by eth{r}.
 
+Every host uses TCP congestion control ``tcp_congestion`` (cubic, Linux's
+default, unless told otherwise; None keeps the namespace's default, which comes
+from this machine's): results do not depend on how this machine is tuned.
+
 The fabric name never contains '-', so every object whose name starts with
 "rcN-" (links) or "reccl-N-h" (namespaces) belongs to fabric N and to no other;
 ``down()`` finds everything by those prefixes, even without a state file.
@@ -65,6 +69,24 @@ NFT_TIMEOUT_S = 10.0
 # lossy: nft draws numgen random mod LOSS_SCALE, so a percentage has two decimals
 LOSS_SCALE = 10000
 FAULT_KEYS = ("nic_down", "rail_down", "blackhole", "slow", "lossy")
+# Every host runs Linux's default TCP congestion control unless told otherwise,
+# whatever this machine's own default is: measurements must not depend on it
+# (docs/fabric.md has what bbr does to lock-step traffic through the tbf queue).
+DEFAULT_TCP_CONGESTION = "cubic"
+TCP_CONGESTION_RE = re.compile(r"^[a-z0-9_]{1,15}$")  # TCP_CA_NAME_MAX is 16 with the NUL
+TCP_CONGESTION_PATH = "/proc/sys/net/ipv4/tcp_congestion_control"
+TCP_CONGESTION_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+TCP_CONGESTION_INHERIT = "inherit"  # command lines: keep the namespaces' own default
+
+
+def tcp_congestion_arg(text: str) -> Optional[str]:
+    """A command line's --tcp-congestion: an algorithm's name, or "inherit" (None)."""
+    if text == TCP_CONGESTION_INHERIT:
+        return None
+    if not TCP_CONGESTION_RE.match(text):
+        raise ValueError(f"--tcp-congestion {text!r}: want an algorithm's name (such as cubic, reno, "
+                         f"bbr) or {TCP_CONGESTION_INHERIT!r} for the namespaces' own default")
+    return text
 
 
 def nft_command() -> Optional[str]:
@@ -227,7 +249,7 @@ class Fabric:
     """An emulated rail-optimized fabric; see the module docstring."""
 
     def __init__(self, hosts: int = 2, rails: int = 2, rate_mbit: Optional[float] = None,
-                 name: str = "f0"):
+                 name: str = "f0", tcp_congestion: Optional[str] = DEFAULT_TCP_CONGESTION):
         self.name = check_name(name)
         if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts must be an int in 1..{MAX_HOSTS}; got {hosts!r}")
@@ -242,9 +264,14 @@ class Fabric:
                 raise ValueError(
                     f"rate_mbit must be None (no cap) or a number in (0, {MAX_RATE_MBIT}]; "
                     f"got {rate_mbit!r}")
+        if tcp_congestion is not None and not (isinstance(tcp_congestion, str)
+                                               and TCP_CONGESTION_RE.match(tcp_congestion)):
+            raise ValueError(f"tcp_congestion must be None (each host keeps its namespace's default) "
+                             f"or an algorithm's name such as 'cubic'; got {tcp_congestion!r}")
         self.hosts = hosts
         self.rails = rails
         self.rate_mbit = rate_mbit
+        self.tcp_congestion = tcp_congestion
         self._lock = threading.RLock()
         self._root = None               # IPRoute in the root namespace
         self._flap_down: Set[Tuple[int, int]] = set()
@@ -310,7 +337,8 @@ class Fabric:
 
     def __repr__(self) -> str:
         return (f"<Fabric {self.name!r} hosts={self.hosts} rails={self.rails} "
-                f"rate_mbit={self.rate_mbit} {'up' if self._is_up else 'down'}>")
+                f"rate_mbit={self.rate_mbit} tcp_congestion={self.tcp_congestion} "
+                f"{'up' if self._is_up else 'down'}>")
 
     # ------------------------------------------------------------ state file
     def _state(self, status: str, faults: Optional[dict] = None) -> dict:
@@ -319,6 +347,7 @@ class Fabric:
             "hosts": self.hosts,
             "rails": self.rails,
             "rate_mbit": self.rate_mbit,
+            "tcp_congestion": self.tcp_congestion,
             "status": status,
             "pid": os.getpid(),
             "created": time.time(),
@@ -415,7 +444,8 @@ class Fabric:
                 f"(known fabrics: {', '.join(list_fabrics()) or 'none'})")
         try:
             fab = cls(hosts=int(st["hosts"]), rails=int(st["rails"]),
-                      rate_mbit=st.get("rate_mbit"), name=name)
+                      rate_mbit=st.get("rate_mbit"), name=name,
+                      tcp_congestion=st.get("tcp_congestion"))
         except (KeyError, TypeError, ValueError) as e:
             raise FabricError(f"fabric {name!r}: bad state file {_state_path(name)}: {e}")
         fab._is_up = st.get("status") == "up"
@@ -520,6 +550,7 @@ class Fabric:
         return self
 
     def _build(self) -> None:
+        self._check_tcp_congestion()
         pns = _pr_netns()
         ipr = self._rt()
         br_opts = dict(kind="bridge", br_stp_state=0, br_forward_delay=0,
@@ -534,6 +565,9 @@ class Fabric:
         for h in range(self.hosts):
             nsname = self.netns(h)
             self._step(f"creating netns {nsname}", pns.create, nsname)
+            if self.tcp_congestion is not None:
+                self._step(f"TCP congestion control {self.tcp_congestion} in {nsname}",
+                           nsexec.write_file_in, nsname, TCP_CONGESTION_PATH, self.tcp_congestion)
             nics = [(self.port_name(h, r), self.nic_name(r), self.rail_bridge(r),
                      f"{self.nic_ip(h, r)}", True) for r in range(self.rails)]
             nics.append((self.mgmt_port_name(h), self.mgmt_name, self.mgmt_bridge,
@@ -560,6 +594,19 @@ class Fabric:
         # wait (bounded) until every host NIC reports carrier
         self._wait_links({(h, r): True for h in range(self.hosts) for r in range(self.rails)})
         self._selfcheck()
+
+    def _check_tcp_congestion(self) -> None:
+        if self.tcp_congestion is None:
+            return
+        try:
+            with open(TCP_CONGESTION_AVAILABLE) as f:
+                available = f.read().split()
+        except OSError as e:
+            raise FabricError(f"fabric {self.name!r}: cannot read {TCP_CONGESTION_AVAILABLE} "
+                              f"to check tcp_congestion {self.tcp_congestion!r}: {e}") from e
+        if self.tcp_congestion not in available:
+            raise FabricError(f"fabric {self.name!r}: TCP congestion control {self.tcp_congestion!r} "
+                              f"is not available in this kernel; available: {', '.join(available)}")
 
     def _selfcheck(self, timeout: float = 2.0) -> None:
         """UDP from host 0 to host 1 over every rail and mgmt: catches a host
@@ -1038,7 +1085,8 @@ class Fabric:
             hosts.append({"host": h, "netns": self.netns(h), "mgmt_ip": self.mgmt_ip(h),
                           "nics": nics})
         return {"name": self.name, "hosts": self.hosts, "rails": self.rails,
-                "rate_mbit": self.rate_mbit, "faults": faults, "host_state": hosts}
+                "rate_mbit": self.rate_mbit, "tcp_congestion": self.tcp_congestion,
+                "faults": faults, "host_state": hosts}
 
 
 def _bridge_netfilter_note() -> Optional[str]:

@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
 
 NETNS_RUN_DIR = "/run/netns"
 
@@ -97,6 +98,41 @@ def make_preexec(ns_fd: int, ns_name: str, remount_sys: bool = True, then=None):
             then()
 
     return _preexec
+
+
+def write_file_in(name: str, path: str, value: str, timeout_s: float = 5.0) -> None:
+    """Write ``value`` to ``path`` as seen from network namespace ``name``: a
+    ``/proc/sys/net/...`` setting of that namespace. A short-lived thread joins
+    the namespace (setns moves only the calling thread) and writes; the caller's
+    threads stay where they are. Raises OSError naming the namespace."""
+    libc = _get_libc()
+    fd = open_netns(name)
+    failure = []
+
+    def write():  # owns fd: a late thread must not setns through a reused number
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into network namespace {name!r} failed: {os.strerror(err)}")
+            with open(path, "w") as f:
+                f.write(value)
+        except OSError as e:
+            failure.append(e)
+        finally:
+            os.close(fd)
+
+    worker = threading.Thread(target=write, name=f"netns-{name}", daemon=True)
+    try:
+        worker.start()
+    except BaseException:
+        os.close(fd)
+        raise
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise OSError(f"writing {path} in network namespace {name!r} took over {timeout_s:g} s")
+    if failure:
+        raise OSError(failure[0].errno, f"writing {value!r} to {path} in network namespace {name!r} "
+                                        f"failed: {failure[0].strerror or failure[0]}")
 
 
 def main(argv=None) -> int:
