@@ -594,6 +594,33 @@ def test_hosts_use_the_chosen_tcp_congestion_control_not_this_machines(root):
     assert _leftovers(name) == ([], [])
 
 
+def test_an_algorithm_namespaces_may_not_use_yet_is_allowed_first(root):
+    """A namespace may default only to an algorithm on the machine-wide allowed
+    list (a fresh machine allows its default and reno): the fabric adds the one
+    it needs, says so, and the hosts use it."""
+    allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        available = f.read().split()
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        machine = f.read().strip()
+    with open(allowed_path) as f:
+        saved = f.read().strip()
+    target = next((a for a in available if a not in (machine, "reno")), None)
+    if target is None:
+        pytest.skip(f"this kernel offers no TCP congestion control but {machine} and reno")
+    try:
+        with open(allowed_path, "w") as f:
+            f.write(" ".join(a for a in saved.split() if a != target))
+        with pytest.warns(UserWarning, match=f"added {target} to net.ipv4.tcp_allowed_congestion_control"):
+            with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=target) as fab:
+                assert _congestion(fab, 0) == target
+        with open(allowed_path) as f:
+            assert target in f.read().split()
+    finally:
+        with open(allowed_path, "w") as f:
+            f.write(saved)
+
+
 def test_attach_shares_state(make_fabric):
     fab = make_fabric("a")
     other = Fabric.attach(fab.name)

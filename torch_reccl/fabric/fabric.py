@@ -76,6 +76,7 @@ DEFAULT_TCP_CONGESTION = "cubic"
 TCP_CONGESTION_RE = re.compile(r"^[a-z0-9_]{1,15}$")  # TCP_CA_NAME_MAX is 16 with the NUL
 TCP_CONGESTION_PATH = "/proc/sys/net/ipv4/tcp_congestion_control"
 TCP_CONGESTION_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+TCP_CONGESTION_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
 TCP_CONGESTION_INHERIT = "inherit"  # command lines: keep the namespaces' own default
 
 
@@ -596,17 +597,40 @@ class Fabric:
         self._selfcheck()
 
     def _check_tcp_congestion(self) -> None:
+        """The chosen algorithm exists, and host namespaces may default to it:
+        the kernel lets a namespace other than the machine's own default only to
+        an algorithm on the machine-wide allowed list (EPERM otherwise), so one
+        missing from it is added, with a warning."""
         if self.tcp_congestion is None:
             return
         try:
             with open(TCP_CONGESTION_AVAILABLE) as f:
                 available = f.read().split()
+            with open(TCP_CONGESTION_ALLOWED) as f:
+                allowed = f.read().split()
         except OSError as e:
-            raise FabricError(f"fabric {self.name!r}: cannot read {TCP_CONGESTION_AVAILABLE} "
-                              f"to check tcp_congestion {self.tcp_congestion!r}: {e}") from e
+            raise FabricError(f"fabric {self.name!r}: cannot read the kernel's TCP congestion "
+                              f"controls to check tcp_congestion {self.tcp_congestion!r}: {e}") from e
         if self.tcp_congestion not in available:
             raise FabricError(f"fabric {self.name!r}: TCP congestion control {self.tcp_congestion!r} "
                               f"is not available in this kernel; available: {', '.join(available)}")
+        if self.tcp_congestion in allowed:
+            return
+        wanted = " ".join(allowed + [self.tcp_congestion])
+        try:
+            with open(TCP_CONGESTION_ALLOWED, "w") as f:
+                f.write(wanted)
+        except OSError as e:
+            raise FabricError(
+                f"fabric {self.name!r}: the hosts cannot use TCP congestion control "
+                f"{self.tcp_congestion!r}: a network namespace may only default to one in "
+                f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}), and adding it "
+                f"failed ({e}); allow it (sysctl -w net.ipv4.tcp_allowed_congestion_control="
+                f"'{wanted}') or keep the machine's default (tcp_congestion=None, "
+                f"--tcp-congestion inherit)") from e
+        warnings.warn(f"fabric {self.name!r}: added {self.tcp_congestion} to "
+                      f"net.ipv4.tcp_allowed_congestion_control (now '{wanted}'), the machine-wide "
+                      f"list a host namespace may default to; unprivileged programs may choose it too")
 
     def _selfcheck(self, timeout: float = 2.0) -> None:
         """UDP from host 0 to host 1 over every rail and mgmt: catches a host
