@@ -140,11 +140,16 @@ def run_variant(label, env, nic_down, args, tmp, round_index) -> dict:
         return {}
 
 
+def measured_keys(tables) -> list:
+    """The "collective/MiB" keys of the first variant that did not fail."""
+    return next(([k for k in t if k != "census"] for t in tables if t), [])
+
+
 def print_table(title: str, table: dict) -> None:
     labels = list(table)
     print(title)
     print(f"{'collective/MiB':22s}" + "".join(f"{label:>19s}" for label in labels))
-    keys = next(([k for k in t if k != "census"] for t in table.values() if t), [])
+    keys = measured_keys(table.values())
     for key in keys:
         print(f"{key:22s}" + "".join(f"{table[label][key]:19.2f}" if key in table[label] else f"{'failed':>19s}"
                                      for label in labels))
@@ -154,7 +159,7 @@ def print_rounds(rounds: list) -> None:
     """Each variant's median over the rounds, and each variant against the first
     one, round by round (both ran back to back)."""
     labels = list(rounds[0])
-    keys = next(([k for k in t if k != "census"] for r in rounds for t in r.values() if t), [])
+    keys = measured_keys(t for r in rounds for t in r.values())
     median = {label: {k: statistics.median(r[label][k] for r in rounds if k in r[label]) for k in keys
                       if any(k in r[label] for r in rounds)} for label in labels}
     print_table(f"median busbw GB/s over {len(rounds)} rounds", median)
