@@ -182,6 +182,7 @@ uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
   slot.state = SlotState::kUp;
   slot.backoffMs = 0;
   slot.everUp = true;
+  if (auto heard = slot.path->pairHeard()) slot.heard = std::move(heard);
   if (reestablished) emitPathEvent(EventKind::kPathUp, index, Reason::kHealed, "");
   env_.supervisor->poke();
   return slot.pathId;
@@ -333,6 +334,13 @@ bool Connection::peerGoneLocked() const {
   return answered;
 }
 
+bool Connection::peerHeardSinceLocked(int64_t sinceNs) const {
+  for (const Slot& slot : slots_) {
+    if (slot.heard && slot.heard->lastHeardNs() >= sinceNs) return true;
+  }
+  return false;
+}
+
 void Connection::endStallLocked(bool recovered) {
   if (!stallReported_) return;
   stallReported_ = false;
@@ -374,11 +382,17 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
   const int goneMs = env_.config.peerGoneTimeoutMs;
   if (goneMs < noPathMs && peerGoneLocked()) {
     if (goneSince_ == Clock::time_point{}) goneSince_ = now;
-    if (now - goneSince_ > Millis(goneMs)) {
+    // A live peer whose paths churn may end them and refuse a dial (too many
+    // handshakes at once, a path dropped half-made), but it goes on beating on
+    // every NIC pair any connection still holds: only a peer silent on all of
+    // them for the whole bound is gone.
+    const int64_t goneNs = static_cast<int64_t>(goneMs) * 1000000;
+    if (now - goneSince_ > Millis(goneMs) && !peerHeardSinceLocked(nowNs() - goneNs)) {
       failConnectionLocked(std::string(what) + " for " + std::to_string(goneMs) +
                            " ms while the peer's host answered for it with nothing there "
-                           "(dials refused, paths ended by an end of stream or a reset): the "
-                           "peer process is gone (RECCL_PEER_GONE_TIMEOUT_MS); paths: " +
+                           "(dials refused, paths ended by an end of stream or a reset) and "
+                           "nothing came from it on any NIC pair: the peer process is gone "
+                           "(RECCL_PEER_GONE_TIMEOUT_MS); paths: " +
                            slotSummaryLocked());
       return;
     }

@@ -99,6 +99,9 @@ class Connection : public PathOwner, public Serviced {
     Clock::time_point nextDial{};
     int backoffMs = 0;
     bool everUp = false;
+    // The NIC pair of the path last installed: kept after the path is gone, so
+    // the peer-gone verdict can ask whether the peer's transport is heard.
+    std::shared_ptr<const PairHeard> heard;
   };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -138,6 +141,9 @@ class Connection : public PathOwner, public Serviced {
   // Every failure since traffic last moved, on a local NIC that is up, came
   // from the peer's host (PathFailure::peerHostAnswered), and there is at least one.
   bool peerGoneLocked() const;
+  // Something arrived from the peer's transport, on any NIC pair of this
+  // connection's paths (by any connection), at or after `sinceNs`.
+  bool peerHeardSinceLocked(int64_t sinceNs) const;
   // Ends a reported stall: `recovered` when traffic moves again, else (the
   // connection failed or closed) only the bookkeeping.
   void endStallLocked(bool recovered);

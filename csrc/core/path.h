@@ -38,6 +38,15 @@ struct DataChunk {
   const MemoryRegistration* source = nullptr;
 };
 
+// When anything last arrived from the peer's transport over one NIC pair (nowNs):
+// every path between the same two NICs of the same two transports shares it, so
+// it speaks for the peer process as long as any connection to it moves traffic.
+class PairHeard {
+ public:
+  virtual ~PairHeard() = default;
+  virtual int64_t lastHeardNs() const = 0;
+};
+
 class PathOwner {
  public:
   virtual ~PathOwner() = default;
@@ -102,6 +111,9 @@ class Path {
   // reports what it has (RESYNC) only after it. Data that lands only through
   // the receiver's own copy (fenced there by epochs) has nothing to wait for.
   virtual Clock::time_point quietAfter() const { return {}; }
+  // What this path's NIC pair has heard from the peer's transport; nullptr
+  // where the transport does not know.
+  virtual std::shared_ptr<const PairHeard> pairHeard() const { return nullptr; }
   // shutdown(), then waits until no thread runs, or will run, this path's I/O
   // (its own threads, or the event loops serving its sockets): once it
   // returns, no callback reaches the owner. The owner calls it before letting
