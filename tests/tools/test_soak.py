@@ -115,6 +115,8 @@ def test_cli_dry_run_prints_the_schedule_and_bad_arguments_exit_2():
     assert bad.returncode == 2 and "leaves no time for faults" in bad.stderr
     bad = soak("--dry-run", "--hosts", "9")
     assert bad.returncode == 2 and "--hosts must be in 2..8" in bad.stderr
+    bad = soak("--dry-run", "--max-bytes", "1G")
+    assert bad.returncode == 2 and "--max-bytes must be at most 256M" in bad.stderr
     bad = soak("--dry-run", "--mix", "bogus=1")
     assert bad.returncode == 2 and "KIND one of" in bad.stderr
 

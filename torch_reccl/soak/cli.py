@@ -35,6 +35,7 @@ from torch_reccl.drill.cli import fabric_problem, parse_duration
 from torch_reccl.soak.schedule import DEFAULT_MIX, SoakScheduleError, make_schedule, outages, parse_mix
 
 DEFAULT_PLOT = "reccl-soak.png"
+MAX_MESSAGE_BYTES = 256 << 20
 
 
 def mix_argument(text: str):
@@ -106,6 +107,10 @@ def run(args) -> int:
             raise SoakScheduleError(f"--hosts must be in 2..8; got {args.hosts}")
         if not 1 <= args.rails <= 8:
             raise SoakScheduleError(f"--rails must be in 1..8; got {args.rails}")
+        if args.max_bytes > MAX_MESSAGE_BYTES:
+            raise SoakScheduleError(f"--max-bytes must be at most {MAX_MESSAGE_BYTES >> 20}M (every "
+                                    f"rank holds a pool of that many random bytes); got "
+                                    f"{args.max_bytes}")
         if args.rate_mbit < 0:
             raise SoakScheduleError(f"--rate-mbit must be >= 0; got {args.rate_mbit:g}")
         faults_end = args.duration - args.settle
