@@ -25,8 +25,8 @@ Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessa
   if (algorithm != Algorithm::kChannels) return algorithm;
   const CommOptions& options = comm.options();
   const bool halving =
-      options.algo == "halving" ||
-      (options.algo == "auto" &&
+      options.algo == Algo::kHalving ||
+      (options.algo == Algo::kAuto &&
        largestMessageBytes <= options.halvingBytesPerRank * static_cast<size_t>(comm.size()));
   return halving ? Algorithm::kHalvingDoubling : algorithm;
 }

@@ -17,7 +17,7 @@ constexpr int kCopyTimeoutMs = 10000;
 std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo>& nics,
                                  std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                  std::string* why) {
-  if (config.nvl == "off") {
+  if (!config.nvl) {
     *why = "RECCL_NVL=off";
     return nullptr;
   }
