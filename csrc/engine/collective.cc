@@ -31,6 +31,15 @@ Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessa
   return halving ? Algorithm::kHalvingDoubling : algorithm;
 }
 
+RootedOp rootedOp(const Communicator& comm, OpKind kind, size_t count, DataType dtype, int root) {
+  checkRoot(root, comm.size());
+  const size_t bytes = count * elementSize(dtype);
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes * comm.size());
+  OpDescriptor desc = OpDescriptor::of(kind, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(algorithm);
+  return {bytes, algorithm == Algorithm::kRecursiveDoubling, desc};
+}
+
 void checkRoot(int root, int size) {
   if (root < 0 || root >= size) {
     throw ConfigError("root rank " + std::to_string(root) + " is not in this group of " +
