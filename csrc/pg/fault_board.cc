@@ -38,6 +38,7 @@ struct WireRecord {
   uint64_t nicsSlow;
 };
 #pragma pack(pop)
+static_assert(sizeof(WireRecord) == 48, "board record size in the store");
 
 std::string recordKey(int rank) { return "reccl/board/" + std::to_string(rank); }
 
