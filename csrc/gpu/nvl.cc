@@ -8,9 +8,8 @@ namespace reccl {
 
 namespace {
 // The bound on one GPU copy of the staging. A copy waits for no network: only a
-// hung GPU or driver keeps it from finishing, so it stays at the 10 s every
-// wait had before the wait for a path (RECCL_NO_PATH_TIMEOUT_MS) grew to ride
-// out outages.
+// hung GPU or driver keeps it from finishing, so it is a fixed 10 s, not the wait
+// for a path (RECCL_NO_PATH_TIMEOUT_MS), which is long enough to ride out outages.
 constexpr int kCopyTimeoutMs = 10000;
 }  // namespace
 
