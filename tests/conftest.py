@@ -34,11 +34,12 @@ import pytest
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 # Peer scripts, harnesses and stand-ins (tests/helpers) are imported by name, as they
-# import each other when run as scripts; bench/'s measuring modules (procstat: threads,
-# wake-ups and fds from /proc) too, by the tests as by the bench scripts beside them.
+# import each other when run as scripts. The repository, last: the bench harnesses the
+# tests run small (bench.scaling, bench.grey_fabric, ...) are imported as the package
+# bench, whatever the working directory.
 HELPERS = os.path.join(TESTS, "helpers")
 sys.path.insert(0, HELPERS)
-sys.path.append(os.path.join(REPO, "bench"))
+sys.path.append(REPO)
 
 # Tests that need a Debian package carry a marker; where it is missing they skip
 # with the reason and the install line (`bash scripts/test.sh` as root installs both).
@@ -215,7 +216,7 @@ def stream(send, recv, sizes, seed, window=8, on_sent=None, slack=0):
 
 
 def socket_fds() -> int:
-    import procstat  # bench/
+    from torch_reccl.bench import procstat
 
     return procstat.fds()[1]
 

@@ -32,9 +32,9 @@ import pytest
 
 import torch_reccl
 from torch_reccl._native import testing as emulations
+from torch_reccl.bench import procstat
 from torch_reccl.transport import _C, ConfigError, ProtocolError, RecclError
 
-import procstat
 from conftest import (
     A0,
     A1,

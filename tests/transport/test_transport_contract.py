@@ -43,9 +43,9 @@ import numpy as np
 import pytest
 
 import torch_reccl
+from torch_reccl.bench import procstat
 from torch_reccl.transport import ConfigError, RecclError, TimeoutError as RecclTimeoutError
 
-import procstat
 from conftest import close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
