@@ -48,8 +48,7 @@ import time
 
 from torch_reccl import settings
 from torch_reccl._native import native, testing
-
-import procstat
+from torch_reccl.bench import procstat
 
 _C = native()
 

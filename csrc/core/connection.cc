@@ -4,6 +4,8 @@
 #include <map>
 #include <thread>
 
+#include "core/error.h"
+#include "core/frame.h"
 #include "core/grey_detector.h"
 #include "core/health.h"
 #include "core/log.h"
@@ -224,6 +226,15 @@ void Connection::destroyRetired() {
 std::shared_ptr<Path> Connection::activePathLocked() const {
   if (active_ < 0) return nullptr;
   return slots_.at(active_).path;
+}
+
+void Connection::admitLocked(const char* op, size_t pending, const char* many) const {
+  if (!error_.empty()) throw Error(std::string(op) + " on a failed connection: " + error_);
+  if (closed_) throw Error(std::string(op) + " on a closed connection");
+  if (pending >= kMaxOutstanding) {
+    throw Error(std::string("too many ") + many + " on one connection (" +
+                std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+  }
 }
 
 std::string Connection::slotSummaryLocked() const {

@@ -154,6 +154,10 @@ class Connection : public PathOwner, public Serviced {
   void emitSwitchEvent(EventKind kind, int from, int to, Reason reason, int64_t durationNs,
                        int64_t bytesReplayed, const std::string& detail);
   std::shared_ptr<Path> activePathLocked() const;
+  // Throws unless a new `op` ("send", "receive") may start: the connection has
+  // neither failed nor closed, and fewer than kMaxOutstanding are `pending`
+  // (named `many` in the error: "sends in flight"); mutex_ held.
+  void admitLocked(const char* op, size_t pending, const char* many) const;
   // A CLOSE frame arrived: the EOFs that follow are not faults. Answers with a
   // CLOSE of our own (unlocking to send) unless we are closing too.
   void onPeerCloseLocked(uint64_t pathId, Lock& lock);

@@ -40,6 +40,7 @@ struct WireAgreement {
   WireListed listed[kListedDegradedRanks];
 };
 #pragma pack(pop)
+static_assert(sizeof(WireListed) == 40, "listed rank wire size");
 static_assert(sizeof(WireAgreement) == kAgreementBytes, "agreement wire size");
 
 uint64_t mix64(uint64_t x) {  // splitmix64's finalizer

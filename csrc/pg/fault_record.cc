@@ -24,6 +24,7 @@ struct WireRecord {
   uint64_t nicsSlow;
 };
 #pragma pack(pop)
+static_assert(sizeof(WireRecord) == 48, "board record size in the store");
 
 }  // namespace
 

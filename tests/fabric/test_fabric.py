@@ -699,7 +699,7 @@ def test_attach_shares_state(make_fabric):
 def test_stale_fabric_of_a_dead_run_is_reclaimed(make_fabric):
     """A test-owned fabric name left by a run that died is taken down before
     the module builds it again; one whose builder is alive is left alone."""
-    from test_training_fabric import reclaim_stale
+    from training_fabric import reclaim_stale
     fab = make_fabric("st")
     reclaim_stale(fab.name)  # built by this live process: untouched
     assert carrier(fab, 0, 0) == (1, "up")

@@ -3,11 +3,11 @@
 The launcher starts N rank processes on 127.0.0.1 (one process per rank: forked by a
 zygote that imported torch once, or spawned; torch.set_num_threads(1) in each) and hosts
 the rendezvous store itself: the real c10d TCPStore server (is_master=True,
-wait_for_workers=False) behind the counting proxy of scale_store.py. The phases are
+wait_for_workers=False) behind the counting proxy of store.py. The phases are
 driven over each rank's stdin (commands) and a private pipe (JSON replies), never
 through the store: start (ranks import torch and torch_reccl, report their pid), then
-those of scale_setup (init, create, first_use), scale_idle (settle, idle), scale_latency
-(collectives) and scale_busbw (one per (op, size)).
+those of groups.py (init, create, first_use), idle.py (settle, idle), latency.py
+(collectives) and busbw.py (one per (op, size)).
 
 Every phase is bounded; a job that does not finish a phase in its bound is reported as
 "did not finish (<phase>)" and its ranks are killed.
@@ -29,16 +29,14 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import procstat  # beside this file
-import scale_busbw
-import scale_idle
-import scale_latency
-import scale_setup
-from reccl_bench_runs import REPO
-from scale_store import CountingProxy
+from bench.reccl_bench_runs import REPO, load_standalone
+from bench.scaling import busbw as scale_busbw, groups as scale_setup, idle as scale_idle, latency as scale_latency
+from bench.scaling.store import CountingProxy
+
+procstat = load_standalone("bench.procstat")
 
 NICS = "127.0.0.1,127.0.0.2"
-RANK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale.py")
+RANK_PROGRAM = os.path.join(REPO, "bench", "scale.py")
 
 # --------------------------------------------------------------------------- the rank
 

@@ -14,7 +14,9 @@ import re
 import time
 from typing import Dict, Tuple
 
-import procstat  # beside this file
+from bench.reccl_bench_runs import load_standalone
+
+procstat = load_standalone("bench.procstat")
 
 TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
 

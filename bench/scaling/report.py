@@ -9,8 +9,8 @@ import platform
 import subprocess
 from typing import Dict, List
 
-from reccl_bench_runs import REPO
-from scale_busbw import human_bytes
+from bench.reccl_bench_runs import REPO
+from bench.scaling.busbw import human_bytes
 
 BACKENDS = ("reccl", "gloo")
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from typing import List, Optional, Tuple
 
-import procstat  # beside this file
-from reccl_bench_runs import load_standalone  # beside this file
+from bench.reccl_bench_runs import load_standalone
+
+procstat = load_standalone("bench.procstat")
 
 # bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
 _bench_rank = load_standalone("bench.rank")

@@ -3,6 +3,8 @@
 One reader for the benchmarks and tests that count threads and wake-ups
 (bench/scale.py, bench/idle_wakeups.py, tests/transport/test_transport_contract.py).
 Threads come and go while /proc is read; those gone meanwhile are left out.
+It imports nothing of torch_reccl: bench/ loads it by path into processes that must
+not import the package (bench/reccl_bench_runs.py, load_standalone).
 """
 from __future__ import annotations
 
