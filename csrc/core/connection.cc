@@ -265,6 +265,8 @@ void Connection::noteFailureLocked(int index, Reason reason, const PathFailure& 
   slot.lastDetail = failure.what;
   slot.lastFailureAt = Clock::now();
   slot.peerAnswered = failure.peerHostAnswered;
+  slot.refused = failure.nothingListens;
+  if (slot.refused && slot.heard) slot.heard->refusedAt(nowNs());
 }
 
 void Connection::failConnectionLocked(const std::string& why) {
@@ -332,7 +334,7 @@ void Connection::emitStallEvent(EventKind kind, Reason reason, int64_t durationN
 }
 
 bool Connection::peerGoneLocked() const {
-  bool answered = false;
+  bool refused = false;
   for (const Slot& slot : slots_) {
     if (slot.state == SlotState::kUp) return false;
     // Older failures are of paths traffic moved without; a down local NIC
@@ -340,9 +342,15 @@ bool Connection::peerGoneLocked() const {
     if (slot.lastFailure == Reason::kNone || slot.lastFailureAt < movedAt_) continue;
     if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
     if (!slot.peerAnswered) return false;
-    answered = true;
+    refused = refused || slot.refused;
   }
-  return answered;
+  if (refused) return true;
+  // Another connection to the peer (one that dials) may have been refused.
+  for (const Slot& slot : slots_) {
+    const int64_t refusedNs = slot.heard ? slot.heard->lastRefusedNs() : 0;
+    if (refusedNs != 0 && atNs(refusedNs) >= movedAt_) return true;
+  }
+  return false;
 }
 
 bool Connection::peerHeardSinceLocked(int64_t sinceNs) const {
@@ -393,10 +401,9 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
   const int goneMs = env_.config.peerGoneTimeoutMs;
   if (goneMs < noPathMs && peerGoneLocked()) {
     if (goneSince_ == Clock::time_point{}) goneSince_ = now;
-    // A live peer whose paths churn may end them and refuse a dial (too many
-    // handshakes at once, a path dropped half-made), but it goes on beating on
-    // every NIC pair any connection still holds: only a peer silent on all of
-    // them for the whole bound is gone.
+    // Defence in depth: a live peer goes on beating on every NIC pair any
+    // connection still holds; only a peer silent on all of them for the whole
+    // bound is gone.
     const int64_t goneNs = static_cast<int64_t>(goneMs) * 1000000;
     if (now - goneSince_ > Millis(goneMs) && !peerHeardSinceLocked(nowNs() - goneNs)) {
       failConnectionLocked(std::string(what) + " for " + std::to_string(goneMs) +

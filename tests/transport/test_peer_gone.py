@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -81,3 +82,29 @@ def test_a_listener_that_accepted_then_reset_or_closed_is_a_live_process(testing
     assert not out["connected"]
     assert out["what"].startswith("handshake with 127.0.0.1")
     assert out["peer_host_answered"] is False, out
+
+
+def test_a_live_peer_that_gives_up_on_a_nic_is_not_condemned_while_our_other_nic_is_down():
+    """The soak's false verdict: the receiver's primary NIC is down, and the live
+    sender gives up on its backup NIC (here an injected fault, in the soak a NIC it
+    found slow), which ends the backup path with an end of stream and sends no
+    redial there. The receiver then saw only "the peer's host answered" and failed
+    the connection after RECCL_PEER_GONE_TIMEOUT_MS. A live listener refuses no
+    connect, so nothing here is evidence of a dead process: the connection waits
+    (stalled) and carries on once a NIC is back."""
+    from conftest import Fabric, heal_all, stream
+
+    bed = Fabric("tcp", PEER_GONE_TIMEOUT_MS=1000, NO_PATH_TIMEOUT_MS=30000)
+    try:
+        send, recv = bed.pair(nic=0)
+        stream(send, recv, [1 << 16] * 8, seed=1)
+        bed.link(bed.nics_b[0], up=False)  # the receiver's primary: a local NIC down
+        bed.link(bed.nics_a[1], up=False)  # the sender closes its backup's path
+        time.sleep(4.0)  # four times the bound
+        assert recv.error == "" and send.error == "", (recv.error, send.error)
+        bed.link(bed.nics_b[0], up=True)
+        stream(send, recv, [1 << 16] * 8, seed=2)
+        assert recv.error == "" and send.error == ""
+    finally:
+        heal_all()
+        bed.close()
