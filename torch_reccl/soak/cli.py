@@ -168,7 +168,7 @@ def run(args) -> int:
         problems += resources_problems
         if result.replay is None or not result.replay.get("identical"):
             problems.append(f"final parameters differ from the fault-free replay: {result.replay}")
-    interruptions = interruption_stats(result)
+    interruptions = interruption_stats(result, spans)
     applied = sum(1 for a in result.applied if a["what"] == "apply")
     done = result.done.get(0, {})
     report = {"command": " ".join(sys.argv), "started": started, "hosts": args.hosts,

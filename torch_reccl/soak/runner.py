@@ -361,12 +361,20 @@ def resource_verdicts(result: SoakResult, settings: SoakSettings,
     return problems, summary
 
 
-def interruption_stats(result: SoakResult) -> dict:
-    """p50/p99/max of every failover's and failback's duration_s, in ms."""
+def interruption_stats(result: SoakResult, spans: List[Tuple[float, float]]) -> dict:
+    """p50/p99/max, in ms, of the interruption (duration_s) of every failover and
+    failback: of all of them, and of those that did not overlap an outage of the
+    schedule (a failover that waited for some path to come back counts the wait)."""
     out = {}
     for kind in INTERRUPTION_KINDS:
-        values = [1000.0 * e["duration_s"] for e in result.events
-                  if e["kind"] == kind and e.get("duration_s") is not None]
-        out[kind] = {"count": len(values), "p50_ms": percentile(values, 0.5),
-                     "p99_ms": percentile(values, 0.99), "max_ms": max(values, default=float("nan"))}
+        timed = [(e.get("t"), 1000.0 * e["duration_s"]) for e in result.events
+                 if e["kind"] == kind and e.get("duration_s") is not None]
+        for label, values in (
+                (kind, [ms for _, ms in timed]),
+                (f"{kind}_outside_outages",
+                 [ms for t, ms in timed
+                  if t is not None and overlap_s(spans, t - ms / 1000.0, t) == 0.0])):
+            out[label] = {"count": len(values), "p50_ms": percentile(values, 0.5),
+                          "p99_ms": percentile(values, 0.99),
+                          "max_ms": max(values, default=float("nan"))}
     return out
