@@ -2,7 +2,8 @@
 heal the schedule's faults on time, sample every rank's resources, watch for
 wrong values, stalls and crashes, and judge the run.
 
-Every wait is bounded: the ranks must start within ``start_timeout_s``, progress
+Every wait is bounded: the ranks must set up within ``start_timeout_s`` and
+run each op of the opening sweep within it too, progress
 may stop for at most ``stall_s`` plus the time some pair of hosts had no path
 (an outage of the schedule), and the run must end within its duration plus
 ``finish_timeout_s``.
@@ -191,6 +192,9 @@ def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end
                     rank, message = got
                     if _absorb(result, rank, message):
                         last_progress = now
+                    if message.get("kind") == "sweep":  # the start bound is on setting up, not the sweep
+                        started = now
+                        deadline = now + settings.start_timeout_s + settings.duration_s + FINISH_TIMEOUT_S
                 if result.t0 is not None:
                     elapsed = time.time() - result.t0
                     while actions and actions[0][0] <= elapsed:

@@ -10,7 +10,8 @@ formula of seed, iteration and rank), never with the library's. The training's
 final parameters are compared by the driver with a fault-free replay
 (``--replay N``: the same training steps with no checked operations).
 
-Messages (``@reccl`` lines): ``start``, ``tick`` (at most once a second: the
+Messages (``@reccl`` lines): ``sweep`` (rank 0, each op of the opening sweep),
+``start``, ``tick`` (at most once a second: the
 iterations and bytes done), ``event`` (each torch_reccl event), ``wrong`` (a
 result that differs from the expected one: what, where, and the first bad
 element), ``done`` (iterations, training steps, the parameters' SHA-256).
@@ -342,8 +343,11 @@ def main(argv=None) -> int:
 
     itemsize_of = lambda name: element_size(torch, getattr(torch, name))  # noqa: E731
     if args.replay is None:
-        for k, choice in enumerate(sweep_ops(groups, args.max_bytes)):
+        sweep = sweep_ops(groups, args.max_bytes)
+        for k, choice in enumerate(sweep):
             run_op(torch, dist, checker, groups, inputs_pool, args.seed, -1 - k, choice)
+            if rank == 0:
+                report("sweep", done=k + 1, of=len(sweep))
     dist.barrier()
     t0 = time.time()
     if rank == 0:
