@@ -29,7 +29,12 @@ FINISH_TIMEOUT_S = 120.0
 # glibc returns big blocks at free() only under a fixed mmap threshold; with its
 # default (a threshold that grows) freed tensors stay in the heap and RSS ratchets
 # up with the largest message seen, which hides a real leak behind noise
-RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+#
+# One data socket per path: a path grows its data sockets on demand, so with
+# several a backup that first carries a large message after a failover keeps more
+# sockets than it had in the warm-up (bounded, not a leak); with one, every socket
+# beyond the warm-up's count is one that was not returned.
+RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "RECCL_NSOCKS": "1"}
 INTERRUPTION_KINDS = ("failover", "failback")
 
 
