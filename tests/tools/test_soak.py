@@ -5,7 +5,7 @@ replayed from its seed), never put two faults on one NIC at once, let host
 outages and splits have the fabric to themselves, and heal everything before the
 end. The worker is run for real on loopback NICs (any user): two ranks, every op
 checked, then a replay of the same training steps that must end bit-identical.
-The soak itself, on the emulated fabric, is tests/fabric/test_soak_fabric.py.
+The soak itself needs the emulated fabric (root): docs/soak.md.
 """
 from __future__ import annotations
 
