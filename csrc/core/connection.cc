@@ -397,6 +397,8 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
     stallReportEvery_ = kStallReportFirst;
     nextStallReport_ = now + kStallReportFirst;
   }
+  // A NIC condemned as slow is better than none (grey_detector.h).
+  if (now - stalledSince_ >= kStallReportFirst) GreyMonitor::instance().lastResort();
   const int noPathMs = env_.config.noPathTimeoutMs;
   const int goneMs = env_.config.peerGoneTimeoutMs;
   if (goneMs < noPathMs && peerGoneLocked()) {

@@ -54,12 +54,14 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
   std::vector<double> rate(n, -1.0);
   std::vector<int64_t> busy(n, 0);
   loaded_ = false;
+  const int64_t windowNs = lastSampleNs_ != 0 ? nowNs - lastSampleNs_ : 0;
+  lastSampleNs_ = nowNs;
   for (size_t i = 0; i < n; ++i) {
     Track& track = tracks_[i];
     const GreySample& now = nics[i];
     if (track.seen && now.linkUp) {
       const uint64_t bytes = now.bytes - track.last.bytes;
-      busy[i] = now.busyNs - track.last.busyNs;
+      busy[i] = std::min(now.busyNs - track.last.busyNs, windowNs);
       if (bytes >= settings_.minBytes && busy[i] > 0) {
         rate[i] = static_cast<double>(bytes) / static_cast<double>(busy[i]);
         track.recentRate = rate[i];
@@ -72,8 +74,13 @@ std::vector<GreyChange> GreyDetector::sample(int64_t nowNs, const std::vector<Gr
   }
 
   std::vector<GreyChange> changes;
+  const bool lastResort = lastResort_;
+  lastResort_ = false;
   for (size_t i = 0; i < n; ++i) {
     Track& track = tracks_[i];
+    if (lastResort && track.state == GreyState::kDegraded && nics[i].linkUp) {
+      track.retryAtNs = nowNs;
+    }
     if (track.peerFoundSlow) {
       track.peerFoundSlow = false;
       if (track.state == GreyState::kHealthy && track.lowNs >= settings_.sustainNs / 2 &&
@@ -244,6 +251,12 @@ void GreyMonitor::peerFoundSlow(int nic) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mutex_);
   detector_.peerFoundSlow(nic);
+}
+
+void GreyMonitor::lastResort() {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  detector_.lastResort();
 }
 
 }  // namespace reccl

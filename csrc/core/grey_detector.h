@@ -15,7 +15,14 @@
 //
 // A degraded NIC carries no traffic, so it cannot be measured: after
 // RECCL_GREY_RETRY_MS it goes on trial (probation), traffic returns to it and
-// it is measured again; a failed trial doubles the wait (up to 8x).
+// it is measured again; a failed trial doubles the wait (up to 8x). A slow NIC
+// beats none: when a connection has had no usable path for a second, every
+// degraded NIC with its link up goes on trial at once (lastResort()).
+//
+// A window counts at most its own wall time as busy. A message held up by an
+// outage is acknowledged only after it, and the busy time it reports then spans
+// the outage: that is a path without a peer, which heartbeats judge, not a
+// slow NIC.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +73,9 @@ class GreyDetector {
   // A peer condemned the far end of a path on NIC `nic` as slow; weighed at the
   // next sample.
   void peerFoundSlow(int nic);
+  // A connection has no usable path: the next sample puts every degraded NIC
+  // with its link up on trial.
+  void lastResort() { lastResort_ = true; }
 
   GreyState state(int nic) const;
   // The last measured goodput / reference of a NIC (1.0 before any).
@@ -97,6 +107,8 @@ class GreyDetector {
   const GreySettings settings_;
   std::vector<Track> tracks_;
   bool loaded_ = false;
+  bool lastResort_ = false;
+  int64_t lastSampleNs_ = 0;  // 0 before the first sample
 };
 
 // The process's detector, fed from NicHealth's counters and applying its
@@ -114,6 +126,8 @@ class GreyMonitor {
   int64_t tick(int64_t nowNs);
   // A peer sent NOTIFY (reason slow) for a path on NicHealth id `nic`.
   void peerFoundSlow(int nic);
+  // A connection has had no usable path for a second (GreyDetector::lastResort).
+  void lastResort();
 
  private:
   GreyMonitor();

@@ -156,6 +156,8 @@ void bindGreyDetector(py::module_& m) {
           "changed")
       .def("peer_found_slow", &GreyDetector::peerFoundSlow, py::arg("nic"),
            "a peer condemned the far end of a path on this NIC (NOTIFY, reason slow)")
+      .def("last_resort", &GreyDetector::lastResort,
+           "a connection has no usable path: put every degraded NIC with link on trial")
       .def("state",
            [](const GreyDetector& d, int nic) { return std::string(greyStateName(d.state(nic))); })
       .def("ratio", &GreyDetector::ratio)

@@ -134,6 +134,43 @@ def test_a_failed_trial_is_silent_and_waits_twice_as_long():
     assert [c["state"] for c in feed.window([100, None])] == ["probation"]
 
 
+def test_a_connection_without_a_path_puts_a_degraded_nic_on_trial_at_once():
+    feed = Feed(3)
+    assert [c["state"] for c in feed.run([100, 10, 100], 8)] == ["degraded"]
+    assert feed.run([100, None, 100], 4) == []  # 1 s of the 10 s wait
+    feed.detector.last_resort()
+    (trial,) = feed.window([100, None, 100])
+    assert trial["nic"] == 1 and trial["state"] == "probation" and not trial["announce"]
+    # asked once, answered once: a later window changes nothing by itself
+    assert feed.run([100, None, 100], 4) == []
+
+
+def test_a_degraded_nic_without_link_stays_degraded_at_the_last_resort():
+    feed = Feed(3)
+    feed.run([100, 10, 100], 8)
+    feed.detector.last_resort()
+    feed.now += WINDOW_NS
+    assert feed.detector.sample(feed.now, [(b, t, i != 1) for i, (b, t) in
+                                           enumerate(zip(feed.bytes, feed.busy))]) == []
+    assert feed.detector.state(1) == "degraded"
+
+
+def test_busy_time_held_up_by_an_outage_counts_only_the_window():
+    """A message stuck for 10 s while its peer's host was down is acknowledged in
+    the window after the outage, with 10 s of busy time: not a slow NIC."""
+    feed = Feed(2)
+    assert feed.run([100, 100], 20) == []
+    for _ in range(2):  # two such windows in a row: still under 2 s of busy time
+        feed.now += WINDOW_NS
+        feed.busy[0] += WINDOW_NS
+        feed.bytes[0] += int(100 * MB_PER_NS * WINDOW_NS)
+        feed.busy[1] += 10_000_000_000
+        feed.bytes[1] += 2 << 20
+        assert feed.detector.sample(feed.now, feed._samples()) == []
+    assert feed.run([100, 100], 8) == []
+    assert feed.detector.state(1) == "healthy"
+
+
 def test_a_nic_whose_peers_are_idle_is_compared_with_its_own_history():
     feed = Feed(2)
     assert feed.run([100, None], 20) == []
