@@ -151,6 +151,7 @@ void TcpPath::shutdown() {
     std::lock_guard<std::mutex> lock(queueMutex_);
     queue_.clear();
   }
+  framesDone_.notify_all();
   // A reader in the middle of a frame hands its buffer back (endData) at once,
   // on its own thread, even while a blackhole keeps its socket unpolled.
   if (role_ == Role::kReceiver) {
@@ -461,6 +462,18 @@ void TcpPath::dropQueuedData() {
   queue_.clear();
 }
 
+bool TcpPath::drainDirectWrites(Millis timeout) {
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  queue_.clear();
+  framesDone_.wait_for(lock, timeout, [&] { return framesWriting_ == 0 || stop_.load(); });
+  return framesWriting_ == 0 && !stop_.load();
+}
+
+void TcpPath::releaseChunkLocked(Socket& socket) {
+  socket.holdsChunk = false;
+  if (--framesWriting_ == 0) framesDone_.notify_all();
+}
+
 void TcpPath::limitDataStreams(size_t streams) {
   std::lock_guard<std::mutex> lock(queueMutex_);
   streamLimit_ = streams;
@@ -490,6 +503,7 @@ void TcpPath::writeData(Socket& socket) {
   for (size_t budget = kBytesPerTurn; budget > 0;) {
     if (socket.phase == DataPhase::kIdle) {
       std::lock_guard<std::mutex> lock(queueMutex_);
+      if (socket.holdsChunk) releaseChunkLocked(socket);
       // A socket past the stream cap finishes its frame, then takes no more.
       const bool capped =
           static_cast<size_t>(&socket - &sockets_[kControl]) > usableWritersLocked();
@@ -501,6 +515,8 @@ void TcpPath::writeData(Socket& socket) {
       }
       const DataChunk chunk = queue_.front();
       queue_.pop_front();
+      socket.holdsChunk = true;
+      ++framesWriting_;
       // DATA_REF's body is DATA's header followed by the payload's address.
       const bool byReference = window_ && chunk.header.bytes >= kSameHostMinBytes;
       const FrameHeader frameHeader = byReference ? dataRefFrameHeader() : dataFrameHeader();
@@ -552,6 +568,10 @@ void TcpPath::writeData(Socket& socket) {
     } else if (socket.moved >= socket.headBytes) {
       socket.phase = DataPhase::kPayload;
     }
+  }
+  if (socket.phase == DataPhase::kIdle && socket.holdsChunk) {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    releaseChunkLocked(socket);
   }
 }
 
