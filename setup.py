@@ -39,8 +39,13 @@ def sanitizer_flags(value):
                          f"address,undefined, thread (thread combines with no other), or empty for none")
     sanitize = "-fsanitize=" + ",".join(chosen)
     # -O1: inlining would hide frames of the reports' stacks; the frame pointer
-    # lets the sanitizers' fast unwinder see every frame.
-    return [sanitize, "-O1", "-g", "-fno-omit-frame-pointer"], [sanitize]
+    # lets the sanitizers' fast unwinder see every frame. Undefined behaviour is
+    # fatal, as ASan's findings are: beside ASan, gcc's UBSan writes to stderr
+    # only (no log_path), which a test may capture, but not a process that dies.
+    compile_args = [sanitize, "-O1", "-g", "-fno-omit-frame-pointer"]
+    if "undefined" in chosen:
+        compile_args.append("-fno-sanitize-recover=undefined")
+    return compile_args, [sanitize]
 
 
 _sanitize_compile, _sanitize_link = sanitizer_flags(os.environ.get(SANITIZE_VARIABLE, ""))
