@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Failover interruption of a streaming reccl connection, on the emulated fabric.
+"""Time to recover from a fault, for a streaming reccl connection, on the emulated fabric.
 
     sudo python bench/failover_latency.py                         # link, bh:200, bh:1000
     sudo python bench/failover_latency.py --faults 100 --scenarios link --fault-host 1
@@ -24,13 +24,13 @@ the netlink request that downs the bridge-side veth, ``wait=False``; for
 is reported as the uncertainty of ``t_fault``). It then waits for the sender's
 first completion on the backup path:
 
-    interruption = t(first send completion on the backup) - t_fault
+    recovery = t(first send completion on the backup) - t_fault
 
 i.e. from the fault to the first message acknowledged over the backup path (a
 message finished by the resync counts: the receiver reported it over the backup).
 ``--hold-s`` later it heals the fault (``nic_up`` / blackhole off) and waits until
 completions run on the primary again (failback) and both paths are up, then the
-next fault. Also reported: the library's own ``failover`` event ``duration_s`` on
+next fault. Also reported: the interruption, the library's own ``failover`` event ``duration_s`` on
 both ends (detection -> traffic resumed, as measured inside the library) and the
 detection delay (t of the sender's ``path_down`` event for the primary - t_fault;
 event times are wall-clock, mapped to monotonic with each process's own offset).
@@ -494,9 +494,9 @@ def run_scenario(fab, sc: dict, args, log_dir: str, out_rows: list, raw: list):
                 "scenario": sc["name"], "fault": i, "host": host,
                 "t_call": t_call, "t_fault": t_fault, "t_fault_est": t_fault_est,
                 "fault_call_ms": (t_fault - t_call) * 1e3,
-                "interruption_ms": (sw["t"] - t_fault_est) * 1e3,
-                "interruption_from_call_end_ms": (sw["t"] - t_fault) * 1e3,
-                "interruption_from_call_start_ms": (sw["t"] - t_call) * 1e3,
+                "recovery_ms": (sw["t"] - t_fault_est) * 1e3,
+                "recovery_from_call_end_ms": (sw["t"] - t_fault) * 1e3,
+                "recovery_from_call_start_ms": (sw["t"] - t_call) * 1e3,
                 "stall_ms": (sw["t"] - sw["prev_t"]) * 1e3,
                 "last_primary_vs_call_end_ms": (sw["prev_t"] - t_fault) * 1e3,
                 "sender_detect_ms": rel(pd_s), "receiver_detect_ms": rel(pd_r),
@@ -565,14 +565,14 @@ def summarize(sc, rows) -> dict:
                 "min": min(vals), "max": max(vals)}
 
     reasons = collections.Counter(r["sender_reason"] for r in rows)
-    fast = sum(r["interruption_ms"] <= 10 for r in rows) / max(1, len(rows))
+    fast = sum(r["recovery_ms"] <= 10 for r in rows) / max(1, len(rows))
     return {"scenario": sc["name"], "kind": sc["kind"], "heartbeat_ms": sc["hb"],
             "extension": sc.get("extension"),
             "faults": len(rows), "hosts": sorted({r["host"] for r in rows}),
             "share_le_10ms": fast,
-            "interruption_ms": stat("interruption_ms"), "stall_ms": stat("stall_ms"),
-            "interruption_from_call_end_ms": stat("interruption_from_call_end_ms"),
-            "interruption_from_call_start_ms": stat("interruption_from_call_start_ms"),
+            "recovery_ms": stat("recovery_ms"), "stall_ms": stat("stall_ms"),
+            "recovery_from_call_end_ms": stat("recovery_from_call_end_ms"),
+            "recovery_from_call_start_ms": stat("recovery_from_call_start_ms"),
             "sender_detect_ms": stat("sender_detect_ms"),
             "receiver_detect_ms": stat("receiver_detect_ms"),
             "lib_failover_sender_ms": stat("lib_failover_sender_ms"),
@@ -585,7 +585,7 @@ def print_table(rows):
     def f(s, k="p50"):
         return "-" if s is None else f"{s[k]:.1f}"
 
-    head = ["scenario", "fault host", "hb ms", "faults", "interrupt p50", "p99", "max", "<=10ms",
+    head = ["scenario", "fault host", "hb ms", "faults", "recovery p50", "p99", "max", "<=10ms",
             "from call end p50/p99", "lib failover snd p50/p99 (n)", "detect snd p50",
             "fault call p50", "failback p50", "sender saw"]
     lines = [head]
@@ -594,9 +594,9 @@ def print_table(rows):
         lines.append([
             r["scenario"], ",".join(map(str, r["hosts"])), str(r["heartbeat_ms"]),
             str(r["faults"]),
-            f(r["interruption_ms"]), f(r["interruption_ms"], "p99"),
-            f(r["interruption_ms"], "max"), f"{r['share_le_10ms']:.0%}",
-            f"{f(r['interruption_from_call_end_ms'])}/{f(r['interruption_from_call_end_ms'], 'p99')}",
+            f(r["recovery_ms"]), f(r["recovery_ms"], "p99"),
+            f(r["recovery_ms"], "max"), f"{r['share_le_10ms']:.0%}",
+            f"{f(r['recovery_from_call_end_ms'])}/{f(r['recovery_from_call_end_ms'], 'p99')}",
             f"{f(lf)}/{f(lf, 'p99')} ({lf['n'] if lf else 0})",
             f(r["sender_detect_ms"]), f(r["fault_call_ms"]), f(r["failback_ms"]),
             ",".join(f"{k}:{v}" for k, v in r["sender_reasons"].items()),
@@ -606,7 +606,7 @@ def print_table(rows):
         print("  ".join(c.rjust(x) for c, x in zip(row, w)))
         if j == 0:
             print("  ".join("-" * x for x in w))
-    print("(ms; interrupt = first send completion on the backup - fault, the fault instant "
+    print("(ms; recovery = first send completion on the backup - fault, the fault instant "
           "taken as the last completion on the primary within the fault call's window; "
           "'from call end' = measured from the return of the fault call instead)")
 

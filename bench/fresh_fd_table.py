@@ -17,8 +17,9 @@ import os
 import sys
 import time
 
-import procstat  # beside this file
-from reccl_bench_runs import write_json  # beside this file
+from reccl_bench_runs import load_standalone, write_json  # beside this file
+
+procstat = load_standalone("bench.procstat")
 
 
 def main(argv) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The IB transport on the in-process verbs emulation: fault-free throughput and
-failover interruption per fault kind.
+the time to recover from each kind of fault.
 
     python bench/ib_emulation.py                       # 5 faults per scenario
     python bench/ib_emulation.py --faults 20 --json out.json
@@ -8,7 +8,7 @@ failover interruption per fault kind.
 THESE ARE NOT RDMA NUMBERS. The emulation moves bytes with memcpy on one
 progress thread; throughput here says how much CPU the transport's staging
 copies and its event loops cost on this machine, nothing about an HCA. The
-interruption times do reflect the detection logic (port event, retry budget,
+recovery times do reflect the detection logic (port event, retry budget,
 heartbeat) and the resync, which are the transport's own.
 
 Set-up: one IbEmulation with devices a0, a1 (sender host) and b0, b1 (receiver
@@ -18,7 +18,7 @@ many irecvs posted (one stream for the whole run). At every send completion the 
 active path. A fault is injected while the stream runs on the primary (t_fault
 taken right after the call returns):
 
-    interruption = t(first send completion on the backup) - t_fault
+    recovery = t(first send completion on the backup) - t_fault
 
 Small messages, busy polling on and off (--busy-poll-us, default 0 and the
 default setting, each on a fresh emulation in the same invocation): ping-pong
@@ -48,8 +48,7 @@ import time
 
 from torch_reccl import settings
 from torch_reccl._native import native, testing
-
-import procstat
+from torch_reccl.bench import procstat
 
 _C = native()
 
@@ -279,7 +278,7 @@ def main():
                 raise SystemExit(f"{name}: no completion on the backup; errors {stream.errors}")
             samples.append(min(t for t, p in stream.marks if t > t_fault and p == 1) - t_fault)
         results[name] = samples
-        print(f"{name:20s} interruption ms: median {1000 * statistics.median(samples):7.1f}  "
+        print(f"{name:20s} recovery ms: median {1000 * statistics.median(samples):7.1f}  "
               f"min {1000 * min(samples):7.1f}  max {1000 * max(samples):7.1f}  (n={len(samples)})")
     stream.finish()
     if stream.errors:

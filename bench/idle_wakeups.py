@@ -24,8 +24,8 @@ import sys
 import time
 
 from torch_reccl._native import native, testing
+from torch_reccl.bench import procstat
 
-import procstat
 from reccl_bench_runs import write_json
 
 _C = native()

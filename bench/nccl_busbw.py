@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from torch_reccl.bench import procstat  # noqa: E402
 from torch_reccl.bench.rank import OPS, run_collective  # noqa: E402
 from torch_reccl.cli.launch import spawn_bounded  # noqa: E402
 
@@ -70,8 +71,6 @@ def variants(plugin: str):
 def census() -> dict:
     """This process's threads (by name, digits dropped: "reccl-io3" counts as "reccl-io")
     and open sockets, taken while its communicators are still up."""
-    import procstat  # beside this file
-
     names: dict = {}
     for stat in procstat.threads().values():
         name = stat.name.rstrip("0123456789") or "?"

@@ -69,17 +69,12 @@ Output: a Markdown table per machine on stdout (reccl, gloo, reccl/gloo; one
 thread names; per (op, size): bytes, op counts, t, every rank's mean, algbw and
 busbw) with --json. docs/scale.md explains every column.
 
-Store requests are counted two ways by the proxy, "reads" and parsed "requests" (scale_store.py).
+Store requests are counted two ways by the proxy, "reads" and parsed "requests"
+(bench/scaling/store.py).
 
-The code, by what it measures, around one runner (tests/tools/test_scale.py imports them):
-
-    scale_runner.py    the ranks (forked by a zygote, or spawned), the phases, run_job
-    scale_store.py     store requests: the counting proxy and TCPStore's wire format
-    scale_setup.py     init, group creation and first use
-    scale_idle.py      the idle window: CPU, wake-ups, threads, fds, store requests
-    scale_latency.py   the 4-byte all_reduce
-    scale_busbw.py     busbw: the plan, each rank's checked and timed loop
-    scale_report.py    the tables
+The code is the package bench.scaling (bench/scaling/__init__.py lists its modules, one
+per thing measured, around one runner; tests/tools/test_scale.py imports them); this
+script is its command line and the rank program the runner starts.
 """
 from __future__ import annotations
 
@@ -91,11 +86,11 @@ import tempfile
 import time
 from typing import List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import wire_ceiling  # noqa: E402 - bench/wire_ceiling.py, beside this file
-from scale_busbw import OPS  # noqa: E402 - this file's pieces, beside it
-from scale_report import BACKENDS, format_ceilings, format_table, machine_info  # noqa: E402
-from scale_runner import rank_env, rank_main, run_job, zygote_main  # noqa: E402
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: bench.scaling
+from bench.scaling.busbw import OPS  # noqa: E402
+from bench.scaling.ceiling import ring_ceiling  # noqa: E402
+from bench.scaling.report import BACKENDS, format_ceilings, format_table, machine_info  # noqa: E402
+from bench.scaling.runner import rank_env, rank_main, run_job, zygote_main  # noqa: E402
 
 DEFAULT_RANKS = (4, 8, 16, 32, 64, 128)
 
@@ -170,7 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.ceiling_s > 0 and busbw:
             if progress:
                 progress(f"loopback ring ceiling, N={n}")
-            ceilings[n] = wire_ceiling.ring_ceiling(n, seconds=args.ceiling_s, timeout=args.phase_timeout)
+            ceilings[n] = ring_ceiling(n, seconds=args.ceiling_s, timeout=args.phase_timeout)
         for backend in args.backends:
             run = run_job(backend, n, idle_s=args.idle_s, settle_s=args.settle_s,
                           phase_timeout=args.phase_timeout, op_timeout=args.op_timeout, warmup=args.warmup,

@@ -23,8 +23,10 @@ import sys
 import time
 from typing import List
 
-import procstat  # beside this file; imports nothing of torch_reccl (Gloo's ranks must not)
-from reccl_bench_runs import write_json  # beside this file
+from reccl_bench_runs import load_standalone, write_json  # beside this file
+
+# by path: the package torch_reccl stays unimported (Gloo's ranks must not import it)
+procstat = load_standalone("bench.procstat")
 
 
 def rank_main(rank: int, size: int, port: int, backend: str, mib: int, warmup: int, iters: int,

@@ -34,11 +34,12 @@ import pytest
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 # Peer scripts, harnesses and stand-ins (tests/helpers) are imported by name, as they
-# import each other when run as scripts; bench/'s measuring modules (procstat: threads,
-# wake-ups and fds from /proc) too, by the tests as by the bench scripts beside them.
+# import each other when run as scripts. The repository, last: the bench harnesses the
+# tests run small (bench.scaling, bench.grey_fabric, ...) are imported as the package
+# bench, whatever the working directory.
 HELPERS = os.path.join(TESTS, "helpers")
 sys.path.insert(0, HELPERS)
-sys.path.append(os.path.join(REPO, "bench"))
+sys.path.append(REPO)
 
 # Tests that need a Debian package carry a marker; where it is missing they skip
 # with the reason and the install line (`bash scripts/test.sh` as root installs both).
@@ -214,8 +215,51 @@ def stream(send, recv, sizes, seed, window=8, on_sent=None, slack=0):
     assert sent == received == sum(sizes)
 
 
+def registered_stream(send_transport, recv_transport, send, recv, sizes, seed, register_send=True,
+                      register_recv=True, window=8, on_sent=None):
+    """Streams `sizes` from one registered arena into another (each side only
+    if asked), message i at its own offset; checks every byte of every message."""
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = max(sum(sizes), 1)
+    src = bytearray(total)
+    for i, size in enumerate(sizes):
+        src[offsets[i]:offsets[i] + size] = message(seed, i, size)
+    dst = bytearray(b"\xa5" * total)
+    src_reg = send_transport.register(src) if register_send else None
+    dst_reg = recv_transport.register(dst) if register_recv else None
+    assert (src_reg is not None) == register_send and (dst_reg is not None) == register_recv
+    src_view, dst_view = memoryview(src), memoryview(dst)
+
+    def receive():
+        pending = []
+        for i, size in enumerate(sizes):
+            while len(pending) >= window:
+                index, request = pending.pop(0)
+                assert request.wait(30) == sizes[index]
+            pending.append((i, recv.irecv(dst_view[offsets[i]:offsets[i] + size], registration=dst_reg)))
+        for index, request in pending:
+            assert request.wait(30) == sizes[index]
+
+    join = in_thread(receive)
+    pending = []
+    for i, size in enumerate(sizes):
+        while len(pending) >= window:
+            index, request = pending.pop(0)
+            assert request.wait(30) == sizes[index]
+            if on_sent is not None:
+                on_sent(index)
+        pending.append((i, send.isend(src_view[offsets[i]:offsets[i] + size], registration=src_reg)))
+    for index, request in pending:
+        assert request.wait(30) == sizes[index]
+    join()
+    for i, size in enumerate(sizes):
+        if dst[offsets[i]:offsets[i] + size] != src[offsets[i]:offsets[i] + size]:
+            raise AssertionError(f"message {i} ({size} bytes) differs")
+    return src, dst
+
+
 def socket_fds() -> int:
-    import procstat  # bench/
+    from torch_reccl.bench import procstat
 
     return procstat.fds()[1]
 

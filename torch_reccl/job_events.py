@@ -531,9 +531,15 @@ class _Publisher:
 
 
 def _decode(raw) -> Any:
+    """An item from the store, which anyone with the store may have written: ValueError
+    for anything that is not JSON in UTF-8, too deeply nested arrays included (json
+    raises RecursionError for those, which would end the collecting thread)."""
     if isinstance(raw, (bytes, bytearray)):
         raw = raw.decode("utf-8")
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("a job-wide events item nested too deeply") from None
 
 
 class _QueueCollector:

@@ -45,13 +45,44 @@ void storeNumbers(Config& config, SettingValue&& value) {
   (config.*Field).assign(value.numbers.begin(), value.numbers.end());
 }
 
-void storeZeroCopy(Config& config, SettingValue&& value) { config.ibZeroCopy = value.text == "on"; }
+// An off|on choice.
+template <auto Field>
+void storeOn(Config& config, SettingValue&& value) {
+  config.*Field = value.text == "on";
+}
+
+constexpr char kAlgoChoices[] = "auto|ring|halving";
+constexpr char kTransportChoices[] = "auto|tcp|ib";
+
+// The position of `text` in `choices` ("a|b|c"), which the parser has checked it is one of.
+int choiceIndex(const std::string& choices, const std::string& text) {
+  int index = 0;
+  for (size_t start = 0;; ++index) {
+    const size_t end = choices.find('|', start);
+    if (choices.compare(start, end == std::string::npos ? std::string::npos : end - start, text) ==
+        0)
+      return index;
+    if (end == std::string::npos) throw ConfigError(text + " is not one of " + choices);
+    start = end + 1;
+  }
+}
+
+std::string choiceName(const std::string& choices, int index) {
+  size_t start = 0;
+  for (int i = 0; i < index; ++i) start = choices.find('|', start) + 1;
+  return choices.substr(start, choices.find('|', start) - start);
+}
+
+// A choice stored as the enum whose values follow `Choices`' order.
+template <auto Field, const char* Choices>
+void storeChoice(Config& config, SettingValue&& value) {
+  using T = std::remove_reference_t<decltype(config.*Field)>;
+  config.*Field = static_cast<T>(choiceIndex(Choices, value.text));
+}
 
 void storeRelaxedOrdering(Config& config, SettingValue&& value) {
   config.ibRelaxedOrdering = value.text == "auto";
 }
-
-void storeSpread(Config& config, SettingValue&& value) { config.spread = value.text == "on"; }
 
 void storeNvlinkPeers(Config& config, SettingValue&& value) {
   NvlinkPairs::parse(value.items);  // a malformed pair is an error here, not at plugin init
@@ -134,7 +165,7 @@ constexpr SettingSpec kSettings[] = {
          "sender (Yama ptrace_scope 1 or a seccomp profile may forbid it: the path then stays "
          "plain TCP). The NCCL plugin never uses it. 0: every byte through the sockets "
          "(docs/transport.md, \"Same-host reads\")"),
-    choice("RECCL_SPREAD", "on", "on|off", storeSpread,
+    choice("RECCL_SPREAD", "on", "on|off", storeOn<&Config::spread>,
            "on: a connection whose primary path is down spreads its chunks over one path per "
            "surviving NIC (the backup and the last-resort rails), weighted by each path's measured "
            "goodput, instead of loading the backup NIC alone; failback returns it to the primary. "
@@ -181,7 +212,7 @@ constexpr SettingSpec kSettings[] = {
             "CPU engine: a collective whose largest message is at most this many bytes runs by "
             "recursive doubling (log2 N steps, its data riding with the per-op agreement); larger "
             "ones by rings and direct transfers; the same on every rank (docs/collectives.md)"),
-    choice("RECCL_ALGO", "auto", "auto|ring|halving", storeText<&Config::algo>,
+    choice("RECCL_ALGO", "auto", kAlgoChoices, storeChoice<&Config::algo, kAlgoChoices>,
            "CPU engine: how an all_reduce, reduce_scatter or all_gather larger than "
            "RECCL_SMALL_BYTES moves its data. `auto` takes halving while the buffer is at most "
            "RECCL_HALVING_BYTES_PER_RANK x the group's ranks, the ring above; `ring` forces the "
@@ -208,7 +239,8 @@ constexpr SettingSpec kSettings[] = {
           "doubling among the host leaders and hand back within the host (docs/collectives.md, "
           "\"Which algorithm runs\"). The same on every rank of a host; set it to emulate hosts "
           "on one machine, or to group ranks that the default splits"),
-    choice("RECCL_TRANSPORT", "tcp", "auto|tcp|ib", storeText<&Config::transport>,
+    choice("RECCL_TRANSPORT", "tcp", kTransportChoices,
+           storeChoice<&Config::transport, kTransportChoices>,
            "NCCL net plugin: `auto` runs over IB verbs when `libibverbs.so.1` loads and lists RDMA "
            "devices, else over TCP; `ib` with no library or no devices is a `ConfigError` at the "
            "plugin's init saying which is missing. The default stays `tcp` until the IB transport "
@@ -279,13 +311,13 @@ constexpr SettingSpec kSettings[] = {
            "lets the NIC's writes pass each other, which matters for bandwidth on some CPUs and "
            "virtual machines. The transport's own rings and FIFOs never use it (their order is "
            "the protocol). off: never"),
-    choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeZeroCopy,
+    choice("RECCL_IB_ZERO_COPY", "on", "on|off", storeOn<&Config::ibZeroCopy>,
            "IB transport. on: buffers registered with the transport (the NCCL plugin's `regMr` / "
            "`regMrDmaBuf`) are RDMA-written straight into the peer's registered receive buffer, "
            "no CPU copy at either end (docs/ib.md, \"Direct placement\"); a message whose other "
            "end is unregistered is staged as before. off: nothing is registered, every byte is "
            "staged and copied at both ends, and dma-buf (GPUDirect) registration is unsupported"),
-    choice("RECCL_NVL", "off", "off|on", storeText<&Config::nvl>,
+    choice("RECCL_NVL", "off", "off|on", storeOn<&Config::nvl>,
            "NCCL plugin. on: NCCL hands the plugin its GPU buffers (cuMem allocations, NCCL's "
            "default; set `NCCL_NET_GDR_LEVEL=SYS` where NICs have no PCI path), which the plugin "
            "stages to host memory in its own CUDA contexts, and a message whose active NIC sits "
@@ -477,6 +509,12 @@ Config Config::fromProcessEnv() {
     env[pair.substr(0, eq)] = pair.substr(eq + 1);
   }
   return fromEnv(env);
+}
+
+std::string algoName(Algo algo) { return choiceName(kAlgoChoices, static_cast<int>(algo)); }
+
+std::string transportName(TransportMode mode) {
+  return choiceName(kTransportChoices, static_cast<int>(mode));
 }
 
 void Config::applyLogLevel() const {

@@ -14,6 +14,14 @@
 
 namespace reccl {
 
+// The choices of RECCL_ALGO and RECCL_TRANSPORT, in the order the settings table lists
+// them ("auto|ring|halving", "auto|tcp|ib"): the parser stores the position of the value.
+enum class Algo { kAuto, kRing, kHalving };
+enum class TransportMode { kAuto, kTcp, kIb };
+// The setting's value as written: "halving", "ib".
+std::string algoName(Algo algo);
+std::string transportName(TransportMode mode);
+
 // The fields have no initializers: Config() sets each from its setting's default.
 struct Config {
   std::vector<std::string> nics;   // RECCL_NICS; empty = auto-detect
@@ -39,8 +47,7 @@ struct Config {
   int dcrOffset;  // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
   int64_t smallBytes;  // RECCL_SMALL_BYTES: recursive doubling up to this size
   int64_t halvingBytesPerRank;  // RECCL_HALVING_BYTES_PER_RANK: auto's halving/ring crossover
-  std::string
-      algo;  // RECCL_ALGO: auto | ring | halving (large all_reduce, reduce_scatter, all_gather)
+  Algo algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather
   // Grey failures (core/grey_detector.h): a NIC up but far slower than its peers.
   bool grey;  // RECCL_GREY
   int greyPct;  // RECCL_GREY_PCT: below this % of the peer median: slow
@@ -49,7 +56,7 @@ struct Config {
   int64_t greyMinBytes;  // RECCL_GREY_MIN_BYTES: load that makes a window count
   int greyRetryMs;  // RECCL_GREY_RETRY_MS: degraded -> on trial after this
   std::string hostId;  // RECCL_HOST_ID; empty = this kernel and network namespace
-  std::string transport;  // RECCL_TRANSPORT: tcp | auto | ib (the NCCL plugin's)
+  TransportMode transport;  // RECCL_TRANSPORT (the NCCL plugin's)
   std::vector<std::string> ibDevices;  // RECCL_IB_HCA; empty = every RDMA device
   std::string ibBootstrap;  // RECCL_IB_BOOTSTRAP; empty = the first RECCL_NICS NIC
   int ibTimeout;  // RECCL_IB_TIMEOUT: ACK timeout 4.096 us * 2^n per try
@@ -64,7 +71,7 @@ struct Config {
   bool ibRelaxedOrdering;  // RECCL_IB_RELAXED_ORDERING: auto = where the library has it
   bool ibZeroCopy;  // RECCL_IB_ZERO_COPY: registered buffers placed directly
   // NVL: the NCCL plugin's transit through the GPU next to the NIC carrying the data.
-  std::string nvl;  // RECCL_NVL: off | on (docs/nvl.md)
+  bool nvl;  // RECCL_NVL: on (docs/nvl.md)
   int64_t nvlMaxBytes;  // RECCL_NVL_MAX_BYTES: transit memory per connection
   std::vector<int> nicGpus;  // RECCL_NIC_GPUS: GPU next to each NIC; empty = PCI paths
   std::vector<std::string> nvlinkPeers;  // RECCL_NVLINK_PEERS: NVML's NVLink pairs; empty = unknown

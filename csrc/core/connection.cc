@@ -4,6 +4,8 @@
 #include <map>
 #include <thread>
 
+#include "core/error.h"
+#include "core/frame.h"
 #include "core/grey_detector.h"
 #include "core/health.h"
 #include "core/log.h"
@@ -182,6 +184,7 @@ uint64_t Connection::installPathLocked(int index, std::shared_ptr<Path> path) {
   slot.state = SlotState::kUp;
   slot.backoffMs = 0;
   slot.everUp = true;
+  if (auto heard = slot.path->pairHeard()) slot.heard = std::move(heard);
   if (reestablished) emitPathEvent(EventKind::kPathUp, index, Reason::kHealed, "");
   env_.supervisor->poke();
   return slot.pathId;
@@ -225,6 +228,15 @@ std::shared_ptr<Path> Connection::activePathLocked() const {
   return slots_.at(active_).path;
 }
 
+void Connection::admitLocked(const char* op, size_t pending, const char* many) const {
+  if (!error_.empty()) throw Error(std::string(op) + " on a failed connection: " + error_);
+  if (closed_) throw Error(std::string(op) + " on a closed connection");
+  if (pending >= kMaxOutstanding) {
+    throw Error(std::string("too many ") + many + " on one connection (" +
+                std::to_string(kMaxOutstanding) + " at most); test() earlier ones first");
+  }
+}
+
 std::string Connection::slotSummaryLocked() const {
   std::string out;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -253,6 +265,8 @@ void Connection::noteFailureLocked(int index, Reason reason, const PathFailure& 
   slot.lastDetail = failure.what;
   slot.lastFailureAt = Clock::now();
   slot.peerAnswered = failure.peerHostAnswered;
+  slot.refused = failure.nothingListens;
+  if (slot.refused && slot.heard) slot.heard->refusedAt(nowNs());
 }
 
 void Connection::failConnectionLocked(const std::string& why) {
@@ -320,7 +334,7 @@ void Connection::emitStallEvent(EventKind kind, Reason reason, int64_t durationN
 }
 
 bool Connection::peerGoneLocked() const {
-  bool answered = false;
+  bool refused = false;
   for (const Slot& slot : slots_) {
     if (slot.state == SlotState::kUp) return false;
     // Older failures are of paths traffic moved without; a down local NIC
@@ -328,9 +342,22 @@ bool Connection::peerGoneLocked() const {
     if (slot.lastFailure == Reason::kNone || slot.lastFailureAt < movedAt_) continue;
     if (!NicHealth::instance().usable(env_.localHealthIds.at(slot.nics.localNic))) continue;
     if (!slot.peerAnswered) return false;
-    answered = true;
+    refused = refused || slot.refused;
   }
-  return answered;
+  if (refused) return true;
+  // Another connection to the peer (one that dials) may have been refused.
+  for (const Slot& slot : slots_) {
+    const int64_t refusedNs = slot.heard ? slot.heard->lastRefusedNs() : 0;
+    if (refusedNs != 0 && atNs(refusedNs) >= movedAt_) return true;
+  }
+  return false;
+}
+
+bool Connection::peerHeardSinceLocked(int64_t sinceNs) const {
+  for (const Slot& slot : slots_) {
+    if (slot.heard && slot.heard->lastHeardNs() >= sinceNs) return true;
+  }
+  return false;
 }
 
 void Connection::endStallLocked(bool recovered) {
@@ -374,11 +401,16 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
   const int goneMs = env_.config.peerGoneTimeoutMs;
   if (goneMs < noPathMs && peerGoneLocked()) {
     if (goneSince_ == Clock::time_point{}) goneSince_ = now;
-    if (now - goneSince_ > Millis(goneMs)) {
+    // Defence in depth: a live peer goes on beating on every NIC pair any
+    // connection still holds; only a peer silent on all of them for the whole
+    // bound is gone.
+    const int64_t goneNs = static_cast<int64_t>(goneMs) * 1000000;
+    if (now - goneSince_ > Millis(goneMs) && !peerHeardSinceLocked(nowNs() - goneNs)) {
       failConnectionLocked(std::string(what) + " for " + std::to_string(goneMs) +
                            " ms while the peer's host answered for it with nothing there "
-                           "(dials refused, paths ended by an end of stream or a reset): the "
-                           "peer process is gone (RECCL_PEER_GONE_TIMEOUT_MS); paths: " +
+                           "(dials refused, paths ended by an end of stream or a reset) and "
+                           "nothing came from it on any NIC pair: the peer process is gone "
+                           "(RECCL_PEER_GONE_TIMEOUT_MS); paths: " +
                            slotSummaryLocked());
       return;
     }

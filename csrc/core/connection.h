@@ -96,9 +96,13 @@ class Connection : public PathOwner, public Serviced {
     std::string lastDetail;
     Clock::time_point lastFailureAt{};
     bool peerAnswered = false;  // the last failure came from the peer's host (PathFailure)
+    bool refused = false;       // ... and was a dial refused at connect (nothing listens)
     Clock::time_point nextDial{};
     int backoffMs = 0;
     bool everUp = false;
+    // The NIC pair of the path last installed: kept after the path is gone, so
+    // the peer-gone verdict can ask whether the peer's transport is heard.
+    std::shared_ptr<PairHeard> heard;
   };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -136,8 +140,14 @@ class Connection : public PathOwner, public Serviced {
   // report: `recovered`.
   void checkStalledLocked(bool stalled, const char* what);
   // Every failure since traffic last moved, on a local NIC that is up, came
-  // from the peer's host (PathFailure::peerHostAnswered), and there is at least one.
+  // from the peer's host (PathFailure::peerHostAnswered), and a dial refused at
+  // connect (PathFailure::nothingListens) is among them or was seen since on one
+  // of the slots' NIC pairs by any connection: a live peer ends paths it gives
+  // up on (a NIC it finds slow or down), but its listener never refuses a connect.
   bool peerGoneLocked() const;
+  // Something arrived from the peer's transport, on any NIC pair of this
+  // connection's paths (by any connection), at or after `sinceNs`.
+  bool peerHeardSinceLocked(int64_t sinceNs) const;
   // Ends a reported stall: `recovered` when traffic moves again, else (the
   // connection failed or closed) only the bookkeeping.
   void endStallLocked(bool recovered);
@@ -148,6 +158,10 @@ class Connection : public PathOwner, public Serviced {
   void emitSwitchEvent(EventKind kind, int from, int to, Reason reason, int64_t durationNs,
                        int64_t bytesReplayed, const std::string& detail);
   std::shared_ptr<Path> activePathLocked() const;
+  // Throws unless a new `op` ("send", "receive") may start: the connection has
+  // neither failed nor closed, and fewer than kMaxOutstanding are `pending`
+  // (named `many` in the error: "sends in flight"); mutex_ held.
+  void admitLocked(const char* op, size_t pending, const char* many) const;
   // A CLOSE frame arrived: the EOFs that follow are not faults. Answers with a
   // CLOSE of our own (unlocking to send) unless we are closing too.
   void onPeerCloseLocked(uint64_t pathId, Lock& lock);

@@ -4,6 +4,7 @@
 // trusted.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -143,6 +144,29 @@ struct DataRefBody {
   uint64_t address;
 };
 #pragma pack(pop)
+
+// The wire sizes, pinned: a field added, removed or resized is a new protocol
+// version (kProtocolVersion), never a silent change of every frame after it.
+static_assert(sizeof(FrameHeader) == 12, "frame header wire size");
+static_assert(offsetof(FrameHeader, bodyBytes) == 8, "frame header layout");
+static_assert(sizeof(HelloBody) == 124, "HELLO wire size");
+static_assert(offsetof(HelloBody, listenId) == 8 && offsetof(HelloBody, secret) == 40 &&
+                  offsetof(HelloBody, dialerTransport) == 88 &&
+                  offsetof(HelloBody, refToken) == 116,
+              "HELLO layout");
+static_assert(sizeof(HelloAckBody) == 10, "HELLO_ACK wire size");
+static_assert(sizeof(CtsBody) == 16, "CTS wire size");
+static_assert(sizeof(AckBody) == 16, "ACK wire size");
+static_assert(sizeof(ActivateBody) == 10, "ACTIVATE wire size");
+static_assert(sizeof(ResyncEntry) == 24, "RESYNC entry wire size");
+static_assert(sizeof(ResyncHeader) == 20, "RESYNC header wire size");
+static_assert(sizeof(CancelBody) == 16, "CANCEL wire size");
+static_assert(sizeof(PlaceBody) == 16 + kMaxPlacementBytes, "PLACE wire size");
+static_assert(offsetof(PlaceBody, placement) == 16, "PLACE layout");
+static_assert(sizeof(NotifyBody) == 2, "NOTIFY wire size");
+static_assert(sizeof(DataHeader) == 36, "DATA header wire size");
+static_assert(offsetof(DataHeader, bytes) == 32, "DATA header layout");
+static_assert(sizeof(DataRefBody) == 44, "DATA_REF wire size");
 
 constexpr size_t kMaxControlBody = sizeof(ResyncHeader) + kMaxOutstanding * sizeof(ResyncEntry);
 

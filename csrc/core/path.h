@@ -24,6 +24,10 @@ struct PathFailure {
   // route, a timeout). While every failure since traffic stopped says so, a
   // connection waits RECCL_PEER_GONE_TIMEOUT_MS, not RECCL_NO_PATH_TIMEOUT_MS.
   bool peerHostAnswered = false;
+  // A dial refused at connect (nothing listens on the peer's port): the one
+  // answer a live process never gives, since its listener lives as long as its
+  // transport. Required, besides the above, before a connection is failed early.
+  bool nothingListens = false;
 };
 
 // A slice of a message queued on a sending path. The payload stays in the
@@ -36,6 +40,20 @@ struct DataChunk {
   const uint8_t* payload;
   std::shared_ptr<const Placement> placement;
   const MemoryRegistration* source = nullptr;
+};
+
+// When anything last arrived from the peer's transport over one NIC pair (nowNs):
+// every path between the same two NICs of the same two transports shares it, so
+// it speaks for the peer process as long as any connection to it moves traffic.
+// It also keeps when a dial over the pair was last refused at connect, so that
+// one connection's evidence of a dead peer serves every connection to it (one
+// that only receives never dials).
+class PairHeard {
+ public:
+  virtual ~PairHeard() = default;
+  virtual int64_t lastHeardNs() const = 0;
+  virtual void refusedAt(int64_t nowNs) = 0;
+  virtual int64_t lastRefusedNs() const = 0;
 };
 
 class PathOwner {
@@ -102,6 +120,9 @@ class Path {
   // reports what it has (RESYNC) only after it. Data that lands only through
   // the receiver's own copy (fenced there by epochs) has nothing to wait for.
   virtual Clock::time_point quietAfter() const { return {}; }
+  // What this path's NIC pair has heard from the peer's transport; nullptr
+  // where the transport does not know.
+  virtual std::shared_ptr<PairHeard> pairHeard() const { return nullptr; }
   // shutdown(), then waits until no thread runs, or will run, this path's I/O
   // (its own threads, or the event loops serving its sockets): once it
   // returns, no callback reaches the owner. The owner calls it before letting

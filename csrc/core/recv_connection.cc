@@ -36,12 +36,7 @@ std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
   }
   {
     Lock lock(mutex_);
-    if (!error_.empty()) throw Error("receive on a failed connection: " + error_);
-    if (closed_) throw Error("receive on a closed connection");
-    if (recvs_.size() >= kMaxOutstanding) {
-      throw Error("too many receives posted on one connection (" + std::to_string(kMaxOutstanding) +
-                  " at most); test() earlier ones first");
-    }
+    admitLocked("receive", recvs_.size(), "receives posted");
     seq = nextSeq_++;
     request = std::make_shared<Request>(seq, data, capacity);
     PostedRecv& recv = recvs_[seq];

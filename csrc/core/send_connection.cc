@@ -31,12 +31,7 @@ std::shared_ptr<Request> SendConnection::isend(const uint8_t* data, uint64_t byt
   if (registration != nullptr)
     registration->requireUsable(env_.registrar, data, bytes, "send buffer");
   Lock lock(mutex_);
-  if (!error_.empty()) throw Error("send on a failed connection: " + error_);
-  if (closed_) throw Error("send on a closed connection");
-  if (sends_.size() >= kMaxOutstanding) {
-    throw Error("too many sends in flight on one connection (" + std::to_string(kMaxOutstanding) +
-                " at most); test() earlier ones first");
-  }
+  admitLocked("send", sends_.size(), "sends in flight");
   uint64_t seq = nextSeq_++;
   auto request = std::make_shared<Request>(seq, const_cast<uint8_t*>(data), bytes);
   if (peerClosed_) {

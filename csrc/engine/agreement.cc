@@ -40,6 +40,7 @@ struct WireAgreement {
   WireListed listed[kListedDegradedRanks];
 };
 #pragma pack(pop)
+static_assert(sizeof(WireListed) == 40, "listed rank wire size");
 static_assert(sizeof(WireAgreement) == kAgreementBytes, "agreement wire size");
 
 uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
@@ -183,7 +184,8 @@ Agreement decodeAgreement(const uint8_t* data, size_t bytes, int groupSize) {
       wire.degradedRanks < wire.listedCount ||
       wire.degradedRanks > static_cast<uint32_t>(groupSize) || !inGroup(wire.firstRank) ||
       ((wire.flags & kHasOdd) != 0) != (wire.oddRank >= 0) ||
-      (wire.oddRank >= 0 && !inGroup(wire.oddRank)) || (wire.flags & ~(kHasOdd | kFailed)) != 0) {
+      (wire.oddRank >= 0 ? !inGroup(wire.oddRank) : wire.oddRank != -1) ||
+      (wire.flags & ~(kHasOdd | kFailed)) != 0) {
     throw ProtocolError("collective agreement has counts or ranks outside a group of " +
                         std::to_string(groupSize));
   }

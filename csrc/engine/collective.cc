@@ -25,10 +25,19 @@ Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessa
   if (algorithm != Algorithm::kChannels) return algorithm;
   const CommOptions& options = comm.options();
   const bool halving =
-      options.algo == "halving" ||
-      (options.algo == "auto" &&
+      options.algo == Algo::kHalving ||
+      (options.algo == Algo::kAuto &&
        largestMessageBytes <= options.halvingBytesPerRank * static_cast<size_t>(comm.size()));
   return halving ? Algorithm::kHalvingDoubling : algorithm;
+}
+
+RootedOp rootedOp(const Communicator& comm, OpKind kind, size_t count, DataType dtype, int root) {
+  checkRoot(root, comm.size());
+  const size_t bytes = count * elementSize(dtype);
+  const Algorithm algorithm = chooseAlgorithm(comm, bytes * comm.size());
+  OpDescriptor desc = OpDescriptor::of(kind, dtype, count, root);
+  desc.algorithm = static_cast<uint8_t>(algorithm);
+  return {bytes, algorithm == Algorithm::kRecursiveDoubling, desc};
 }
 
 void checkRoot(int root, int size) {

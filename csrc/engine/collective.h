@@ -39,6 +39,16 @@ Algorithm chooseAlgorithmOrHalving(const Communicator& comm, size_t largestMessa
 // Throws ConfigError unless `root` is a rank of a group of `size`.
 void checkRoot(int root, int size);
 
+// The opening of a rooted collective that moves one block of `count` elements
+// per rank between the root and every rank (gather, scatter): the root checked,
+// the block's bytes, recursive doubling for a small total (`rd`), the descriptor.
+struct RootedOp {
+  size_t bytes;
+  bool rd;
+  OpDescriptor desc;
+};
+RootedOp rootedOp(const Communicator& comm, OpKind kind, size_t count, DataType dtype, int root);
+
 // Joins the collective `desc`, which carries a Rejection, as far as its
 // agreement, so that every rank fails it with the same MismatchError at once
 // instead of waiting for this rank; the group stays usable. Always throws.

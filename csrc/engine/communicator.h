@@ -59,7 +59,7 @@ struct CommOptions {
   std::string group = "";            // process group name, for errors
   Millis rendezvousTimeout{300000};  // bound on reading peers' handles
   size_t smallBytes;                 // recursive doubling up to this largest message
-  std::string algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather (collective.h)
+  Algo algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather (collective.h)
   size_t halvingBytesPerRank;  // auto: halving up to this x ranks (collective.h)
   bool rebalance;  // DCR
   uint64_t dcrOffset;  // ops between the agreement and a new plan

@@ -9,25 +9,21 @@ namespace reccl {
 void gather(Communicator& comm, const void* in, void* out, size_t count, DataType dtype, int root,
             Millis timeout) {
   const int rank = comm.rank(), size = comm.size();
-  checkRoot(root, size);
-  const size_t bytes = count * elementSize(dtype);
-  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
-  const bool rd = algorithm == Algorithm::kRecursiveDoubling;
-  OpDescriptor desc = OpDescriptor::of(OpKind::kGather, dtype, count, root);
-  desc.algorithm = static_cast<uint8_t>(algorithm);
+  const RootedOp op = rootedOp(comm, OpKind::kGather, count, dtype, root);
+  const size_t bytes = op.bytes;
   // Small: every rank gathers every block (the others into a work buffer).
-  const Layout& layout = comm.layout(desc.kind, timeout);
+  const Layout& layout = comm.layout(op.desc.kind, timeout);
   uint8_t* blocks = nullptr;
-  if (rd) {
+  if (op.rd) {
     blocks = rank == root ? gatherBlocks(comm, layout, out, bytes) : comm.opScratch(bytes * size);
     copyIfDistinct(blocks + layout.position(rank) * bytes, in, bytes);
   } else if (rank == root) {
     copyIfDistinct(bytesOf(out) + rank * bytes, in, bytes);
   }
-  comm.run(desc, timeout, rd ? gatherPayload(blocks, bytes, size) : RdPayload{},
+  comm.run(op.desc, timeout, op.rd ? gatherPayload(blocks, bytes, size) : RdPayload{},
            [&](const OpContext& ctx) {
-             if (rd && rank == root) blocksToRankOrder(layout, blocks, out, bytes);
-             if (size == 1 || rd) return;
+             if (op.rd && rank == root) blocksToRankOrder(layout, blocks, out, bytes);
+             if (size == 1 || op.rd) return;
              const std::vector<Range> ranges = comm.channelPlan().split(count);
              const size_t unit = chunkElems(comm, dtype, largestRange(ranges), 1);
              comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {

@@ -2,34 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <thread>
 
 #include "engine/descriptor.h"
 #include "engine/op_context.h"
+#include "engine/p2p_header.h"
 
 namespace reccl {
 
 namespace {
-
-constexpr uint32_t kP2pMagic = 0x50434552;  // "RECP" little-endian
-constexpr uint8_t kP2pVersion = 1;
-constexpr size_t kHeaderBytes = 64;
-
-#pragma pack(push, 1)
-struct P2pHeader {
-  uint32_t magic;
-  uint8_t version;
-  uint8_t dtype;
-  uint16_t reserved0;
-  int32_t tag;
-  int32_t sender;
-  uint64_t count;
-  uint64_t bytes;
-  uint8_t reserved[32];
-};
-#pragma pack(pop)
-static_assert(sizeof(P2pHeader) == kHeaderBytes, "p2p header is 64 bytes");
 
 std::string describeMessage(int tag, DataType dtype, uint64_t count) {
   return "tag " + std::to_string(tag) + ", " + dataTypeName(dtype) + "[" + std::to_string(count) +
@@ -69,20 +50,15 @@ void P2pOp::checkHeaderLocked() {
   std::string error;
   if (!headerRequest_->test(&got, &error) || !error.empty()) return;
   headerChecked_ = true;
-  P2pHeader header;
-  if (got != kHeaderBytes) {
-    error_ = "reccl: " + label() + ": header of " + std::to_string(got) + " bytes, expected 64";
+  P2pMessage header;
+  try {
+    header = decodeP2pHeader(header_.get(), got);
+  } catch (const ProtocolError& e) {
+    error_ = "reccl: " + label() + ": " + e.what();
     done_ = true;
     return;
   }
-  std::memcpy(&header, header_.get(), sizeof(header));
-  if (header.magic != kP2pMagic || header.version != kP2pVersion ||
-      !isValidDataType(header.dtype)) {
-    error_ = "reccl: " + label() + ": malformed message header (the peer is out of step)";
-    done_ = true;
-    return;
-  }
-  DataType theirs = static_cast<DataType>(header.dtype);
+  const DataType theirs = header.dtype;
   if (header.tag != tag_ || theirs != dtype_ || header.count != count_ || header.bytes != bytes_) {
     mismatch_ = true;
     error_ =
@@ -190,19 +166,17 @@ std::shared_ptr<P2pOp> P2p::send(int peer, int tag, const void* data, uint64_t c
   op->count_ = count;
   op->data_ = const_cast<uint8_t*>(static_cast<const uint8_t*>(data));
   op->bytes_ = count * elementSize(dtype);
-  op->header_.reset(new uint8_t[kHeaderBytes]);
-  P2pHeader header{};
-  header.magic = kP2pMagic;
-  header.version = kP2pVersion;
-  header.dtype = static_cast<uint8_t>(dtype);
+  op->header_.reset(new uint8_t[kP2pHeaderBytes]);
+  P2pMessage header;
   header.tag = tag;
   header.sender = links_->rank();
+  header.dtype = dtype;
   header.count = count;
   header.bytes = op->bytes_;
-  std::memcpy(op->header_.get(), &header, sizeof(header));
+  encodeP2pHeader(header, op->header_.get());
   auto to = links_->sender(peer, 0, Lane::kP2p);
   std::lock_guard<std::mutex> lock(mutex_);  // header and data back to back
-  op->headerRequest_ = to->isend(op->header_.get(), kHeaderBytes);
+  op->headerRequest_ = to->isend(op->header_.get(), kP2pHeaderBytes);
   op->dataRequest_ = to->isend(op->data_, op->bytes_);
   op->posted_ = true;
   return op;
@@ -245,8 +219,8 @@ void P2p::postRecvLocked(P2pOp& op, const std::shared_ptr<RecvConnection>& from)
     op.headerRequest_ = std::move(spare.request);
     spare = Spare{};
   } else {
-    op.header_.reset(new uint8_t[kHeaderBytes]);
-    op.headerRequest_ = from->irecv(op.header_.get(), kHeaderBytes);
+    op.header_.reset(new uint8_t[kP2pHeaderBytes]);
+    op.headerRequest_ = from->irecv(op.header_.get(), kP2pHeaderBytes);
   }
   op.dataRequest_ = from->irecv(op.data_, op.bytes_);
   op.posted_ = true;
@@ -258,8 +232,8 @@ bool P2p::resolveAnyLocked(P2pOp& op, const std::vector<bool>& blocked) {
     if (p == links_->rank() || blocked[p] || spare_[p].request) continue;
     auto from = links_->tryReceiver(p, 0, Lane::kP2p);
     if (!from) continue;
-    spare_[p].buffer.reset(new uint8_t[kHeaderBytes]);
-    spare_[p].request = from->irecv(spare_[p].buffer.get(), kHeaderBytes);
+    spare_[p].buffer.reset(new uint8_t[kP2pHeaderBytes]);
+    spare_[p].request = from->irecv(spare_[p].buffer.get(), kP2pHeaderBytes);
   }
   for (int p = 0; p < size; ++p) {
     if (!spare_[p].request || blocked[p]) continue;

@@ -11,19 +11,16 @@ namespace reccl {
 void scatter(Communicator& comm, const void* in, void* out, size_t count, DataType dtype, int root,
              Millis timeout) {
   const int rank = comm.rank(), size = comm.size();
-  checkRoot(root, size);
-  const size_t bytes = count * elementSize(dtype);
-  const Algorithm algorithm = chooseAlgorithm(comm, bytes * size);
-  const bool rd = algorithm == Algorithm::kRecursiveDoubling;
-  OpDescriptor desc = OpDescriptor::of(OpKind::kScatter, dtype, count, root);
-  desc.algorithm = static_cast<uint8_t>(algorithm);
+  const RootedOp op = rootedOp(comm, OpKind::kScatter, count, dtype, root);
+  const size_t bytes = op.bytes;
   // Small: every rank receives all blocks into a work buffer.
-  uint8_t* blocks = rd ? comm.opScratch(bytes * size) : nullptr;
-  if (rd && rank == root && bytes) std::memcpy(blocks, in, bytes * size);
-  const int rootPosition = comm.layout(desc.kind, timeout).position(root);
-  comm.run(desc, timeout, rd ? broadcastPayload(blocks, bytes * size, rootPosition) : RdPayload{},
+  uint8_t* blocks = op.rd ? comm.opScratch(bytes * size) : nullptr;
+  if (op.rd && rank == root && bytes) std::memcpy(blocks, in, bytes * size);
+  const int rootPosition = comm.layout(op.desc.kind, timeout).position(root);
+  comm.run(op.desc, timeout,
+           op.rd ? broadcastPayload(blocks, bytes * size, rootPosition) : RdPayload{},
            [&](const OpContext& ctx) {
-             if (rd) {
+             if (op.rd) {
                if (bytes) std::memcpy(out, blocks + rank * bytes, bytes);
                return;
              }

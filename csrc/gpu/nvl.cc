@@ -8,16 +8,15 @@ namespace reccl {
 
 namespace {
 // The bound on one GPU copy of the staging. A copy waits for no network: only a
-// hung GPU or driver keeps it from finishing, so it stays at the 10 s every
-// wait had before the wait for a path (RECCL_NO_PATH_TIMEOUT_MS) grew to ride
-// out outages.
+// hung GPU or driver keeps it from finishing, so it is a fixed 10 s, not the wait
+// for a path (RECCL_NO_PATH_TIMEOUT_MS), which is long enough to ride out outages.
 constexpr int kCopyTimeoutMs = 10000;
 }  // namespace
 
 std::unique_ptr<Nvl> Nvl::create(const Config& config, const std::vector<NicInfo>& nics,
                                  std::vector<int> healthIds, std::shared_ptr<CudaApi> cuda,
                                  std::string* why) {
-  if (config.nvl == "off") {
+  if (!config.nvl) {
     *why = "RECCL_NVL=off";
     return nullptr;
   }

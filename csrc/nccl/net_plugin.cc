@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "gpu/cuda_driver.h"
+#include "transport/handle.h"
 #include "transport/make_transport.h"
 
 namespace reccl {
@@ -103,6 +104,7 @@ constexpr size_t kPendingMarkerOffset = 112;
 constexpr size_t kPendingPointerOffset = 120;
 constexpr uint64_t kPendingMarker = 0x474E494E45505243ull;  // "CRPENING"
 static_assert(kPendingPointerOffset + sizeof(void*) <= RECCL_NCCL_NET_HANDLE_MAXSIZE, "tail fits");
+static_assert(kPendingMarkerOffset >= kHandleWireBytes, "the tail lies after the encoded handle");
 
 }  // namespace
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -10,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "core/clock.h"
-#include "core/error.h"
 #include "core/health.h"
 #include "core/log.h"
 #include "core/thread_name.h"
@@ -19,25 +17,10 @@ namespace reccl {
 
 namespace {
 
-constexpr uint32_t kRecordMagic = 0x42434552;  // "RECB" little-endian
-constexpr uint32_t kRecordVersion = 2;  // 2: nicsSlow
 constexpr Millis kStopBound(2000);      // destruction never waits longer for the thread
 constexpr Millis kMaxRetryDelay(5000);  // a store that does not answer: retry this rarely at most
 const char* const kLogKey = "reccl/board/log";
 std::atomic<uint64_t> boardRequests{0};
-
-#pragma pack(push, 1)
-struct WireRecord {
-  uint32_t magic;
-  uint32_t version;
-  int32_t rank;
-  uint32_t reserved;
-  uint64_t nicsDown;
-  uint64_t deviceOps;
-  int64_t wallNs;
-  uint64_t nicsSlow;
-};
-#pragma pack(pop)
 
 std::string recordKey(int rank) { return "reccl/board/" + std::to_string(rank); }
 
@@ -167,11 +150,10 @@ void FaultBoard::loop(std::shared_ptr<Shared> s) {
     if (degraded || degradedPublished) {
       BoardRecord record{s->rank, nicsDown, deviceOps, wallNs(), nicsSlow};
       try {
-        s->connection().set(recordKey(s->rank), encode(record));
+        s->connection().set(recordKey(s->rank), encodeBoardRecord(record));
         boardRequests.fetch_add(1);
         if (degraded != degradedPublished) {
-          const std::string entry = std::to_string(s->rank) + ",";
-          s->connection().append(kLogKey, std::vector<uint8_t>(entry.begin(), entry.end()));
+          s->connection().append(kLogKey, boardLogEntry(s->rank));
           boardRequests.fetch_add(1);
         }
         degradedPublished = degraded;
@@ -219,19 +201,7 @@ std::vector<BoardRecord> FaultBoard::degraded() {
   if (!store.check({kLogKey})) return {};
   boardRequests.fetch_add(1);
   const std::vector<uint8_t> log = store.get(kLogKey);
-  std::set<int> ranks;
-  int64_t value = -1;
-  for (uint8_t c : log) {
-    if (c == ',' && value >= 0) {
-      ranks.insert(static_cast<int>(value));
-      value = -1;
-    } else if (c >= '0' && c <= '9' && value < (int64_t{1} << 31) / 10) {
-      value = (value < 0 ? 0 : value * 10) + (c - '0');
-    } else {
-      throw ProtocolError("the job's fault log is malformed (" + std::to_string(log.size()) +
-                          " bytes)");
-    }
-  }
+  const std::set<int> ranks = parseBoardLog(log);
   if (ranks.empty()) return {};
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(recordKey(r));
@@ -239,31 +209,10 @@ std::vector<BoardRecord> FaultBoard::degraded() {
   std::vector<std::vector<uint8_t>> raw = store.multiGet(keys);
   std::vector<BoardRecord> out;
   for (const auto& bytes : raw) {
-    BoardRecord record = decode(bytes);
+    BoardRecord record = decodeBoardRecord(bytes);
     if (record.nicsDown != 0 || record.nicsSlow != 0) out.push_back(record);
   }
   return out;
-}
-
-std::vector<uint8_t> FaultBoard::encode(const BoardRecord& record) {
-  WireRecord wire{kRecordMagic,    kRecordVersion,   record.rank,   0,
-                  record.nicsDown, record.deviceOps, record.wallNs, record.nicsSlow};
-  std::vector<uint8_t> out(sizeof(wire));
-  std::memcpy(out.data(), &wire, sizeof(wire));
-  return out;
-}
-
-BoardRecord FaultBoard::decode(const std::vector<uint8_t>& bytes) {
-  WireRecord wire;
-  if (bytes.size() != sizeof(wire)) {
-    throw ProtocolError("a fault record of " + std::to_string(bytes.size()) + " bytes (expected " +
-                        std::to_string(sizeof(wire)) + ")");
-  }
-  std::memcpy(&wire, bytes.data(), sizeof(wire));
-  if (wire.magic != kRecordMagic || wire.version != kRecordVersion || wire.rank < 0) {
-    throw ProtocolError("not a fault record (bad magic, version or rank)");
-  }
-  return BoardRecord{wire.rank, wire.nicsDown, wire.deviceOps, wire.wallNs, wire.nicsSlow};
 }
 
 }  // namespace reccl

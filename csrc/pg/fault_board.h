@@ -22,16 +22,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-namespace reccl {
+#include "pg/fault_record.h"
 
-struct BoardRecord {
-  int rank = -1;           // global rank
-  uint64_t nicsDown = 0;   // bit n: NIC n (health-table order) is down
-  uint64_t deviceOps = 0;  // NCCL collectives issued by the process's reccl groups
-  int64_t wallNs = 0;      // when it was published
-  uint64_t nicsSlow = 0;   // bit n: NIC n is degraded by a grey failure (also in nicsDown
-                          // while it carries no traffic; not while on trial)
-};
+namespace reccl {
 
 class FaultBoard {
  public:
@@ -52,10 +45,6 @@ class FaultBoard {
   std::vector<BoardRecord> degraded();
   // Store requests the process's fault boards have made (publishing and reading).
   static uint64_t storeRequests();
-
-  // Record encoding (validated on decode; exposed for tests).
-  static std::vector<uint8_t> encode(const BoardRecord& record);
-  static BoardRecord decode(const std::vector<uint8_t>& bytes);
 
  private:
   struct Shared;  // what the thread touches; may outlive the board (a stuck store call)

@@ -9,6 +9,7 @@
 #include "core/health.h"
 #include "core/spread.h"
 #include "core/topology.h"
+#include "python/config_env.h"
 #include "python/registered_buffer.h"
 #include "transport/descriptor_table.h"
 #include "transport/event_loop.h"
@@ -23,17 +24,6 @@ namespace {
 Millis toMillis(double seconds) {
   if (!(seconds >= 0)) throw ConfigError("timeout must be a non-negative number of seconds");
   return Millis(static_cast<int64_t>(seconds * 1000.0));
-}
-
-std::map<std::string, std::string> envFrom(const py::object& env) {
-  std::map<std::string, std::string> out;
-  if (env.is_none()) {
-    py::dict environ = py::module_::import("os").attr("environ").attr("copy")();
-    for (auto item : environ) out[py::str(item.first)] = py::str(item.second);
-  } else {
-    for (auto item : env.cast<py::dict>()) out[py::str(item.first)] = py::str(item.second);
-  }
-  return out;
 }
 
 py::dict nicDict(const NicInfo& nic, int index, const std::vector<NicInfo>& all) {
@@ -292,7 +282,7 @@ void bindTransport(py::module_& m) {
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
       .def(
           py::init([](py::object env) {
-            Config config = Config::fromEnv(envFrom(env));
+            Config config = configFromEnv(env);
             config.applyLogLevel();
             return std::shared_ptr<Transport>(makeTcpTransport(config));
           }),
@@ -322,8 +312,8 @@ void bindTransport(py::module_& m) {
 // The RECCL_* settings table and option checks.
 void bindSettings(py::module_& m) {
   m.def(
-      "validate_config", [](py::object env) { Config::fromEnv(envFrom(env)); },
-      py::arg("env") = py::none(), "Raises ConfigError for an unknown RECCL_* name or bad value");
+      "validate_config", [](py::object env) { configFromEnv(env); }, py::arg("env") = py::none(),
+      "Raises ConfigError for an unknown RECCL_* name or bad value");
   m.def(
       "settings",
       [] {
@@ -357,7 +347,7 @@ void bindNics(py::module_& m) {
   m.def(
       "discover_nics",
       [](py::object env) {
-        Config config = Config::fromEnv(envFrom(env));
+        Config config = configFromEnv(env);
         std::vector<NicInfo> nics = discoverNics(config.nics);
         py::list out;
         for (size_t i = 0; i < nics.size(); ++i)

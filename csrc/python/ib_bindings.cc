@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/health.h"
 #include "nccl/net_plugin.h"
+#include "python/config_env.h"
 #include "python/registered_buffer.h"
 #include "transport/ib/ib_transport.h"
 #include "transport/ib/qp_exchange.h"
@@ -21,19 +22,6 @@
 namespace py = pybind11;
 using namespace reccl;
 
-namespace {
-
-std::map<std::string, std::string> envOf(const py::object& env) {
-  std::map<std::string, std::string> out;
-  py::dict source = env.is_none()
-                        ? py::dict(py::module_::import("os").attr("environ").attr("copy")())
-                        : env.cast<py::dict>();
-  for (auto item : source) out[py::str(item.first)] = py::str(item.second);
-  return out;
-}
-
-}  // namespace
-
 void bindIbTransport(py::module_& m) {
   py::class_<VerbsApi, std::shared_ptr<VerbsApi>>(
       m, "VerbsProvider",
@@ -42,7 +30,7 @@ void bindIbTransport(py::module_& m) {
 
   py::class_<IbTransport, std::shared_ptr<IbTransport>>(m, "IbTransport")
       .def(py::init([](py::object verbs, py::object env, const std::string& bootstrap) {
-             Config config = Config::fromEnv(envOf(env));
+             Config config = configFromEnv(env);
              config.applyLogLevel();
              std::shared_ptr<VerbsApi> api;
              if (verbs.is_none()) {
@@ -127,7 +115,7 @@ void bindIbTransport(py::module_& m) {
   m.def(
       "choose_transport",
       [](py::object env, py::object verbs) {
-        Config config = Config::fromEnv(envOf(env));
+        Config config = configFromEnv(env);
         std::shared_ptr<VerbsApi> api;
         if (!verbs.is_none()) api = verbs.cast<std::shared_ptr<VerbsApi>>();
         TransportChoice choice = chooseTransport(config, api);
@@ -141,8 +129,7 @@ void bindIbTransport(py::module_& m) {
       "VerbsProvider standing for the system libibverbs; raises ConfigError for ib without "
       "devices");
   m.def(
-      "ib_bootstrap_address",
-      [](py::object env) { return ibBootstrapAddress(Config::fromEnv(envOf(env))); },
+      "ib_bootstrap_address", [](py::object env) { return ibBootstrapAddress(configFromEnv(env)); },
       py::arg("env") = py::none());
   m.def(
       "nccl_plugin_transport", [] { return NetPlugin::instance().transportKind(); },

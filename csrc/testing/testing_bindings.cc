@@ -1,8 +1,9 @@
 // The test module torch_reccl._testing: the in-process verbs emulation (RC
 // semantics, fault hooks) with raw verbs objects over it, the CUDA emulation,
 // the provider-install calls that run the NCCL plugin over them, the IB
-// transport's pure rules, same-host reads, and (core_bindings.cc,
-// timing_bindings.cc) the test hooks of the core and the transport layer.
+// transport's pure rules, same-host reads, one handshake as a dialer sees it,
+// and (core_bindings.cc, timing_bindings.cc) the test hooks of the core and the
+// transport layer.
 // Nothing here is in libnccl-net-reccl.so, the library NCCL loads; this module
 // links it, so the plugin it configures is the process's one plugin.
 #include <pybind11/pybind11.h>
@@ -17,6 +18,7 @@
 #include "nccl/net_plugin.h"
 #include "testing/cuda_emulation.h"
 #include "testing/verbs_emulation.h"
+#include "transport/hello_dial.h"
 #include "transport/ib/gid_select.h"
 #include "transport/ib/qp_exchange.h"
 #include "transport/ib/verbs_library.h"
@@ -534,6 +536,30 @@ void bindSameHost(py::module_& m) {
       py::arg("bytes"), "A receiver's read: (True, the bytes) or (False, why)");
 }
 
+void bindHandshake(py::module_& m) {
+  // One handshake as a transport dials it (transport/hello_dial.h), against
+  // whatever listens at address:port, and how its failure is classified.
+  m.def(
+      "dial_with_hello",
+      [](const std::string& localAddress, const std::string& address, uint16_t port,
+         int timeoutMs) {
+        PathFailure failure;
+        Fd socket;
+        {
+          py::gil_scoped_release release;
+          socket = dialWithHello(localAddress, HandleEndpoint{address, port}, HelloBody{},
+                                 Millis(timeoutMs), &failure);
+        }
+        py::dict d;
+        d["connected"] = socket.valid();
+        d["what"] = failure.what;
+        d["peer_host_answered"] = failure.peerHostAnswered;
+        return d;
+      },
+      py::arg("local_address"), py::arg("address"), py::arg("port"), py::arg("timeout_ms"),
+      "Dials address:port with a HELLO; {connected, what, peer_host_answered}");
+}
+
 }  // namespace
 
 // csrc/testing/core_bindings.cc: frames, handles, log limiter, grey detector, lanes, backups.
@@ -552,6 +578,7 @@ PYBIND11_MODULE(_testing, m) {
   bindPluginProviders(m);
   bindIbRules(m);
   bindSameHost(m);
+  bindHandshake(m);
   bindCoreRules(m);
   bindTiming(m);
 }

@@ -28,7 +28,10 @@ struct WireHandle {
   } nics[kMaxHandleNics];
 };
 #pragma pack(pop)
-static_assert(sizeof(WireHandle) <= kHandleBytes, "handle must fit NCCL's 128 bytes");
+static_assert(sizeof(WireHandle) == kHandleWireBytes, "handle wire size");
+static_assert(kHandleWireBytes <= kHandleBytes, "handle must fit NCCL's 128 bytes");
+static_assert(offsetof(WireHandle, listenId) == 12 && offsetof(WireHandle, nics) == 40,
+              "handle layout");
 }  // namespace
 
 std::vector<uint8_t> encodeHandle(const ListenHandle& handle) {

@@ -13,6 +13,9 @@ namespace reccl {
 
 constexpr size_t kHandleBytes = 128;  // NCCL_NET_HANDLE_MAXSIZE
 constexpr size_t kMaxHandleNics = 12;
+// Bytes of the handle the encoding uses (handle.cc pins its struct to it); NCCL's
+// plugin keeps a pending connection in the tail after them (net_plugin.cc).
+constexpr size_t kHandleWireBytes = 112;
 
 struct HandleEndpoint {
   std::string address;  // dotted IPv4

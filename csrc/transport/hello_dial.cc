@@ -35,11 +35,12 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
                                PathFailure* failure, uint64_t* acceptorTransport,
                                bool* sameHostReads) {
   const Clock::time_point deadline = Clock::now() + timeout;
-  // A listener that closes a greeted socket (wrong secret, closing down, an
-  // unknown connection) answers for a live process: not the peer's host
-  // answering for a dead one.
-  auto fail = [&](const std::string& why, bool peerHostAnswered = false) {
-    *failure = {"handshake with " + remote.address + ": " + why, peerHostAnswered};
+  // Once a socket is connected a live process accepted it: whatever the
+  // listener then does (a close, a reset: wrong secret, NIC down, an unknown
+  // connection, too many handshakes at once) is a live process answering, never
+  // the peer's host answering for a dead one. Only a refused connect says that.
+  auto fail = [&](const std::string& why) {
+    *failure = {"handshake with " + remote.address + ": " + why, false};
     return std::vector<Fd>{};
   };
   std::vector<Handshake> shakes(hellos.size());
@@ -79,7 +80,7 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
                                     shake.hello.size() - shake.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
           if (transient(errno)) continue;
-          return fail(describeSocketError(errno), answeredByPeerHost(errno));
+          return fail(describeSocketError(errno));
         }
         shake.sent += static_cast<size_t>(sent);
         if (shake.sent == shake.hello.size()) shake.stage = Stage::kAwaitingAck;
@@ -93,7 +94,7 @@ std::vector<Fd> dialWithHellos(const std::string& localAddress, const HandleEndp
       }
       if (got < 0) {
         if (transient(errno)) continue;
-        return fail(describeSocketError(errno), answeredByPeerHost(errno));
+        return fail(describeSocketError(errno));
       }
       shake.received += static_cast<size_t>(got);
       if (shake.received < kAckBytes) continue;

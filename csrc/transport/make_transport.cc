@@ -11,8 +11,8 @@
 namespace reccl {
 
 TransportChoice chooseTransport(const Config& config, std::shared_ptr<VerbsApi> verbs) {
-  if (config.transport == "tcp") return {"tcp", "RECCL_TRANSPORT=tcp", nullptr};
-  const bool required = config.transport == "ib";
+  if (config.transport == TransportMode::kTcp) return {"tcp", "RECCL_TRANSPORT=tcp", nullptr};
+  const bool required = config.transport == TransportMode::kIb;
   std::string error;
   if (!verbs) verbs = loadSystemVerbs(&error);
   if (!verbs) {
@@ -33,7 +33,8 @@ TransportChoice chooseTransport(const Config& config, std::shared_ptr<VerbsApi> 
   std::string names;
   for (const auto& name : devices) names += (names.empty() ? "" : ",") + name;
   return {"ib",
-          "RECCL_TRANSPORT=" + config.transport + " and " + verbs->describe() + " lists " + names,
+          "RECCL_TRANSPORT=" + transportName(config.transport) + " and " + verbs->describe() +
+              " lists " + names,
           std::move(verbs)};
 }
 

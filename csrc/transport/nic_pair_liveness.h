@@ -12,14 +12,18 @@
 #include <mutex>
 #include <tuple>
 
+#include "core/path.h"
+
 namespace reccl {
 
-class NicPairLiveness {
+class NicPairLiveness final : public PairHeard {
  public:
   explicit NicPairLiveness(int64_t nowNs) : lastHeardNs_(nowNs) {}
   // Something arrived from the peer over the pair.
   void heard(int64_t nowNs);
-  int64_t lastHeardNs() const { return lastHeardNs_.load(std::memory_order_relaxed); }
+  int64_t lastHeardNs() const override { return lastHeardNs_.load(std::memory_order_relaxed); }
+  void refusedAt(int64_t nowNs) override { lastRefusedNs_.store(nowNs, std::memory_order_relaxed); }
+  int64_t lastRefusedNs() const override { return lastRefusedNs_.load(std::memory_order_relaxed); }
   // Something went to the peer over the pair (it proves us alive there).
   void sent(int64_t nowNs) { lastSentNs_.store(nowNs, std::memory_order_relaxed); }
   // True for the one path that should beat now: nothing went over the pair
@@ -29,6 +33,7 @@ class NicPairLiveness {
  private:
   std::atomic<int64_t> lastHeardNs_;
   std::atomic<int64_t> lastSentNs_{0};
+  std::atomic<int64_t> lastRefusedNs_{0};
 };
 
 // One transport's pairs. The paths hold them; a pair no path holds is gone.

@@ -142,7 +142,7 @@ Fd startConnect(const std::string& localAddress, const std::string& address, uin
       errno != EINPROGRESS) {
     const int error = errno;
     *failure = {connectLabel(localAddress, address, port) + ": " + std::strerror(error),
-                answeredByPeerHost(error)};
+                answeredByPeerHost(error), error == ECONNREFUSED};
     return Fd();
   }
   return fd;
@@ -155,7 +155,7 @@ bool finishConnect(int fd, const std::string& localAddress, const std::string& a
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soError, &len) != 0) soError = errno;
   if (soError != 0) {
     *failure = {connectLabel(localAddress, address, port) + ": " + std::strerror(soError),
-                answeredByPeerHost(soError)};
+                answeredByPeerHost(soError), soError == ECONNREFUSED};
     return false;
   }
   setNoDelay(fd);

@@ -56,7 +56,8 @@ struct IoResult {
 std::string describeSocketError(int error);
 // Whether a socket error (errno, or 0 for an end of stream) is the peer's host
 // answering for the peer: a refused connection, a reset, a broken pipe or an
-// end of stream (PathFailure::peerHostAnswered).
+// end of stream (PathFailure::peerHostAnswered). Handshakes count only a refused
+// connect: a connected socket was accepted by a live process.
 bool answeredByPeerHost(int error);
 
 // What a blocking transfer (a handshake; paths use the event loops) watches

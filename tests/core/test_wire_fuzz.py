@@ -684,7 +684,7 @@ def test_a_late_data_socket_that_closes_before_any_frame_leaves_its_path_at_work
     """A sender's grow dials the missing data sockets in one round and, if that
     round fails half way (a deadline under load), closes the ones already
     admitted, which the receiver has attached. Such a socket carried nothing: the
-    receiver drops it and the path goes on (it used to fail the whole path)."""
+    receiver drops it and the path goes on (failing the whole path would be wrong)."""
     t = Transport(reccl_env(RECCL_HEARTBEAT_MS="3000", RECCL_CHUNK_BYTES="4096"))
     listener = t.listen(0)
     address, port = _testing.decode_handle(listener.handle)["nics"][0]
@@ -924,11 +924,11 @@ print(rounds, "rounds")
 @pytest.mark.timeout(120)
 def test_connection_dropped_while_its_path_thread_sends_on_that_path():
     """A receive completes before the path's reader thread sends its ACK, on the
-    same path, holding a reference to it. A connection dropped right then used to
-    leave that thread the last reference: ~TcpPath joined its own thread
-    (std::terminate, SIGABRT) after the connection, still in use, was gone. Before
-    Connection::destroyAllPaths joined its paths, the child aborted within about
-    50 rounds (1 to 163 seen); 1000 rounds take a few seconds."""
+    same path, holding a reference to it. A connection dropped right then must not
+    leave that thread the last reference: ~TcpPath would join its own thread
+    (std::terminate, SIGABRT) after the connection, still in use, was gone;
+    Connection::destroyAllPaths joins its paths so it cannot. Without that join the
+    child aborted within about 50 rounds (1 to 163 seen); 1000 rounds take a few seconds."""
     rounds = 1000
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ,

@@ -11,7 +11,6 @@ seconds per session (importing torch), so each session covers many scenarios.
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import multiprocessing
 import os
@@ -22,6 +21,8 @@ from typing import Callable, Dict, List
 
 import pytest
 
+from collective_checks import check_equal, dtype_of, make_input, ops_for, reference, split_sizes
+
 NICS = "127.0.0.1,127.0.0.2"
 GROUP_TIMEOUT_S = 30          # the world group's timeout (every op is bounded by it)
 SHORT_TIMEOUT_S = 3           # groups that test timeouts and mismatches
@@ -29,85 +30,10 @@ SESSION_TIMEOUT_S = 150       # bound on one spawned session
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
           "uint8", "bool"]
-FLOAT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
-INT_OPS = FLOAT_OPS + ["BAND", "BOR", "BXOR"]
-BOOL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 SMALL, LARGE = 7, 70001       # LARGE crosses the 16 KiB inline threshold for every dtype
 
 
 # --------------------------------------------------------------------------- helpers (in ranks)
-
-
-def _torch():
-    import torch
-
-    return torch
-
-
-def dtype_of(name):
-    return getattr(_torch(), name)
-
-
-def ops_for(dtype_name):
-    if dtype_name == "bool":
-        return BOOL_OPS
-    if dtype_name in ("float16", "bfloat16", "float32", "float64"):
-        return FLOAT_OPS
-    return INT_OPS
-
-
-def make_input(rank, n, dtype_name, op="SUM", salt=0):
-    """Deterministic small-integer values, so every reduction is exact in every dtype."""
-    torch = _torch()
-    g = torch.Generator().manual_seed(1000 * salt + 17 * rank + n)
-    if dtype_name == "bool":
-        return torch.randint(0, 2, (n,), generator=g).bool()
-    if op == "PRODUCT":
-        values = torch.randint(1, 3, (n,), generator=g)
-        if dtype_name != "uint8":
-            values = values * (torch.randint(0, 2, (n,), generator=g) * 2 - 1)
-    elif dtype_name == "uint8":
-        values = torch.randint(0, 4, (n,), generator=g)
-    else:
-        values = torch.randint(-3, 4, (n,), generator=g)
-    return values.to(dtype_of(dtype_name))
-
-
-def reference(inputs, op, dtype_name):
-    torch = _torch()
-    size = len(inputs)
-    if dtype_name == "bool":
-        stacked = torch.stack([t.to(torch.int64) for t in inputs])
-        if op in ("SUM", "MAX", "BOR"):
-            return stacked.amax(0).bool()
-        if op in ("PRODUCT", "MIN", "BAND"):
-            return stacked.amin(0).bool()
-        return (stacked.sum(0) % 2).bool()
-    floating = dtype_name in ("float16", "bfloat16", "float32", "float64")
-    wide = torch.stack([t.to(torch.float64 if floating else torch.int64) for t in inputs])
-    if op == "SUM":
-        out = wide.sum(0)
-    elif op == "AVG":
-        out = wide.sum(0) / size if floating else torch.div(wide.sum(0), size, rounding_mode="trunc")
-    elif op == "PRODUCT":
-        out = wide.prod(0)
-    elif op == "MIN":
-        out = wide.amin(0)
-    elif op == "MAX":
-        out = wide.amax(0)
-    else:
-        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-        out = functools.reduce(fn, list(wide))
-    return out.to(dtype_of(dtype_name))
-
-
-def check_equal(got, expected, what):
-    torch = _torch()
-    if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(got, expected):
-        bad = (got != expected).nonzero()
-        first = bad[0].tolist() if len(bad) else None
-        raise AssertionError(f"{what}: differs (dtype {got.dtype}/{expected.dtype}, shape "
-                             f"{tuple(got.shape)}/{tuple(expected.shape)}, first difference at {first})")
 
 
 def native_threads():
@@ -298,10 +224,6 @@ def sc_gather_scatter(rank, size, ctx):
             out = torch.empty(n, dtype=torch.int16)
             dist.scatter(out, pieces if rank == root else None, src=root)
             check_equal(out, make_input(rank, n, "int16", salt=root), f"scatter n={n} root {root}")
-
-
-def split_sizes(sender, receiver, scale):
-    return (sender * 3 + receiver * 5 + 1) % 4 * scale  # uneven, some zero
 
 
 def sc_alltoall(rank, size, ctx):

@@ -26,8 +26,8 @@ import os
 
 import pytest
 
+from collective_checks import DTYPES, LIGHT_DTYPES, all_gather_every_type, reduce_scatter_every_type
 from conftest import init_rank_groups, reccl_env, report_rank, run_rank_job
-from test_collectives_forced import DTYPES, LIGHT_DTYPES, all_gather_every_type, reduce_scatter_every_type
 
 WORLD = 16
 GROUP_SIZES = (2, 3, 4, 5, 7, 8, 16)
@@ -115,7 +115,7 @@ def _positions(group):
 
 
 def all_reduce_every_type(rank, k, group, dist):
-    from test_collectives import check_equal, make_input, ops_for, reference
+    from collective_checks import check_equal, make_input, ops_for, reference
 
     for n in COUNTS:
         for dtype in DTYPES if n in FULL_COUNTS else LIGHT_DTYPES:

@@ -97,7 +97,7 @@ def rank_main(rank, port, out_dir, placement):
         import torch_reccl
         from torch_reccl.backend import backend_info
 
-        from test_collectives_forced import all_to_all, collectives
+        from collective_checks import all_to_all, collectives
 
         torch, dist, groups = init_rank_groups(rank, port, WORLD, GROUP_SIZES, timeout_s=30,
                                                store_timeout_s=60)

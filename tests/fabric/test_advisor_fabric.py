@@ -17,7 +17,7 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-import advisor_drill
+from bench import advisor_drill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 

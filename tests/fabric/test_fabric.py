@@ -580,45 +580,107 @@ def test_hosts_use_the_chosen_tcp_congestion_control_not_this_machines(root):
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
         machine = f.read().strip()
     other = next(a for a in available if a != "cubic")  # reno is always built in
-    with Fabric(hosts=2, rails=1, name=_unique_name("t")) as fab:
+    with Fabric(hosts=2, rails=1, name=_unique_name("dc")) as fab:
         assert [_congestion(fab, h) for h in range(2)] == ["cubic", "cubic"]
         assert Fabric.attach(fab.name).tcp_congestion == "cubic"
-    with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=other) as fab:
+    with Fabric(hosts=1, rails=1, name=_unique_name("dc"), tcp_congestion=other) as fab:
         assert _congestion(fab, 0) == other
-    with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=None) as fab:
+    with Fabric(hosts=1, rails=1, name=_unique_name("dc"), tcp_congestion=None) as fab:
         assert _congestion(fab, 0) == machine
-    name = _unique_name("t")
+    name = _unique_name("dc")
     with pytest.raises(FabricError, match="'nosuchcc' is not available in this kernel; available: "
                                           + ", ".join(available)):
         Fabric(hosts=1, rails=1, name=name, tcp_congestion="nosuchcc").up()
     assert _leftovers(name) == ([], [])
 
 
-def test_an_algorithm_namespaces_may_not_use_yet_is_allowed_first(root):
-    """A namespace may default only to an algorithm on the machine-wide allowed
-    list (a fresh machine allows its default and reno): the fabric adds the one
-    it needs, says so, and the hosts use it."""
-    allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+ALLOWED_PATH = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+
+# builds a fabric that needs argv[2], says so, and waits to be killed
+BUILD_AND_WAIT = r"""
+import sys, time, warnings
+from torch_reccl.fabric import Fabric
+warnings.simplefilter("ignore")
+Fabric(hosts=1, rails=1, name=sys.argv[1], tcp_congestion=sys.argv[2]).up()
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def _allowed() -> str:
+    with open(ALLOWED_PATH) as f:
+        return f.read().strip()
+
+
+@pytest.fixture
+def disallowed_congestion(root):
+    """An available algorithm that neither is the machine's default nor on the
+    allowed list (taken off it here); the list as it was comes back afterwards."""
     with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
         available = f.read().split()
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
         machine = f.read().strip()
-    with open(allowed_path) as f:
-        saved = f.read().strip()
     target = next((a for a in available if a not in (machine, "reno")), None)
     if target is None:
         pytest.skip(f"this kernel offers no TCP congestion control but {machine} and reno")
+    saved = _allowed()
+    with open(ALLOWED_PATH, "w") as f:
+        f.write(" ".join(a for a in saved.split() if a != target))
     try:
-        with open(allowed_path, "w") as f:
-            f.write(" ".join(a for a in saved.split() if a != target))
-        with pytest.warns(UserWarning, match=f"added {target} to net.ipv4.tcp_allowed_congestion_control"):
-            with Fabric(hosts=1, rails=1, name=_unique_name("t"), tcp_congestion=target) as fab:
-                assert _congestion(fab, 0) == target
-        with open(allowed_path) as f:
-            assert target in f.read().split()
+        yield target, _allowed()
     finally:
-        with open(allowed_path, "w") as f:
+        with open(ALLOWED_PATH, "w") as f:
             f.write(saved)
+
+
+def test_an_algorithm_namespaces_may_not_use_yet_is_allowed_while_needed(disallowed_congestion):
+    """A namespace may default only to an algorithm on the machine-wide allowed
+    list (a fresh machine allows its default and reno): the fabric adds the one
+    it needs, says so, keeps it while any fabric that needs it is up, and puts
+    the list back when the last one goes."""
+    target, before = disallowed_congestion
+    first = Fabric(hosts=1, rails=1, name=_unique_name("dc"), tcp_congestion=target)
+    second = Fabric(hosts=1, rails=1, name=_unique_name("dc"), tcp_congestion=target)
+    try:
+        with pytest.warns(UserWarning, match=f"added {target} to net.ipv4.tcp_allowed_congestion_control"):
+            first.up()
+        assert _congestion(first, 0) == target and target in _allowed().split()
+        second.up()
+        first.down()
+        assert target in _allowed().split()  # the second fabric still needs it
+        assert _congestion(second, 0) == target
+    finally:
+        first.down()
+        second.down()
+    assert _allowed() == before
+    assert not os.path.exists(fabric_mod.ALLOWED_RECORD)
+
+
+def test_the_allowed_list_comes_back_after_kill_9_through_fabric_down(disallowed_congestion):
+    """The builder killed with SIGKILL cannot restore anything; `reccl fabric
+    down` (Fabric.cleanup) does, from the record under /run."""
+    target, before = disallowed_congestion
+    name = _unique_name("dc")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-c", BUILD_AND_WAIT, name, target], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up", proc.stderr.read()
+        proc.kill()
+        proc.wait(10)
+        assert target in _allowed().split()
+        with open(fabric_mod.ALLOWED_RECORD) as f:
+            assert json.load(f)[target] == {"before": before, "fabrics": [name]}
+        cp = _cli("down", "--name", name)
+        assert cp.returncode == 0, cp.stderr
+        assert _allowed() == before
+        assert _leftovers(name) == ([], [])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        Fabric.cleanup(name)
 
 
 def test_attach_shares_state(make_fabric):
@@ -637,7 +699,7 @@ def test_attach_shares_state(make_fabric):
 def test_stale_fabric_of_a_dead_run_is_reclaimed(make_fabric):
     """A test-owned fabric name left by a run that died is taken down before
     the module builds it again; one whose builder is alive is left alone."""
-    from test_training_fabric import reclaim_stale
+    from training_fabric import reclaim_stale
     fab = make_fabric("st")
     reclaim_stale(fab.name)  # built by this live process: untouched
     assert carrier(fab, 0, 0) == (1, "up")

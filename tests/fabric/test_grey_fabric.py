@@ -4,19 +4,13 @@ it recovers after the heal; a fabric that is uniformly slow and bursty raises
 no `degraded` event. The rank program and driver are bench/grey_fabric.py's."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import time
 
 import pytest
 
 from torch_reccl.fabric import require_root
 
-from conftest import REPO
-
-_spec = importlib.util.spec_from_file_location("grey_fabric", os.path.join(REPO, "bench", "grey_fabric.py"))
-grey_fabric = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grey_fabric)
+from bench import grey_fabric
 
 DETECT_BOUND_S = 6.0    # RECCL_GREY_MS (2 s) + sampling + DCR: well inside this
 RECOVER_BOUND_S = 20.0  # trial after RECCL_GREY_RETRY_MS, then RECCL_GREY_MS of good goodput

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from conftest import HELPERS
-from test_training_fabric import ENV, REPO, Run, check_identical, emulated_fabric, rebalance_ops
+from training_fabric import ENV, REPO, Run, check_identical, emulated_fabric, rebalance_ops
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 

@@ -20,7 +20,6 @@ RECCL_* name: torch_reccl refuses any RECCL_* variable that is not one of its se
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -48,10 +47,9 @@ pytestmark = needs_gpus(1) + [pytest.mark.skipif(megatron_problem() is not None,
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("megatron_fault", os.path.join(REPO, "bench", "megatron_fault.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from bench import megatron_fault
+
+    return megatron_fault
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)

@@ -142,8 +142,7 @@ def unused_groups(rank, store, result):
     import torch.distributed as dist
 
     from torch_reccl._native import native
-
-    import procstat
+    from torch_reccl.bench import procstat
 
     # Threads by task id, not a count: one of init's short-lived threads may end
     # meanwhile (a count then read -1 on a loaded 2-core CI box).

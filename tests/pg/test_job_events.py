@@ -392,6 +392,33 @@ class KeysOnlyStore(CountingStore):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
+def test_junk_in_the_queue_is_counted_and_collection_goes_on():
+    """Anyone with the store can push to the events queue: items that are not UTF-8,
+    not JSON, nested past json's recursion limit or not a list of events are counted
+    as bad items, and the events after them still arrive."""
+    store = server_store(2)
+    got = []
+
+    def deliver(batch):  # as the event hub does: every item must be an event's dict
+        got.extend([Event.from_dict(d) for d in batch])
+
+    channels = [job_events.JobChannel(store, rank, 2, deliver) for rank in range(2)]
+    try:
+        assert {c.mode for c in channels} == {"queue"}
+        junk = [b"\xff\xfe", b"{not json", b"[" * 100000, b"7", b"[1, 2]"]
+        for item in junk:
+            store.queue_push(job_events.QUEUE_KEY, item)
+        channels[1].publish(make_event("after the junk"))
+        assert channels[1].flush(10)
+        assert channels[0].flush(10)
+        assert [e.detail for e in got] == ["after the junk"]
+        assert channels[0].stats()["bad_items"] == len(junk), channels[0].stats()
+    finally:
+        for channel in channels:
+            channel.close(5)
+
+
 def test_keys_fallback_delivers_once_skips_a_dead_slot_and_cleans_up(monkeypatch):
     monkeypatch.setattr(job_events, "GAP_GRACE_S", 0.5)
     store = server_store(4)

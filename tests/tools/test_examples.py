@@ -194,10 +194,9 @@ def test_megatron_summary_separates_fault_free_steps_from_the_spike():
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("megatron_fault", os.path.join(REPO, "bench", "megatron_fault.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from bench import megatron_fault
+
+    return megatron_fault
 
 
 @pytest.mark.timeout(300)

@@ -32,9 +32,9 @@ import pytest
 
 import torch_reccl
 from torch_reccl._native import testing as emulations
+from torch_reccl.bench import procstat
 from torch_reccl.transport import _C, ConfigError, ProtocolError, RecclError
 
-import procstat
 from conftest import (
     A0,
     A1,
@@ -47,6 +47,7 @@ from conftest import (
     in_thread,
     message,
     plan_sizes,
+    registered_stream,
     run_sender,
     stream,
     wait_until,
@@ -486,49 +487,6 @@ def test_control_frames_beyond_the_send_buffers_wait_in_order_without_blocking(f
 
 
 # ------------------------------------------------------------------ direct placement
-
-
-def registered_stream(send_transport, recv_transport, send, recv, sizes, seed, register_send=True,
-                      register_recv=True, window=8, on_sent=None):
-    """Streams `sizes` from one registered arena into another (each side only
-    if asked), message i at its own offset; checks every byte of every message."""
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    total = max(sum(sizes), 1)
-    src = bytearray(total)
-    for i, size in enumerate(sizes):
-        src[offsets[i]:offsets[i] + size] = message(seed, i, size)
-    dst = bytearray(b"\xa5" * total)
-    src_reg = send_transport.register(src) if register_send else None
-    dst_reg = recv_transport.register(dst) if register_recv else None
-    assert (src_reg is not None) == register_send and (dst_reg is not None) == register_recv
-    src_view, dst_view = memoryview(src), memoryview(dst)
-
-    def receive():
-        pending = []
-        for i, size in enumerate(sizes):
-            while len(pending) >= window:
-                index, request = pending.pop(0)
-                assert request.wait(30) == sizes[index]
-            pending.append((i, recv.irecv(dst_view[offsets[i]:offsets[i] + size], registration=dst_reg)))
-        for index, request in pending:
-            assert request.wait(30) == sizes[index]
-
-    join = in_thread(receive)
-    pending = []
-    for i, size in enumerate(sizes):
-        while len(pending) >= window:
-            index, request = pending.pop(0)
-            assert request.wait(30) == sizes[index]
-            if on_sent is not None:
-                on_sent(index)
-        pending.append((i, send.isend(src_view[offsets[i]:offsets[i] + size], registration=src_reg)))
-    for index, request in pending:
-        assert request.wait(30) == sizes[index]
-    join()
-    for i, size in enumerate(sizes):
-        if dst[offsets[i]:offsets[i] + size] != src[offsets[i]:offsets[i] + size]:
-            raise AssertionError(f"message {i} ({size} bytes) differs")
-    return src, dst
 
 
 def chunk_count(sizes):

@@ -17,7 +17,7 @@ import pytest
 import torch_reccl
 from torch_reccl.transport import ConfigError, Transport
 
-from conftest import close_both, plan_sizes, reccl_env, socket_count, stream, wait_until
+from conftest import close_both, plan_sizes, reccl_env, registered_stream, socket_count, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("healed_nics")]
 
@@ -160,7 +160,6 @@ def test_spreading_off_loads_the_backup_alone(pair_factory):
 def test_ib_emulation_spreads_replays_a_lost_lane_and_fails_back(events):
     """The IB transport takes the same lanes: three emulated devices per host."""
     from conftest import A0, A1, B0, B1, IB_CHUNK, ib_env, native, testing
-    from test_ib_transport import registered_stream
 
     a, b = [A0, A1, "ib-a-2"], [B0, B1, "ib-b-2"]
     emu = testing().IbEmulation(a + b)

@@ -43,9 +43,9 @@ import numpy as np
 import pytest
 
 import torch_reccl
+from torch_reccl.bench import procstat
 from torch_reccl.transport import ConfigError, RecclError, TimeoutError as RecclTimeoutError
 
-import procstat
 from conftest import close_both, fabrics, in_thread, plan_sizes, run_receiver, run_sender, stream, wait_until
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("healed_nics")]
@@ -465,8 +465,8 @@ def io_pool_bound():
 def test_threads_do_not_grow_with_connections(bed):
     """Paths have no threads of their own on either transport: their sockets or
     completion channels are served by the process's I/O loops, a fixed pool per
-    NIC, so 32 connections cost the threads one does. (IB paths used to have a
-    polling thread each: 64 per 32 connections, at each end.)"""
+    NIC, so 32 connections cost the threads one does. (A polling thread per IB
+    path would show as 64 more per 32 connections, at each end.)"""
     f = bed()
     first = f.pair()
     stream(*first, plan_sizes(81, 5, 256 << 10), 81)
@@ -507,8 +507,8 @@ def voluntary_switches(seconds):
 def test_idle_connections_wake_nothing_but_their_heartbeats(bed):
     """An idle path is woken by its heartbeats only (sending one, hearing one,
     its completion): a few wake-ups per beat, here one beat a second. Nothing
-    polls it. (An IB path's own thread used to poll with a backoff of at most
-    1 ms: ~1000 wake-ups a second per path end.)"""
+    polls it. (A path thread polling with a backoff of at most 1 ms would show
+    as ~1000 wake-ups a second per path end.)"""
     f = bed(RECCL_HEARTBEAT_MS=4000)  # a beat every second
     time.sleep(0.5)
     transports_alone = voluntary_switches(2.0)  # accept, port events, supervision

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "drill": "torch_reccl.drill.cli",
     "fabric": "torch_reccl.fabric.cli",
     "sim": "torch_reccl.sim.simulator",
+    "soak": "torch_reccl.soak.cli",
     "topo": "torch_reccl.cli.topo",
 }
 

@@ -241,8 +241,11 @@ class Job:
 
     def __init__(self, placement, argv: List[str], env: Optional[Dict[str, str]] = None,
                  per_rank_env: Optional[Callable[[int], Dict[str, str]]] = None,
-                 commands: bool = False):
+                 commands: bool = False, log_dir: Optional[str] = None):
         self.placement = placement
+        # every line a rank prints that is not a message, in full (rank<R>.log), besides the tail kept
+        self._log_files = [open(os.path.join(log_dir, f"rank{r}.log"), "a") for r in range(placement.ranks)] \
+            if log_dir else []
         self.ranks = placement.ranks
         self._messages: "queue.Queue[Tuple[int, dict]]" = queue.Queue()
         self._logs: List[Deque[str]] = [collections.deque(maxlen=LOG_LINES) for _ in range(self.ranks)]
@@ -284,7 +287,11 @@ class Job:
                 except ValueError:
                     pass
             self._logs[rank].append(line)
+            if self._log_files:
+                self._log_files[rank].write(line + "\n")
         proc.stdout.close()
+        if self._log_files:
+            self._log_files[rank].close()
 
     def __enter__(self) -> "Job":
         return self
@@ -313,6 +320,10 @@ class Job:
                 raise LaunchError(f"rank {rank} is not reading commands (exited?): {error}")
 
     # -------------------------------------------------------------- processes
+    def pids(self) -> List[int]:
+        """The rank processes' ids, by rank."""
+        return [proc.pid for proc in self._procs]
+
     def exit_codes(self) -> List[Optional[int]]:
         return [proc.poll() for proc in self._procs]
 

@@ -72,11 +72,12 @@ STEPS_RUN_TIMEOUT_S = 3600.0  # bound on a --steps run (each step is bounded by 
 
 
 def parse_duration(text: str) -> float:
-    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$", str(text))
+    match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", str(text))
     if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use e.g. 30s, 90, 2m or 500ms")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; use e.g. 30s, 90, 2m, 2h or 500ms")
     value = float(match.group(1))
-    scale = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0}[match.group(2)]
+    scale = {"ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[match.group(2)]
     if value * scale <= 0:
         raise argparse.ArgumentTypeError(f"duration {text!r} must be positive")
     return value * scale

@@ -13,7 +13,9 @@ Addresses: eth{r} of host h is 198.18.{r}.{h+1}/24, mgmt0 is 198.19.0.{h+1}/24
 
 Every host uses TCP congestion control ``tcp_congestion`` (cubic, Linux's
 default, unless told otherwise; None keeps the namespace's default, which comes
-from this machine's): results do not depend on how this machine is tuned.
+from this machine's): results do not depend on how this machine is tuned. An
+algorithm missing from net.ipv4.tcp_allowed_congestion_control is added there
+and taken off again when the last fabric that needed it is torn down.
 
 The fabric name never contains '-', so every object whose name starts with
 "rcN-" (links) or "reccl-N-h" (namespaces) belongs to fabric N and to no other;
@@ -165,6 +167,68 @@ def _state_path(name: str) -> str:
 
 def _lock_path(name: str) -> str:
     return os.path.join(STATE_DIR, f"{name}.lock")
+
+
+# The TCP congestion controls fabrics added to the machine-wide allowed list:
+# {algorithm: {"before": the list before, "fabrics": [names that need it]}}.
+# Under /run, so it survives a killed builder for `reccl fabric down` and
+# vanishes on reboot along with the sysctl's change.
+ALLOWED_RECORD = os.path.join(STATE_DIR, "tcp-allowed.json")
+
+
+def _read_allowed(name: str) -> List[str]:
+    try:
+        with open(TCP_CONGESTION_ALLOWED) as f:
+            return f.read().split()
+    except OSError as e:
+        raise FabricError(f"fabric {name!r}: cannot read {TCP_CONGESTION_ALLOWED}: {e}") from e
+
+
+@contextlib.contextmanager
+def _allowed_record():
+    """Read-modify-write ALLOWED_RECORD under a file lock shared by every fabric
+    of this machine; an empty record removes the file."""
+    os.makedirs(STATE_DIR, exist_ok=True)
+    with open(ALLOWED_RECORD + ".lock", "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        try:
+            try:
+                with open(ALLOWED_RECORD) as f:
+                    record = json.load(f)
+            except FileNotFoundError:
+                record = {}
+            yield record
+            if record:
+                tmp = f"{ALLOWED_RECORD}.{os.getpid()}.{threading.get_ident()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(record, f, indent=1, sort_keys=True)
+                os.replace(tmp, ALLOWED_RECORD)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(ALLOWED_RECORD)
+        finally:
+            fcntl.flock(lk, fcntl.LOCK_UN)
+
+
+def _release_allowed(name: str) -> None:
+    """Fabric ``name`` no longer needs what it added to the allowed list: an
+    algorithm no fabric needs any more (none left up, going by the state files)
+    is taken off it again, which restores the list recorded before it was added
+    unless someone else changed the list meanwhile (their change stays)."""
+    if not os.path.exists(ALLOWED_RECORD):
+        return
+    with _allowed_record() as record:
+        for algorithm in sorted(record):
+            entry = record[algorithm]
+            entry["fabrics"] = [f for f in entry["fabrics"]
+                                if f != name and os.path.exists(_state_path(f))]
+            if entry["fabrics"]:
+                continue
+            allowed = _read_allowed(name)
+            if algorithm in allowed:
+                with open(TCP_CONGESTION_ALLOWED, "w") as f:
+                    f.write(" ".join(a for a in allowed if a != algorithm))
+            del record[algorithm]
 
 
 def check_name(name) -> str:
@@ -600,37 +664,47 @@ class Fabric:
         """The chosen algorithm exists, and host namespaces may default to it:
         the kernel lets a namespace other than the machine's own default only to
         an algorithm on the machine-wide allowed list (EPERM otherwise), so one
-        missing from it is added, with a warning."""
+        missing from it is added (with a warning) and recorded, for
+        ``cleanup()`` to take back when the last fabric needing it goes."""
         if self.tcp_congestion is None:
             return
         try:
             with open(TCP_CONGESTION_AVAILABLE) as f:
                 available = f.read().split()
-            with open(TCP_CONGESTION_ALLOWED) as f:
-                allowed = f.read().split()
         except OSError as e:
             raise FabricError(f"fabric {self.name!r}: cannot read the kernel's TCP congestion "
                               f"controls to check tcp_congestion {self.tcp_congestion!r}: {e}") from e
         if self.tcp_congestion not in available:
             raise FabricError(f"fabric {self.name!r}: TCP congestion control {self.tcp_congestion!r} "
                               f"is not available in this kernel; available: {', '.join(available)}")
-        if self.tcp_congestion in allowed:
-            return
-        wanted = " ".join(allowed + [self.tcp_congestion])
-        try:
-            with open(TCP_CONGESTION_ALLOWED, "w") as f:
-                f.write(wanted)
-        except OSError as e:
-            raise FabricError(
-                f"fabric {self.name!r}: the hosts cannot use TCP congestion control "
-                f"{self.tcp_congestion!r}: a network namespace may only default to one in "
-                f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}), and adding it "
-                f"failed ({e}); allow it (sysctl -w net.ipv4.tcp_allowed_congestion_control="
-                f"'{wanted}') or keep the machine's default (tcp_congestion=None, "
-                f"--tcp-congestion inherit)") from e
+        with _allowed_record() as record:
+            allowed = _read_allowed(self.name)
+            entry = record.get(self.tcp_congestion)
+            if self.tcp_congestion in allowed:
+                if entry is not None and self.name not in entry["fabrics"]:
+                    entry["fabrics"].append(self.name)  # added for another fabric still up
+                return
+            wanted = " ".join(allowed + [self.tcp_congestion])
+            try:
+                with open(TCP_CONGESTION_ALLOWED, "w") as f:
+                    f.write(wanted)
+            except OSError as e:
+                raise FabricError(
+                    f"fabric {self.name!r}: the hosts cannot use TCP congestion control "
+                    f"{self.tcp_congestion!r}: a network namespace may only default to one in "
+                    f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}), and adding "
+                    f"it failed ({e}); allow it (sysctl -w net.ipv4.tcp_allowed_congestion_control="
+                    f"'{wanted}') or keep the machine's default (tcp_congestion=None, "
+                    f"--tcp-congestion inherit)") from e
+            if entry is None:
+                record[self.tcp_congestion] = {"before": " ".join(allowed), "fabrics": [self.name]}
+            else:  # taken off the list by hand while fabrics that added it were up
+                entry["fabrics"].append(self.name)
         warnings.warn(f"fabric {self.name!r}: added {self.tcp_congestion} to "
                       f"net.ipv4.tcp_allowed_congestion_control (now '{wanted}'), the machine-wide "
-                      f"list a host namespace may default to; unprivileged programs may choose it too")
+                      f"list a host namespace may default to, until the last fabric that needs it "
+                      f"is torn down (`reccl fabric down`); unprivileged programs may choose it "
+                      f"meanwhile")
 
     def _selfcheck(self, timeout: float = 2.0) -> None:
         """UDP from host 0 to host 1 over every rail and mgmt: catches a host
@@ -770,6 +844,10 @@ class Fabric:
         for p in (_state_path(name), _lock_path(name)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
+        try:
+            _release_allowed(name)
+        except (OSError, ValueError, FabricError) as e:
+            errors.append(f"net.ipv4.tcp_allowed_congestion_control: {e}")
         left_ns = [n for n in pns.listnetns() if n.startswith(ns_prefix)]
         with _iproute() as ipr:
             left_links = [link.get("ifname") for link in ipr.get_links()

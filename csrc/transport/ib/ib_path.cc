@@ -639,8 +639,8 @@ bool IbPath::pollSends() {
 
 bool IbPath::pumpData() {
   {
-    // Data waits behind control frames waiting for a buffer (sendControl
-    // used to block its caller until its frame was posted: same order).
+    // Data waits behind control frames waiting for a buffer: a control frame
+    // goes out before any data queued after it.
     std::lock_guard<std::mutex> lock(sendMutex_);
     if (!backlog_.empty()) return false;
   }

@@ -74,6 +74,7 @@ class IbPath : public Path {
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
   std::string peer() const override { return peerName_; }
+  std::shared_ptr<PairHeard> pairHeard() const override { return pair_; }
 
  private:
   class ChannelIo;

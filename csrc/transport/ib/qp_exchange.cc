@@ -29,6 +29,9 @@ struct WireExchange {
   uint32_t slotBytes;
 };
 #pragma pack(pop)
+static_assert(sizeof(WireExchange) == 56, "QP exchange wire size");
+static_assert(offsetof(WireExchange, gid) == 20 && offsetof(WireExchange, regionAddress) == 36,
+              "QP exchange layout");
 static_assert(sizeof(WireExchange) <= kQpExchangeBytes, "exchange must fit its fixed size");
 
 }  // namespace

@@ -126,6 +126,7 @@ struct GidTableEntry {
   uint32_t gidType;  // enum ibv_gid_type: 0 IB, 1 RoCE v1, 2 RoCE v2
   uint32_t netdevIndex;
 };
+static_assert(sizeof(GidTableEntry) == 32, "ibv_gid_entry's size, which the library is told");
 
 GidType gidTypeOf(uint32_t type) {
   switch (type) {

@@ -64,6 +64,7 @@ class TcpPath : public Path {
   int localNic() const override { return localNic_; }
   int remoteNic() const override { return remoteNic_; }
   std::string peer() const override { return peer_; }
+  std::shared_ptr<PairHeard> pairHeard() const override { return pair_; }
 
   // Adds data socket `slot` (0-based), connected after the path was made; false
   // (and the socket closed) when the slot is taken or out of range or the path

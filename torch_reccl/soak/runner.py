@@ -1,0 +1,389 @@
+"""The driver of ``reccl soak``: start the ranks in the emulated fabric, apply and
+heal the schedule's faults on time, sample every rank's resources, watch for
+wrong values, stalls and crashes, and judge the run.
+
+Every wait is bounded: the ranks must set up within ``start_timeout_s`` and
+run each op of the opening sweep within it too, progress
+may stop for at most ``stall_s`` plus the time some pair of hosts had no path
+(an outage of the schedule), and the run must end within its duration plus
+``finish_timeout_s``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from torch_reccl.cli.launch import FabricPlacement, Job
+from torch_reccl.soak.schedule import FLAP_PERIOD_S, SoakFault, outages, overlap_s
+
+TICK_S = 0.05
+SAMPLE_EVERY_S = 10.0
+# in the fault-free warm-up and after the last fault healed: the floors the run
+# starts and ends with
+QUIET_SAMPLE_EVERY_S = 2.0
+FINISH_TIMEOUT_S = 120.0
+# glibc returns big blocks at free() only under a fixed mmap threshold; with its
+# default (a threshold that grows) freed tensors stay in the heap and RSS ratchets
+# up with the largest message seen, which hides a real leak behind noise
+#
+# One data socket per path: a path grows its data sockets on demand, so with
+# several a backup that first carries a large message after a failover keeps more
+# sockets than it had in the warm-up (bounded, not a leak); with one, every socket
+# beyond the warm-up's count is one that was not returned.
+RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "RECCL_NSOCKS": "1"}
+INTERRUPTION_KINDS = ("failover", "failback")
+
+
+@dataclasses.dataclass
+class SoakSettings:
+    duration_s: float
+    seed: int = 0
+    max_bytes: int = 64 << 20
+    stall_s: float = 30.0
+    start_timeout_s: float = 180.0
+    warmup_s: float = 30.0
+    settle_s: float = 20.0
+    rss_growth: float = 0.05
+    log_dir: Optional[str] = None  # every rank's whole output, rank<R>.log
+
+
+@dataclasses.dataclass
+class Sample:
+    t: float
+    rank: int
+    rss_kb: int
+    fds: int
+    threads: int
+    sockets: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SoakResult:
+    t0: Optional[float] = None
+    world: int = 0
+    ticks: List[dict] = dataclasses.field(default_factory=list)
+    events: List[dict] = dataclasses.field(default_factory=list)
+    wrong: List[dict] = dataclasses.field(default_factory=list)
+    applied: List[dict] = dataclasses.field(default_factory=list)
+    samples: List[Sample] = dataclasses.field(default_factory=list)
+    done: Dict[int, dict] = dataclasses.field(default_factory=dict)
+    errors: List[str] = dataclasses.field(default_factory=list)
+    stalls: List[dict] = dataclasses.field(default_factory=list)
+    replay: Optional[dict] = None
+
+    def to_json(self) -> dict:
+        return {"t0": self.t0, "world": self.world, "ticks": self.ticks, "events": self.events,
+                "wrong": self.wrong, "faults_applied": self.applied,
+                "samples": [s.to_json() for s in self.samples],
+                "done": {str(r): d for r, d in sorted(self.done.items())},
+                "errors": self.errors, "stalls": self.stalls, "replay": self.replay}
+
+
+def proc_resources(pid: int) -> Optional[Tuple[int, int, int, int]]:
+    """(RSS kB, open fds, threads, sockets) of a live process, or None."""
+    try:
+        rss = threads = 0
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Threads:"):
+                    threads = int(line.split()[1])
+        fds = sockets = 0
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            fds += 1
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    sockets += 1
+            except OSError:
+                pass
+        return rss, fds, threads, sockets
+    except (OSError, ValueError):
+        return None
+
+
+class FaultDriver:
+    """Applies and heals schedule faults in the fabric."""
+
+    def __init__(self, fabric):
+        self.fabric = fabric
+        self.flaps = {}
+
+    def apply(self, fault: SoakFault) -> None:
+        f = self.fabric
+        if fault.kind == "nic_down":
+            f.nic_down(fault.host, fault.rail, wait=False)
+        elif fault.kind == "rail_down":
+            f.rail_down(fault.rail, wait=False)
+        elif fault.kind == "flap":
+            self.flaps[fault.index] = f.flap(fault.host, fault.rail, period_s=FLAP_PERIOD_S,
+                                             count=fault.flaps)
+        elif fault.kind == "blackhole":
+            f.blackhole(fault.host, fault.rail)
+        elif fault.kind == "slow":
+            f.slow(fault.host, fault.rail, fault.percent)
+        elif fault.kind == "lossy":
+            f.lossy(fault.host, fault.rail, fault.percent)
+        elif fault.kind in ("host_down", "split"):
+            for host, rail in fault.nics_down(f.hosts):
+                f.nic_down(host, rail, wait=False)
+        else:
+            raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    def heal(self, fault: SoakFault) -> None:
+        f = self.fabric
+        if fault.kind == "nic_down":
+            f.nic_up(fault.host, fault.rail, wait=False)
+        elif fault.kind == "rail_down":
+            f.rail_up(fault.rail, wait=False)
+        elif fault.kind == "flap":
+            handle = self.flaps.pop(fault.index, None)
+            if handle is not None:
+                handle.stop()
+            f.nic_up(fault.host, fault.rail, wait=False)
+        elif fault.kind == "blackhole":
+            f.blackhole(fault.host, fault.rail, on=False)
+        elif fault.kind == "slow":
+            f.slow(fault.host, fault.rail, on=False)
+        elif fault.kind == "lossy":
+            f.lossy(fault.host, fault.rail, on=False)
+        else:
+            for host, rail in fault.nics_down(f.hosts):
+                f.nic_up(host, rail, wait=False)
+
+    def heal_all(self) -> None:
+        for handle in self.flaps.values():
+            handle.stop()
+        self.flaps.clear()
+        self.fabric.heal()
+
+
+def worker_argv(settings: SoakSettings, replay_steps: Optional[int] = None) -> List[str]:
+    argv = [sys.executable, "-m", "torch_reccl.soak.worker", "--seed", str(settings.seed),
+            "--max-bytes", str(settings.max_bytes)]
+    argv += ["--replay", str(replay_steps)] if replay_steps is not None else \
+        ["--duration", str(settings.duration_s)]
+    return argv
+
+
+def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end_s: float,
+             on_line=None) -> SoakResult:
+    """Runs the soak job through ``faults``; then the fault-free replay."""
+    placement = FabricPlacement(fabric)
+    result = SoakResult(world=placement.ranks)
+    actions = sorted([(f.start_s, 0, f) for f in faults] + [(f.end_s, 1, f) for f in faults],
+                     key=lambda a: (a[0], a[1]))
+    spans = outages(faults, fabric.hosts, fabric.rails)
+    driver = FaultDriver(fabric)
+    say = on_line or (lambda line: None)
+    try:
+        with Job(placement, worker_argv(settings), env=RANK_ENV, log_dir=settings.log_dir) as job:
+            pids = job.pids()
+            started = time.monotonic()
+            last_progress = started
+            next_sample = started
+            deadline = started + settings.start_timeout_s + settings.duration_s + FINISH_TIMEOUT_S
+            while True:
+                got = job.next_message(TICK_S)
+                now = time.monotonic()
+                if got is not None:
+                    rank, message = got
+                    if _absorb(result, rank, message):
+                        last_progress = now
+                    if message.get("kind") == "sweep":  # the start bound is on setting up, not the sweep
+                        started = now
+                        deadline = now + settings.start_timeout_s + settings.duration_s + FINISH_TIMEOUT_S
+                if result.t0 is not None:
+                    elapsed = time.time() - result.t0
+                    while actions and actions[0][0] <= elapsed:
+                        _, heal, fault = actions.pop(0)
+                        try:
+                            (driver.heal if heal else driver.apply)(fault)
+                        except Exception as error:  # FabricError, OSError: the soak cannot go on
+                            result.errors.append(f"could not {'heal' if heal else 'apply'} "
+                                                 f"{fault.describe()}: {error}")
+                            break
+                        record = {"index": fault.index, "kind": fault.kind, "target": fault.target,
+                                  "what": "heal" if heal else "apply", "t": time.time() - result.t0}
+                        result.applied.append(record)
+                        say(f"{record['t']:8.1f} s  {'heal ' if heal else 'apply'} "
+                            f"{fault.describe()}")
+                    stalled = now - last_progress
+                    window = (elapsed - stalled, elapsed)
+                    allowed = settings.stall_s + overlap_s(spans, *window)
+                    if stalled > allowed:
+                        _dump_stacks(job)
+                        result.stalls.append({"t": elapsed, "stalled_s": stalled,
+                                              "allowed_s": allowed})
+                        result.errors.append(
+                            f"no progress for {stalled:.1f} s at {elapsed:.1f} s, past the bound "
+                            f"of {allowed:.1f} s ({settings.stall_s:g} s + outages in that time)")
+                if now >= next_sample:
+                    t = time.time() - (result.t0 or time.time())
+                    quiet = t < settings.warmup_s or t >= faults_end_s
+                    next_sample = now + (QUIET_SAMPLE_EVERY_S if quiet else SAMPLE_EVERY_S)
+                    for rank, pid in enumerate(pids):
+                        got_res = proc_resources(pid)
+                        if got_res is not None:
+                            result.samples.append(Sample(t, rank, *got_res))
+                if result.wrong and not any("wrong value" in e for e in result.errors):
+                    result.errors.append(f"wrong value: {result.wrong[0]}")
+                failed = job.failed_ranks()
+                if failed:
+                    _drain(job, result)
+                    result.errors.append(f"rank(s) {failed} failed\n{job.logs(failed)}")
+                if len(result.done) == result.world:
+                    break
+                if result.errors:
+                    result.errors[-1] += "\n" + job.logs() if "failed" not in result.errors[-1] \
+                        else ""
+                    break
+                if result.t0 is None and now - started > settings.start_timeout_s:
+                    result.errors.append(f"the ranks did not start within "
+                                         f"{settings.start_timeout_s:.0f} s\n{job.logs()}")
+                    break
+                if now > deadline:
+                    result.errors.append(f"the run did not end by its deadline\n{job.logs()}")
+                    break
+            if not result.errors and not job.wait(FINISH_TIMEOUT_S):
+                result.errors.append(f"the ranks did not exit within {FINISH_TIMEOUT_S:.0f} s")
+            _drain(job, result)
+    finally:
+        driver.heal_all()
+    if result.t0 is not None:
+        for event in result.events:
+            event["t"] = float(event["time"]) - result.t0
+        result.events.sort(key=lambda e: e["t"])
+    if not result.errors and len(result.done) == result.world:
+        result.replay = replay(fabric, settings, result)
+    return result
+
+
+def replay(fabric, settings: SoakSettings, soaked: SoakResult) -> dict:
+    """The same training steps with no faults and no checked ops; compares parameters."""
+    steps = {d["steps"] for d in soaked.done.values()}
+    digests = {d["params_sha256"] for d in soaked.done.values()}
+    if len(steps) != 1:
+        return {"identical": False, "why": f"ranks ended at different steps {sorted(steps)}"}
+    (count,) = steps
+    ref = SoakResult(world=soaked.world)
+    with Job(FabricPlacement(fabric), worker_argv(settings, count), env=RANK_ENV) as job:
+        deadline = time.monotonic() + settings.start_timeout_s + count * 2.0 + FINISH_TIMEOUT_S
+        while len(ref.done) < ref.world and time.monotonic() < deadline:
+            got = job.next_message(0.2)
+            if got is not None:
+                _absorb(ref, *got)
+            if job.failed_ranks():
+                return {"identical": False, "why": f"the replay failed\n{job.logs()}"}
+        job.wait(FINISH_TIMEOUT_S)
+    ref_digests = {d["params_sha256"] for d in ref.done.values()}
+    if len(ref.done) < ref.world:
+        return {"identical": False, "why": "the replay did not finish"}
+    return {"identical": len(digests) == 1 and digests == ref_digests, "steps": count,
+            "params_sha256": sorted(digests), "replay_params_sha256": sorted(ref_digests)}
+
+
+def _absorb(result: SoakResult, rank: int, message: dict) -> bool:
+    """Files one message; True when it shows progress."""
+    kind = message.get("kind")
+    if kind == "start":
+        result.t0 = float(message["t0"])
+        return True
+    if kind == "tick":
+        result.ticks.append({k: v for k, v in message.items() if k != "kind"})
+        return rank == 0
+    if kind == "event":
+        event = {k: v for k, v in message.items() if k not in ("kind", "event")}
+        event["kind"] = message["event"]
+        result.events.append(event)
+    elif kind == "wrong":
+        result.wrong.append({k: v for k, v in message.items() if k != "kind"})
+    elif kind == "done":
+        result.done[rank] = {k: v for k, v in message.items() if k != "kind"}
+        return True
+    return False
+
+
+def _dump_stacks(job: Job) -> None:
+    """Asks every rank for its threads' stacks (faulthandler on SIGUSR1) into its log."""
+    for pid in job.pids():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(2.0)
+
+
+def _drain(job: Job, result: SoakResult) -> None:
+    while (got := job.next_message(0)) is not None:
+        _absorb(result, *got)
+
+
+def percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def resource_verdicts(result: SoakResult, settings: SoakSettings,
+                      faults_end_s: float) -> Tuple[List[str], dict]:
+    """Growth checks against the floors (lowest samples) of the fault-free second
+    half of the warm-up: RSS at the end within ``rss_growth`` of it, and fds,
+    threads and sockets back to it once the faults have healed. A floor ignores
+    what is in flight at a sample (a large message's buffers, a dial's thread and
+    socket); a leak raises it."""
+    problems: List[str] = []
+    summary = {}
+    for rank in range(result.world):
+        mine = [s for s in result.samples if s.rank == rank]
+        first = [s for s in mine if settings.warmup_s / 2 <= s.t < settings.warmup_s]
+        healed = [s for s in mine if s.t >= faults_end_s + settings.settle_s / 2]
+        if not first or not healed:
+            problems.append(f"rank {rank}: no resource sample in the fault-free "
+                            f"{'warm-up' if not first else 'settle'} (the rank died early?)")
+            continue
+        window = max(30.0, 0.1 * settings.duration_s)
+        last = [s for s in mine if s.t >= mine[-1].t - window]
+        floors = {what: (min(getattr(s, what) for s in first), min(getattr(s, what) for s in healed))
+                  for what in ("fds", "threads", "sockets")}
+        rss_base = min(s.rss_kb for s in first)
+        rss_end = min(s.rss_kb for s in last)
+        growth = rss_end / rss_base - 1.0
+        summary[rank] = {"rss_kb_warm": rss_base, "rss_kb_end": rss_end, "rss_growth": growth,
+                         "rss_kb_max": max(s.rss_kb for s in mine),
+                         **{what: list(pair) for what, pair in floors.items()}}
+        if growth > settings.rss_growth:
+            problems.append(f"rank {rank}: RSS grew {growth:.1%} over its warm-up level "
+                            f"({rss_base} -> {rss_end} kB), more than {settings.rss_growth:.0%}")
+        for what, (before, after) in floors.items():
+            if after > before:
+                problems.append(f"rank {rank}: {what} not returned after the faults healed: "
+                                f"{before} in the warm-up, {after} at the end (floors)")
+    return problems, summary
+
+
+def interruption_stats(result: SoakResult, spans: List[Tuple[float, float]]) -> dict:
+    """p50/p99/max, in ms, of the interruption (duration_s) of every failover and
+    failback: of all of them, and of those that did not overlap an outage of the
+    schedule (a failover that waited for some path to come back counts the wait)."""
+    out = {}
+    for kind in INTERRUPTION_KINDS:
+        timed = [(e.get("t"), 1000.0 * e["duration_s"]) for e in result.events
+                 if e["kind"] == kind and e.get("duration_s") is not None]
+        for label, values in (
+                (kind, [ms for _, ms in timed]),
+                (f"{kind}_outside_outages",
+                 [ms for t, ms in timed
+                  if t is not None and overlap_s(spans, t - ms / 1000.0, t) == 0.0])):
+            out[label] = {"count": len(values), "p50_ms": percentile(values, 0.5),
+                          "p99_ms": percentile(values, 0.99),
+                          "max_ms": max(values, default=float("nan"))}
+    return out
