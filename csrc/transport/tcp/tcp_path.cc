@@ -139,7 +139,13 @@ void TcpPath::shutdown() {
   // Before any request of this path can fail and its buffer be reused: the
   // receiver lands no payload it reads from here after this.
   if (window_) window_->revoke();
-  if (stop_.exchange(true)) return;
+  const bool stoppedBefore = stop_.exchange(true);
+  {
+    // Microseconds: a write inside is one non-blocking sendmsg.
+    std::unique_lock<std::mutex> lock(payloadMutex_);
+    payloadWritesDone_.wait(lock, [&] { return payloadWrites_ == 0; });
+  }
+  if (stoppedBefore) return;
   {
     // A socket attached from now on is refused (attachData checks stop_ under this lock).
     std::lock_guard<std::mutex> lock(attachMutex_);
@@ -469,6 +475,18 @@ bool TcpPath::drainDirectWrites(Millis timeout) {
   return framesWriting_ == 0 && !stop_.load();
 }
 
+bool TcpPath::enterPayloadWrite() {
+  std::lock_guard<std::mutex> lock(payloadMutex_);
+  if (stop_.load()) return false;
+  ++payloadWrites_;
+  return true;
+}
+
+void TcpPath::leavePayloadWrite() {
+  std::lock_guard<std::mutex> lock(payloadMutex_);
+  if (--payloadWrites_ == 0) payloadWritesDone_.notify_all();
+}
+
 void TcpPath::releaseChunkLocked(Socket& socket) {
   socket.holdsChunk = false;
   if (--framesWriting_ == 0) framesDone_.notify_all();
@@ -548,7 +566,14 @@ void TcpPath::writeData(Socket& socket) {
     msghdr message{};
     message.msg_iov = parts;
     message.msg_iovlen = static_cast<size_t>(count);
+    if (wirePayload > 0 && !enterPayloadWrite()) {
+      socket.loop->setEvents(socket.id, 0);
+      return;
+    }
     ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int sendError = errno;
+    if (wirePayload > 0) leavePayloadWrite();
+    errno = sendError;
     if (sent < 0) {
       if (wouldBlock(errno)) {
         socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_, true);

@@ -121,6 +121,11 @@ class TcpPath : public Path {
   void writeData(Socket& socket);
   // Writer: the frame of the chunk it held is out (framesWriting_ drops).
   void releaseChunkLocked(Socket& socket);
+  // Around each write that reads a caller's payload: enter fails once the path
+  // is stopped, and shutdown waits for every write inside to leave, so no
+  // request of this path fails (and frees its buffer) under a running sendmsg.
+  bool enterPayloadWrite();
+  void leavePayloadWrite();
   // The data sockets chunks may go to: all, or the first streamLimit_.
   size_t usableWritersLocked() const;
   // Arms the next idle writer within the cap; false when none is idle.
@@ -201,6 +206,9 @@ class TcpPath : public Path {
   // the wake-up of drainDirectWrites when that reaches 0 or the path stops.
   size_t framesWriting_ = 0;
   std::condition_variable framesDone_;
+  std::mutex payloadMutex_;
+  size_t payloadWrites_ = 0;  // writers inside a sendmsg that reads a payload
+  std::condition_variable payloadWritesDone_;
   size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
   size_t streamLimit_ = 0;  // data sockets written on, 0: all (queueMutex_)
   std::mutex joinMutex_;  // concurrent stopAndJoin calls: one unregisters, the other waits
