@@ -8,6 +8,10 @@
   and stats whichever loaded the library first;
 - torch_reccl._testing: the verbs and CUDA emulations and their bindings
   (csrc/testing), for tests only; NCCL never loads it.
+
+TORCH_RECCL_SANITIZE=address,undefined (or address, undefined, thread) builds all
+three instrumented by gcc's sanitizers, for scripts/sanitize.sh (docs/sanitizers.md).
+It is no RECCL_* name: those are the runtime settings, where an unknown one is an error.
 """
 import glob
 import os
@@ -17,7 +21,36 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPILE_ARGS = ["-std=c++17", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+LINK_ARGS = []
 PLUGIN_LIBRARY = "nccl-net-reccl"  # NCCL's naming: NCCL_NET_PLUGIN=reccl -> libnccl-net-reccl.so
+SANITIZE_VARIABLE = "TORCH_RECCL_SANITIZE"
+SANITIZERS = ("address", "undefined", "thread")
+
+
+def sanitizer_flags(value):
+    """(compile args, link args) for a TORCH_RECCL_SANITIZE value: a comma-separated
+    subset of SANITIZERS, thread alone (gcc runs ThreadSanitizer without the others)."""
+    chosen = [name.strip() for name in value.split(",") if name.strip()]
+    if not chosen:
+        return [], []
+    unknown = [name for name in chosen if name not in SANITIZERS]
+    if unknown or ("thread" in chosen and len(chosen) > 1):
+        raise SystemExit(f"{SANITIZE_VARIABLE}={value} is not valid; valid values: address, undefined, "
+                         f"address,undefined, thread (thread combines with no other), or empty for none")
+    sanitize = "-fsanitize=" + ",".join(chosen)
+    # -O1: inlining would hide frames of the reports' stacks; the frame pointer
+    # lets the sanitizers' fast unwinder see every frame. Undefined behaviour is
+    # fatal, as ASan's findings are: beside ASan, gcc's UBSan writes to stderr
+    # only (no log_path), which a test may capture, but not a process that dies.
+    compile_args = [sanitize, "-O1", "-g", "-fno-omit-frame-pointer"]
+    if "undefined" in chosen:
+        compile_args.append("-fno-sanitize-recover=undefined")
+    return compile_args, [sanitize]
+
+
+_sanitize_compile, _sanitize_link = sanitizer_flags(os.environ.get(SANITIZE_VARIABLE, ""))
+COMPILE_ARGS += _sanitize_compile
+LINK_ARGS += _sanitize_link
 
 
 def sources(*folders):
@@ -68,7 +101,7 @@ plugin = SharedLibrary(
     # transport's threads still run: the library must never be unmapped.
     # libcuda and libibverbs are dlopen()ed at run time, never linked.
     extra_link_args=["-Wl,-z,nodelete", f"-Wl,-soname,lib{PLUGIN_LIBRARY}.so", "-Wl,--no-undefined",
-                     "-pthread", "-ldl"],
+                     "-pthread", "-ldl"] + LINK_ARGS,
 )
 
 
@@ -79,7 +112,7 @@ def linked_extension(name, folders, extra=()):
         include_dirs=[os.path.join(HERE, "csrc")],
         extra_compile_args=COMPILE_ARGS,
         libraries=[PLUGIN_LIBRARY],
-        extra_link_args=["-Wl,-rpath,$ORIGIN"],
+        extra_link_args=["-Wl,-rpath,$ORIGIN"] + LINK_ARGS,
     )
 
 

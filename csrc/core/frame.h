@@ -170,21 +170,24 @@ static_assert(sizeof(DataRefBody) == 44, "DATA_REF wire size");
 
 constexpr size_t kMaxControlBody = sizeof(ResyncHeader) + kMaxOutstanding * sizeof(ResyncEntry);
 
-// A decoded control frame (not kData).
+// A decoded control frame (not kData). The bodies are the packed wire structs
+// (alignment 1), so each starts on an 8-byte boundary here: their uint64_t
+// fields are then aligned, and a reference bound to one (std::map::find,
+// std::min) reads an aligned object, not undefined behaviour.
 struct ControlFrame {
   FrameType type = FrameType::kHeartbeat;
-  HelloBody hello{};
+  alignas(8) HelloBody hello{};
   bool helloAccepted = false;
   uint64_t helloAcceptorTransport = 0;
   bool helloSameHostReads = false;
-  CtsBody cts{};
-  AckBody ack{};
-  ActivateBody activate{};
-  ResyncHeader resync{};
-  std::vector<ResyncEntry> entries;
-  NotifyBody notify{};
-  CancelBody cancel{};
-  PlaceBody place{};
+  alignas(8) CtsBody cts{};
+  alignas(8) AckBody ack{};
+  alignas(8) ActivateBody activate{};
+  alignas(8) ResyncHeader resync{};
+  std::vector<ResyncEntry> entries;  // 24-byte records from an aligned allocation
+  alignas(8) NotifyBody notify{};
+  alignas(8) CancelBody cancel{};
+  alignas(8) PlaceBody place{};
 };
 
 // Checks magic, type and body length against what `type` allows. Throws

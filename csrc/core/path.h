@@ -101,10 +101,10 @@ class Path {
   // at the end of each step (docs/transport.md, "Spreading").
   virtual void limitDataStreams(size_t streams) { (void)streams; }
   // Drops queued data, then waits (at most `timeout`) until no write this path
-  // placed directly into the peer's buffers can still land there: each has
-  // completed (an RC completion means placed) or the path is stopped. True
-  // when that holds. A transport whose data only lands through the receiver's
-  // own copy (fenced there by epochs) has nothing to wait for.
+  // placed directly into the peer's buffers can still land there (each has
+  // completed: an RC completion means placed) and no write still reads the
+  // caller's buffer (a TCP frame half written), or the path is stopped. True
+  // when that holds; false, the caller fails the path and stops and joins it.
   virtual bool drainDirectWrites(Millis timeout) {
     (void)timeout;
     dropQueuedData();

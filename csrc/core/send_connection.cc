@@ -594,6 +594,10 @@ void SendConnection::service() {
     // The RESYNC is due a heartbeat after the ACTIVATE leaves, not after the drain began.
     if (awaitingResync_) resyncDeadline_ = Clock::now() + Millis(env_.config.heartbeatMs);
     lock.unlock();
+    // A stuck path may still be reading a send's buffer (a TCP frame half
+    // written); once the new path completes that send its caller owns the
+    // buffer again, so the path's I/O ends before the ACTIVATE goes out.
+    for (const auto& path : stuck) path->stopAndJoin();
     drainFirst.clear();
   }
   if (activateOn) {

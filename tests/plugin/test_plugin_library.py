@@ -48,9 +48,18 @@ def test_plugin_path_is_the_standalone_library():
     assert out.stdout.strip() == LIBRARY and os.path.isfile(LIBRARY)
 
 
+def sanitizer_runtimes(names):
+    """The sanitizers' runtimes among `names`: a build of scripts/sanitize.sh
+    (which sets TORCH_RECCL_SANITIZE for its tests) needs them too; no other."""
+    if not os.environ.get("TORCH_RECCL_SANITIZE"):
+        return set()
+    return {name for name in names if name.startswith(("libasan.", "libubsan.", "libtsan."))}
+
+
 def test_the_library_needs_only_the_c_and_cxx_runtimes():
     section = dynamic_section(LIBRARY)
-    assert needed(LIBRARY) <= RUNTIME, needed(LIBRARY)
+    libraries = needed(LIBRARY)
+    assert libraries - sanitizer_runtimes(libraries) <= RUNTIME, libraries
     assert "Library soname: [libnccl-net-reccl.so]" in section
     assert "NODELETE" in section  # NCCL dlclose()s it while its threads still run
 
@@ -90,8 +99,11 @@ def plugin_program(tmp_path_factory):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["path", "name"])
 def test_a_c_program_loads_and_drives_every_abi_version_like_nccl(plugin_program, how, tmp_path):
-    # A clean environment: nothing of torch or Python on the library path.
+    # A clean environment: nothing of torch or Python on the library path (but
+    # the sanitizer's runtime, preloaded, under scripts/sanitize.sh).
     env = {"PATH": "/usr/bin:/bin", **LOOPBACK}
+    if os.environ.get("TORCH_RECCL_SANITIZE"):
+        env.update({k: v for k, v in os.environ.items() if k == "LD_PRELOAD" or k.endswith("SAN_OPTIONS")})
     if how == "path":
         target = LIBRARY  # NCCL_NET_PLUGIN=/abs/path/libnccl-net-reccl.so
     else:

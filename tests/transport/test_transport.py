@@ -34,6 +34,7 @@ from torch_reccl.transport import (
 
 from conftest import (
     PRIMARY,
+    Fabric,
     close_both,
     in_thread,
     plan_sizes,
@@ -326,6 +327,68 @@ def test_no_failback_when_disabled(pair_factory, events):
 
 
 # --------------------------------------------------------------------------- lifecycle / API
+
+
+def unmappable(size):
+    """(address, ctypes buffer over it, unmap()): anonymous memory that unmap()
+    returns to the kernel, after which a read of it by a system call fails
+    with EFAULT instead of reading whatever reuses freed heap."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert address not in (None, ctypes.c_void_p(-1).value), f"mmap failed: errno {ctypes.get_errno()}"
+    return address, (ctypes.c_char * size).from_address(address), lambda: libc.munmap(address, size)
+
+
+@pytest.mark.timeout(60)
+def test_failback_leaves_no_half_written_frame_reading_a_completed_send(events):
+    """Regression (found by AddressSanitizer, docs/sanitizers.md): at a switch the
+    paths that stay up (the backup, at failback) dropped their queued chunks, but a
+    data socket in the middle of a frame went on writing it from the caller's
+    buffer, after the message had completed over the new path and its caller had
+    freed the buffer. Here the backup's frame is held half written (the receiving
+    host's backup NIC is blackholed, so nothing reads that socket) while the primary
+    heals; once the send completed its buffer is unmapped, then the blackhole
+    lifts. No write may read the buffer after that (it would fail with EFAULT,
+    "Bad address", and take the path down)."""
+    size = 64 << 20
+    # No heartbeat verdict on the blackholed backup within the test.
+    f = Fabric("tcp-sockets", HEARTBEAT_MS=5000)
+    try:
+        send, recv = f.pair()
+        f.link(f.nics_a[0], up=False)
+        assert wait_until(lambda: send.active_path == 1 and recv.active_path == 1, 10), send.paths()
+        _address, payload, unmap = unmappable(size)
+        np.frombuffer(payload, dtype=np.uint8)[:] = 0x5A
+        into = np.zeros(size, dtype=np.uint8)
+        received = recv.irecv(into)
+        time.sleep(0.2)  # its clear-to-send reaches the sender while the backup still works
+        sent = send.isend(payload)
+        f.blackhole(f.nics_b[1])
+        # The backup's socket buffers fill and its writer stops in the middle of a frame.
+        time.sleep(0.5)
+        f.link(f.nics_a[0], up=True)
+        assert sent.wait(30) == size
+        assert received.wait(30) == size
+        assert send.active_path == 0
+        assert np.count_nonzero(into != 0x5A) == 0
+        unmap()
+        f.blackhole(f.nics_b[1], on=False)
+
+        def faulted():
+            return [e.to_dict() for e in events.of(connection=send.id) if "Bad address" in e.detail]
+
+        assert not wait_until(faulted, 2.0), faulted()
+        assert send.error == ""
+    finally:
+        f.close()
 
 
 @pytest.mark.timeout(20)

@@ -139,7 +139,13 @@ void TcpPath::shutdown() {
   // Before any request of this path can fail and its buffer be reused: the
   // receiver lands no payload it reads from here after this.
   if (window_) window_->revoke();
-  if (stop_.exchange(true)) return;
+  const bool stoppedBefore = stop_.exchange(true);
+  {
+    // Microseconds: a write inside is one non-blocking sendmsg.
+    std::unique_lock<std::mutex> lock(payloadMutex_);
+    payloadWritesDone_.wait(lock, [&] { return payloadWrites_ == 0; });
+  }
+  if (stoppedBefore) return;
   {
     // A socket attached from now on is refused (attachData checks stop_ under this lock).
     std::lock_guard<std::mutex> lock(attachMutex_);
@@ -151,6 +157,7 @@ void TcpPath::shutdown() {
     std::lock_guard<std::mutex> lock(queueMutex_);
     queue_.clear();
   }
+  framesDone_.notify_all();
   // A reader in the middle of a frame hands its buffer back (endData) at once,
   // on its own thread, even while a blackhole keeps its socket unpolled.
   if (role_ == Role::kReceiver) {
@@ -461,6 +468,30 @@ void TcpPath::dropQueuedData() {
   queue_.clear();
 }
 
+bool TcpPath::drainDirectWrites(Millis timeout) {
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  queue_.clear();
+  framesDone_.wait_for(lock, timeout, [&] { return framesWriting_ == 0 || stop_.load(); });
+  return framesWriting_ == 0 && !stop_.load();
+}
+
+bool TcpPath::enterPayloadWrite() {
+  std::lock_guard<std::mutex> lock(payloadMutex_);
+  if (stop_.load()) return false;
+  ++payloadWrites_;
+  return true;
+}
+
+void TcpPath::leavePayloadWrite() {
+  std::lock_guard<std::mutex> lock(payloadMutex_);
+  if (--payloadWrites_ == 0) payloadWritesDone_.notify_all();
+}
+
+void TcpPath::releaseChunkLocked(Socket& socket) {
+  socket.holdsChunk = false;
+  if (--framesWriting_ == 0) framesDone_.notify_all();
+}
+
 void TcpPath::limitDataStreams(size_t streams) {
   std::lock_guard<std::mutex> lock(queueMutex_);
   streamLimit_ = streams;
@@ -490,6 +521,7 @@ void TcpPath::writeData(Socket& socket) {
   for (size_t budget = kBytesPerTurn; budget > 0;) {
     if (socket.phase == DataPhase::kIdle) {
       std::lock_guard<std::mutex> lock(queueMutex_);
+      if (socket.holdsChunk) releaseChunkLocked(socket);
       // A socket past the stream cap finishes its frame, then takes no more.
       const bool capped =
           static_cast<size_t>(&socket - &sockets_[kControl]) > usableWritersLocked();
@@ -501,6 +533,8 @@ void TcpPath::writeData(Socket& socket) {
       }
       const DataChunk chunk = queue_.front();
       queue_.pop_front();
+      socket.holdsChunk = true;
+      ++framesWriting_;
       // DATA_REF's body is DATA's header followed by the payload's address.
       const bool byReference = window_ && chunk.header.bytes >= kSameHostMinBytes;
       const FrameHeader frameHeader = byReference ? dataRefFrameHeader() : dataFrameHeader();
@@ -532,7 +566,14 @@ void TcpPath::writeData(Socket& socket) {
     msghdr message{};
     message.msg_iov = parts;
     message.msg_iovlen = static_cast<size_t>(count);
+    if (wirePayload > 0 && !enterPayloadWrite()) {
+      socket.loop->setEvents(socket.id, 0);
+      return;
+    }
     ssize_t sent = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const int sendError = errno;
+    if (wirePayload > 0) leavePayloadWrite();
+    errno = sendError;
     if (sent < 0) {
       if (wouldBlock(errno)) {
         socket.loop->setDeadline(socket.id, atNs(socket.lastProgressNs) + dataStallLimit_, true);
@@ -552,6 +593,10 @@ void TcpPath::writeData(Socket& socket) {
     } else if (socket.moved >= socket.headBytes) {
       socket.phase = DataPhase::kPayload;
     }
+  }
+  if (socket.phase == DataPhase::kIdle && socket.holdsChunk) {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    releaseChunkLocked(socket);
   }
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -51,6 +52,12 @@ class TcpPath : public Path {
   bool sendControl(const std::vector<uint8_t>& frame) override;
   void sendData(const DataChunk& chunk) override;
   void dropQueuedData() override;
+  // Drops queued data and waits until no data socket is in the middle of a
+  // frame, which reads its payload from the caller's buffer until the frame
+  // is out: after a switch the message completes over the new path and the
+  // caller owns that buffer again. False (at `timeout`, or once stopped) when
+  // a frame is still half written: the caller fails and joins the path.
+  bool drainDirectWrites(Millis timeout) override;
   void limitDataStreams(size_t streams) override;
   void shutdown() override;
   void stopAndJoin() override;
@@ -97,6 +104,7 @@ class TcpPath : public Path {
     size_t moved = 0;  // bytes of head, then of payload, moved so far
     DataHeader header{};
     const uint8_t* payload = nullptr;  // writer: the chunk's bytes
+    bool holdsChunk = false;  // writer: took a chunk whose frame is not yet all out
     uint8_t* target = nullptr;  // reader: where the payload goes; null = drop
     int64_t lastProgressNs = 0;
     bool carried = false;  // reader: some byte arrived on it
@@ -111,6 +119,13 @@ class TcpPath : public Path {
   void flushControl();
   void controlTimer();
   void writeData(Socket& socket);
+  // Writer: the frame of the chunk it held is out (framesWriting_ drops).
+  void releaseChunkLocked(Socket& socket);
+  // Around each write that reads a caller's payload: enter fails once the path
+  // is stopped, and shutdown waits for every write inside to leave, so no
+  // request of this path fails (and frees its buffer) under a running sendmsg.
+  bool enterPayloadWrite();
+  void leavePayloadWrite();
   // The data sockets chunks may go to: all, or the first streamLimit_.
   size_t usableWritersLocked() const;
   // Arms the next idle writer within the cap; false when none is idle.
@@ -187,6 +202,13 @@ class TcpPath : public Path {
 
   mutable std::mutex queueMutex_;
   std::deque<DataChunk> queue_;
+  // Chunks taken by writers whose frames are not yet out (queueMutex_), and
+  // the wake-up of drainDirectWrites when that reaches 0 or the path stops.
+  size_t framesWriting_ = 0;
+  std::condition_variable framesDone_;
+  std::mutex payloadMutex_;
+  size_t payloadWrites_ = 0;  // writers inside a sendmsg that reads a payload
+  std::condition_variable payloadWritesDone_;
   size_t nextWriter_ = 1;  // round robin over data sockets for the next wake-up
   size_t streamLimit_ = 0;  // data sockets written on, 0: all (queueMutex_)
   std::mutex joinMutex_;  // concurrent stopAndJoin calls: one unregisters, the other waits

@@ -256,9 +256,12 @@ void TcpTransport::admit(int nic, const HelloBody& hello, const Acceptor::Verdic
       *slot = std::move(socket);
       ++partial.have;
       if (verdict.sameHostReads) {
+        // By value: make_shared forwards references, and a field of the packed
+        // HELLO need not be aligned (binding a reference to it is undefined).
+        const uint64_t refWord = hello.refWord, refToken = hello.refToken;
         partial.peerMemory =
-            std::make_shared<const PeerMemory>(static_cast<pid_t>(hello.pid), hello.refWord,
-                                               hello.refToken, sameHostUnreadable_);
+            std::make_shared<const PeerMemory>(static_cast<pid_t>(hello.pid), refWord, refToken,
+                                               sameHostUnreadable_);
       }
       // At work once it has its control socket and first data socket; the
       // others join it as they come (growing_).
