@@ -110,6 +110,14 @@ class Path {
     dropQueuedData();
     return true;
   }
+  // Returns once no writer of this path still reads message `seq`'s payload,
+  // or after `timeout`. The peer's ACK can overtake a writer on its way back
+  // from the call that sent the message's last bytes; the request completes,
+  // and its buffer may be freed, only after this.
+  virtual void awaitWritten(uint64_t seq, Millis timeout) {
+    (void)seq;
+    (void)timeout;
+  }
   // Stops all I/O at once (blocked calls return); threads exit soon after.
   virtual void shutdown() = 0;
   // Once shut down, the instant from which nothing the peer sent on this path

@@ -197,6 +197,13 @@ void SendConnection::onRoleControlLocked(uint64_t pathId, const ControlFrame& fr
         health.counters(env_.localHealthIds.at(slots_.at(std::max(active_, 0)).nics.localNic))
             .bytesSent.fetch_add(frame.ack.bytes - credited);
       }
+      // The ACK may overtake a writer still returning from the message's last write.
+      const Millis writeBound(std::max(1, env_.config.heartbeatMs / 2));
+      for (const auto& [lane, bytes] : it->second.carried) {
+        if (const std::shared_ptr<Path>& path = slots_.at(lane).path) {
+          path->awaitWritten(frame.ack.seq, writeBound);
+        }
+      }
       it->second.completeBusy();
       it->second.request->complete(frame.ack.bytes);
       sends_.erase(it);

@@ -230,7 +230,9 @@ void bindEventLoop(py::module_& m) {
       .def(
           "add",
           [](EventLoop& loop, int fd, uint32_t events, std::shared_ptr<RecordingHandler> handler) {
-            return loop.add(fd, events, std::move(handler));
+            uint64_t id = 0;
+            loop.add(fd, events, std::move(handler), id);
+            return id;
           },
           py::arg("fd"), py::arg("events"), py::arg("handler"))
       .def("set_events", &EventLoop::setEvents, py::arg("id"), py::arg("events"))

@@ -40,7 +40,7 @@ bool EventLoop::running() const {
   return running_;
 }
 
-uint64_t EventLoop::add(int fd, uint32_t events, std::shared_ptr<IoHandler> handler) {
+void EventLoop::add(int fd, uint32_t events, std::shared_ptr<IoHandler> handler, uint64_t& id) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_) {
     try {
@@ -50,15 +50,16 @@ uint64_t EventLoop::add(int fd, uint32_t events, std::shared_ptr<IoHandler> hand
     }
     running_ = true;
   }
-  const uint64_t id = nextId_++;
+  // Under the lock that dispatch() takes before calling the handler.
+  const uint64_t added = nextId_++;
+  id = added;
   Registration& registration =
-      registrations_.emplace(id, Registration{fd, std::move(handler), false}).first->second;
-  if (!pollLocked(id, registration, events)) {
+      registrations_.emplace(added, Registration{fd, std::move(handler), false}).first->second;
+  if (!pollLocked(added, registration, events)) {
     const int error = errno;
-    registrations_.erase(id);
+    registrations_.erase(added);
     throw Error(std::string("reccl: epoll_ctl: ") + std::strerror(error));
   }
-  return id;
 }
 
 void EventLoop::setEvents(uint64_t id, uint32_t events) {

@@ -39,9 +39,10 @@ class EventLoop {
 
   // Registers `fd` (non-blocking, owned by the caller, open until remove())
   // for `events` (EPOLLIN/EPOLLOUT, level-triggered). Starts the loop's thread
-  // if it is not running; throws Error when the system refuses it. Returns the
-  // registration's id (never 0).
-  uint64_t add(int fd, uint32_t events, std::shared_ptr<IoHandler> handler);
+  // if it is not running; throws Error when the system refuses it. Sets `id`
+  // to the registration's id (never 0) before the loop can report the fd: the
+  // handler may be called, and use it, before add() returns.
+  void add(int fd, uint32_t events, std::shared_ptr<IoHandler> handler, uint64_t& id);
   // Any thread. Unknown or removed ids are ignored. 0 takes the socket out of
   // the epoll set altogether: epoll reports a hung-up socket even with no
   // events asked, and level-triggered that would spin until remove().

@@ -97,9 +97,9 @@ void IbPath::start(PathOwner* owner, uint64_t pathId) {
     endpoint_->recvCq().requestNotify();
     armed_ = true;
     // Set at once, so stopAndJoin releases the pick even if add() throws;
-    // unpolled until loopId_ is set too: the callbacks use both.
+    // registered unpolled: the callbacks use loopId_ too.
     loop_ = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
-    loopId_ = loop_->add(endpoint_->channel().fd(), 0, std::make_shared<ChannelIo>(this));
+    loop_->add(endpoint_->channel().fd(), 0, std::make_shared<ChannelIo>(this), loopId_);
   } catch (const Error& e) {
     shutdown();
     throw Error("could not start the path to " + peerName_ + ": " + e.what());

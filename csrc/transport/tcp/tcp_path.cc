@@ -93,13 +93,14 @@ void TcpPath::start(PathOwner* owner, uint64_t pathId) {
 void TcpPath::registerSocketLocked(size_t index, int64_t now) {
   Socket& socket = sockets_[index];
   socket.lastProgressNs = now;
-  // Set before add(): the loop may report the socket at once, and onIo uses it.
+  // Set before add(), which sets the id before the loop may report the socket:
+  // onIo uses both.
   socket.loop = &EventLoops::instance().pick(healthId_, ioThreadsPerNic_);
   const bool reads = index == kControl || role_ == Role::kReceiver;
   // A writer is polled only while it has a chunk to write (sendData arms it).
   try {
-    socket.id = socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
-                                 std::make_shared<SocketIo>(this, index));
+    socket.loop->add(socket.fd.get(), reads ? kReadable : 0,
+                     std::make_shared<SocketIo>(this, index), socket.id);
   } catch (...) {
     socket.loop = nullptr;
     EventLoops::instance().release(healthId_);
@@ -475,6 +476,16 @@ bool TcpPath::drainDirectWrites(Millis timeout) {
   return framesWriting_ == 0 && !stop_.load();
 }
 
+void TcpPath::awaitWritten(uint64_t seq, Millis timeout) {
+  std::unique_lock<std::mutex> lock(queueMutex_);
+  framesDone_.wait_for(lock, timeout, [&] {
+    for (size_t i = 1; i < sockets_.size(); ++i) {
+      if (sockets_[i].holdsChunk && sockets_[i].header.seq == seq) return stop_.load();
+    }
+    return true;
+  });
+}
+
 bool TcpPath::enterPayloadWrite() {
   std::lock_guard<std::mutex> lock(payloadMutex_);
   if (stop_.load()) return false;
@@ -489,7 +500,8 @@ void TcpPath::leavePayloadWrite() {
 
 void TcpPath::releaseChunkLocked(Socket& socket) {
   socket.holdsChunk = false;
-  if (--framesWriting_ == 0) framesDone_.notify_all();
+  --framesWriting_;
+  framesDone_.notify_all();  // drainDirectWrites and awaitWritten
 }
 
 void TcpPath::limitDataStreams(size_t streams) {

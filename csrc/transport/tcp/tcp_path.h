@@ -58,6 +58,7 @@ class TcpPath : public Path {
   // caller owns that buffer again. False (at `timeout`, or once stopped) when
   // a frame is still half written: the caller fails and joins the path.
   bool drainDirectWrites(Millis timeout) override;
+  void awaitWritten(uint64_t seq, Millis timeout) override;
   void limitDataStreams(size_t streams) override;
   void shutdown() override;
   void stopAndJoin() override;
