@@ -1,31 +1,24 @@
 #include "transport/job_threads.h"
 
 #include <system_error>
+#include <thread>
 
 #include "core/thread_name.h"
 
 namespace reccl {
 
 void JobThreads::run(std::function<void()> job) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (stopping_) return;
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    if (it->second->load()) {
-      it->first.join();
-      it = jobs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  if (state_->stopping) return;
   auto task = std::make_shared<std::function<void()>>(std::move(job));
   try {
-    jobs_.emplace_back(std::thread([task, done] {
-                         nameThisThread("reccl-dial");
-                         (*task)();
-                         done->store(true);
-                       }),
-                       done);
+    std::thread([state = state_, task] {
+      nameThisThread("reccl-dial");
+      (*task)();
+      std::lock_guard<std::mutex> done(state->mutex);
+      if (--state->running == 0) state->ended.notify_all();
+    }).detach();
+    ++state_->running;
   } catch (const std::system_error&) {
     // The system has no thread to give: run the job here (every job is
     // bounded) rather than lose it and leave its connection waiting.
@@ -35,13 +28,9 @@ void JobThreads::run(std::function<void()> job) {
 }
 
 void JobThreads::stopAndJoin() {
-  std::list<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> jobs;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-    jobs.swap(jobs_);
-  }
-  for (auto& [thread, done] : jobs) thread.join();
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->stopping = true;
+  state_->ended.wait(lock, [&] { return state_->running == 0; });
 }
 
 }  // namespace reccl
