@@ -18,7 +18,15 @@ import time
 import pytest
 
 from torch_reccl.cli.launch import Job, LoopbackPlacement
-from torch_reccl.soak.runner import Sample, SoakResult, SoakSettings, _absorb, resource_verdicts
+from torch_reccl.soak.runner import (
+    Sample,
+    SoakResult,
+    SoakSettings,
+    _absorb,
+    inventory_growth,
+    proc_inventory,
+    resource_verdicts,
+)
 from torch_reccl.soak.schedule import (
     DEFAULT_MIX,
     EXCLUSIVE,
@@ -138,6 +146,94 @@ def test_resource_verdicts_catch_a_leak_and_pass_a_flat_run():
     assert any("fds not returned" in p for p in problems)
     problems, _ = resource_verdicts(SoakResult(world=1), settings, faults_end_s=280.0)
     assert problems and "no resource sample" in problems[0]
+
+
+def test_a_count_not_returned_is_named_by_thread_and_socket():
+    import socket
+    import threading
+
+    before = proc_inventory(os.getpid())
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    dialed = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="soak-probe")
+    worker.start()
+    try:
+        after = proc_inventory(os.getpid())
+        port = listener.getsockname()[1]
+        assert f"127.0.0.1:{port}->0.0.0.0:0 LISTEN" in after["sockets"]
+        assert any(f"->127.0.0.1:{port} ESTABLISHED" in s for s in after["sockets"])
+        grown = inventory_growth(before, after)
+        assert f"+1 socket LISTEN on 127.0.0.1:{port}" in grown
+        assert "+2 socket ESTABLISHED to 127.0.0.1" in grown
+        assert any(g.startswith("+1 thread ") for g in grown)
+        assert inventory_growth(after, after) == []
+    finally:
+        stop.set()
+        worker.join()
+        for s in (dialed, accepted, listener):
+            s.close()
+    assert proc_inventory(2 ** 22 + 1) is None
+
+
+def inventoried_run(warm: list, end: dict, threads: int, sockets: int,
+                    rank: int = 1) -> SoakResult:
+    """4 ranks sampled every 2 s for 300 s; ``rank``'s thread and socket (and fd)
+    counts rise by ``threads`` and ``sockets`` after 250 s and it holds ``end`` in
+    the settle; the quiet samples of the warm-up (15-30 s) cycle through ``warm``."""
+    result = SoakResult(world=4)
+    for r in range(4):
+        for t in range(0, 300, 2):
+            late = r == rank and t > 250
+            result.samples.append(Sample(float(t), r, 100_000, 40 + late * sockets,
+                                         9 + late * threads, 30 + late * sockets))
+            if 15 <= t < 30:
+                result.inventory.setdefault(r, []).append((float(t), warm[t // 2 % len(warm)]))
+            elif t > 290:
+                result.inventory.setdefault(r, []).append((float(t), end if r == rank else warm[0]))
+    return result
+
+
+def test_growth_by_the_worker_pool_and_the_boards_store_connection_is_explained_the_rest_named():
+    settings = SoakSettings(duration_s=300.0, warmup_s=30.0, settle_s=20.0)
+    setup = {"198.19.0.1", "198.19.0.2"}
+    quiet = {"threads": {"python": 2, "reccl-worker": 2, "reccl-io": 2},
+             "sockets": {"198.18.0.2:5000->198.18.0.1:40000 ESTABLISHED": 8}}
+    busy = {**quiet, "threads": {**quiet["threads"], "reccl-worker": 3}}
+    # the pool as large as it was at its busiest in the warm-up, and the board's
+    # store connection: 1 thread and 1 socket more, both explained
+    end = {"threads": busy["threads"],
+           "sockets": {**quiet["sockets"], "198.19.0.2:41000->198.19.0.1:29500 ESTABLISHED": 1}}
+    problems, summary = resource_verdicts(inventoried_run([quiet, busy], end, 1, 1), settings,
+                                          280.0, setup)
+    assert problems == [] and summary[1]["explained"] == {"threads": 1, "sockets": 1, "fds": 1}
+    # the same counts without the names to explain them
+    problems, _ = resource_verdicts(inventoried_run([quiet], quiet, 1, 1), settings, 280.0, setup)
+    assert {p.split(":")[1].split(" not")[0].strip() for p in problems} == \
+        {"fds", "threads", "sockets"}, problems
+    # a second store connection on a rank that hosts no store, and a dial's socket kept
+    leaky = {**end, "sockets": {**end["sockets"],
+                                "198.19.0.2:41001->198.19.0.1:29500 ESTABLISHED": 1,
+                                "198.18.1.2:42000->198.18.1.3:6000 ESTABLISHED": 1}}
+    problems, _ = resource_verdicts(inventoried_run([quiet, busy], leaky, 1, 3), settings,
+                                    280.0, setup)
+    named = [p for p in problems if "sockets not returned" in p]
+    assert named and "+1 socket ESTABLISHED to 198.19.0.1" in named[0] \
+        and "+1 socket ESTABLISHED to 198.18.1.3" in named[0], problems
+    # the store's host may hold the other end of every rank's board connection
+    at_store = {**end, "sockets": {**end["sockets"], **{
+        f"198.19.0.1:29500->198.19.0.{h}:4100{h} ESTABLISHED": 1 for h in (1, 2)}}}
+    problems, _ = resource_verdicts(inventoried_run([quiet, busy], at_store, 1, 3, rank=0),
+                                    settings, 280.0, setup)
+    assert problems == [], problems
+    # a pool that ends larger than it ever was in the warm-up is not explained
+    grown_pool = {**end, "threads": {**quiet["threads"], "reccl-worker": 4}}
+    problems, _ = resource_verdicts(inventoried_run([quiet, busy], grown_pool, 2, 1), settings,
+                                    280.0, setup)
+    assert any("+2 thread reccl-worker" in p for p in problems), problems
 
 
 def test_the_checked_job_runs_every_op_on_loopback_and_replays_bit_identically(tmp_path):

@@ -18,7 +18,8 @@ a fault-free replay of the same steps.
 Exits 0 only with no wrong value, no stall past the bound (--stall plus the time
 the schedule left some pair of hosts without a path), no crash, the replay
 bit-identical, RSS within --rss-growth of its warm-up level, and fds, threads and
-sockets back to their warm-up counts once the faults healed. The same seed and
+sockets back to their warm-up counts once the faults healed (beyond the
+engine's worker pool and the fault board's store connection: docs/soak.md). The same seed and
 arguments replay the same schedule (--dry-run prints it). The fabric records what
 it changes; `reccl fabric down NAME` removes it after a crash.
 """
@@ -163,7 +164,8 @@ def run(args) -> int:
         finally:
             fabric.down()
     problems = list(result.errors)
-    resources_problems, resources = resource_verdicts(result, settings, faults_end)
+    resources_problems, resources = resource_verdicts(
+        result, settings, faults_end, setup_hosts={fabric.mgmt_ip(h) for h in range(args.hosts)})
     if not result.errors:
         problems += resources_problems
         if result.replay is None or not result.replay.get("identical"):
@@ -197,7 +199,9 @@ def run(args) -> int:
     for rank, r in sorted(resources.items()):
         print(f"rank {rank}: RSS {r['rss_kb_warm'] / 1024:.0f} -> {r['rss_kb_end'] / 1024:.0f} MiB "
               f"({r['rss_growth']:+.1%}), fds {r['fds'][0]} -> {r['fds'][1]}, threads "
-              f"{r['threads'][0]} -> {r['threads'][1]}, sockets {r['sockets'][0]} -> {r['sockets'][1]}")
+              f"{r['threads'][0]} -> {r['threads'][1]}, sockets {r['sockets'][0]} -> {r['sockets'][1]}"
+              f" (explained: {r['explained']['threads']} pooled workers, "
+              f"{r['explained']['sockets']} fault-board store connections)")
     if result.replay:
         print(f"final parameters bit-identical to the fault-free replay: "
               f"{'YES' if result.replay.get('identical') else 'NO'}")

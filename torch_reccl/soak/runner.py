@@ -11,11 +11,13 @@ may stop for at most ``stall_s`` plus the time some pair of hosts had no path
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import signal
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from collections import Counter
+from typing import Dict, List, Optional, Set, Tuple
 
 from torch_reccl.cli.launch import FabricPlacement, Job
 from torch_reccl.soak.schedule import FLAP_PERIOD_S, SoakFault, outages, overlap_s
@@ -36,6 +38,8 @@ FINISH_TIMEOUT_S = 120.0
 # beyond the warm-up's count is one that was not returned.
 RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "RECCL_NSOCKS": "1"}
 INTERRUPTION_KINDS = ("failover", "failback")
+# the engine's worker pool: grows with the ops in flight, retires idle workers
+POOL_THREAD = "reccl-worker"
 
 
 @dataclasses.dataclass
@@ -77,13 +81,18 @@ class SoakResult:
     errors: List[str] = dataclasses.field(default_factory=list)
     stalls: List[dict] = dataclasses.field(default_factory=list)
     replay: Optional[dict] = None
+    # per rank: its threads by name and sockets by kind at each quiet sample (the
+    # warm-up's second half and the settle), so a count not returned is named
+    inventory: Dict[int, List[Tuple[float, dict]]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"t0": self.t0, "world": self.world, "ticks": self.ticks, "events": self.events,
                 "wrong": self.wrong, "faults_applied": self.applied,
                 "samples": [s.to_json() for s in self.samples],
                 "done": {str(r): d for r, d in sorted(self.done.items())},
-                "errors": self.errors, "stalls": self.stalls, "replay": self.replay}
+                "errors": self.errors, "stalls": self.stalls, "replay": self.replay,
+                "inventory": {str(r): [{"t": t, **held} for t, held in i]
+                              for r, i in sorted(self.inventory.items())}}
 
 
 def proc_resources(pid: int) -> Optional[Tuple[int, int, int, int]]:
@@ -107,6 +116,95 @@ def proc_resources(pid: int) -> Optional[Tuple[int, int, int, int]]:
         return rss, fds, threads, sockets
     except (OSError, ValueError):
         return None
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+               "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+               "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def _tcp_endpoint(hex_endpoint: str) -> str:
+    """/proc/net/tcp{,6}'s ``ADDR:PORT`` (ADDR as 32-bit words in host order)."""
+    address, port = hex_endpoint.split(":")
+    raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+    ip = ipaddress.ip_address(raw)
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"{ip}:{int(port, 16)}" if ip.version == 4 else f"[{ip}]:{int(port, 16)}"
+
+
+def proc_inventory(pid: int) -> Optional[dict]:
+    """What a live process holds: its threads by name, and every socket as
+    ``local->remote STATE`` (TCP) or its kind, counted; None once it is gone."""
+    try:
+        threads = Counter()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+                    threads[comm.read().strip()] += 1
+            except OSError:
+                pass
+        described = {}
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"/proc/{pid}/net/{table}") as lines:
+                    next(lines)
+                    for line in lines:
+                        fields = line.split()
+                        described[fields[9]] = (f"{_tcp_endpoint(fields[1])}->"
+                                                f"{_tcp_endpoint(fields[2])} "
+                                                f"{_TCP_STATES.get(fields[3], fields[3])}")
+            except OSError:
+                pass
+        sockets = Counter()
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                sockets[described.get(target[8:-1], "other socket")] += 1
+        return {"threads": dict(threads), "sockets": dict(sockets)}
+    except OSError:
+        return None
+
+
+def socket_kind(described: str) -> str:
+    """A socket's kind for counting: a listener by its address, a connection by
+    its state and remote address (its ports differ from dial to dial)."""
+    if "->" not in described:
+        return described
+    local, remote_state = described.split("->", 1)
+    remote, _, state = remote_state.partition(" ")
+    return f"LISTEN on {local}" if state == "LISTEN" else f"{state} to {remote.rsplit(':', 1)[0]}"
+
+
+def inventory_floor(held: List[dict]) -> Dict[str, Counter]:
+    """The fewest of each thread name and socket kind over some inventories."""
+    floor: Dict[str, Counter] = {}
+    for what, key in (("thread", "threads"), ("socket", "sockets")):
+        counts = []
+        for one in held:
+            if what == "socket":
+                kinds = Counter()
+                for described, n in one[key].items():
+                    kinds[socket_kind(described)] += n
+                counts.append(kinds)
+            else:
+                counts.append(Counter(one[key]))
+        names = set().union(*counts) if counts else set()
+        floor[what] = Counter({name: min(c[name] for c in counts) for name in names})
+    return floor
+
+
+def inventory_growth(before: dict, after: dict) -> List[str]:
+    """What ``after`` holds beyond ``before``: '+2 thread reccl-dial',
+    '+1 socket ESTABLISHED to 198.19.0.1', ..."""
+    start, end = inventory_floor([before]), inventory_floor([after])
+    grown = []
+    for what in ("thread", "socket"):
+        grown += [f"+{n} {what} {name}" for name, n in sorted((end[what] - start[what]).items())]
+    return grown
 
 
 class FaultDriver:
@@ -233,6 +331,11 @@ def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end
                         got_res = proc_resources(pid)
                         if got_res is not None:
                             result.samples.append(Sample(t, rank, *got_res))
+                        if settings.warmup_s / 2 <= t < settings.warmup_s or \
+                                t >= faults_end_s + settings.settle_s / 2:
+                            held = proc_inventory(pid)
+                            if held is not None:
+                                result.inventory.setdefault(rank, []).append((t, held))
                 if result.wrong and not any("wrong value" in e for e in result.errors):
                     result.errors.append(f"wrong value: {result.wrong[0]}")
                 failed = job.failed_ranks()
@@ -333,13 +436,47 @@ def percentile(values: List[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def resource_verdicts(result: SoakResult, settings: SoakSettings,
-                      faults_end_s: float) -> Tuple[List[str], dict]:
+def explained_growth(warm: List[dict], end: List[dict], rank: int, setup_hosts: Set[str],
+                     store_rank: int, world: int) -> Tuple[Dict[str, int], List[str]]:
+    """How many more threads and sockets the end's floors may hold than the
+    warm-up's for reasons that are not leaks, and what else the end holds:
+
+    - the engine's worker pool (``reccl-worker``) grows with the ops in flight and
+      retires idle workers: up to the most it had in the warm-up;
+    - the fault board opens its own store connection at the first fault and keeps
+      it (pg/fault_board.cc): one per process, and at the store's host the other
+      end of each rank's.
+    """
+    before, after = inventory_floor(warm), inventory_floor(end)
+    most_workers = max((Counter(one["threads"])[POOL_THREAD] for one in warm), default=0)
+    threads = after["thread"] - before["thread"]
+    explained = {"threads": 0, "sockets": 0}
+    if after["thread"][POOL_THREAD] <= most_workers:
+        explained["threads"] = threads.pop(POOL_THREAD, 0)
+    sockets = after["socket"] - before["socket"]
+    store_allowance = 1 + (world if rank == store_rank else 0)
+    for kind in sorted(sockets):
+        remote = kind.rsplit(" ", 1)[-1]
+        if kind.startswith("ESTABLISHED to ") and remote in setup_hosts:
+            taken = min(sockets[kind], store_allowance)
+            store_allowance -= taken
+            explained["sockets"] += taken
+            sockets[kind] -= taken
+    rest = [f"+{n} thread {name}" for name, n in sorted(threads.items()) if n > 0]
+    rest += [f"+{n} socket {kind}" for kind, n in sorted(sockets.items()) if n > 0]
+    return explained, rest
+
+
+def resource_verdicts(result: SoakResult, settings: SoakSettings, faults_end_s: float,
+                      setup_hosts: Set[str] = frozenset(),
+                      store_rank: int = 0) -> Tuple[List[str], dict]:
     """Growth checks against the floors (lowest samples) of the fault-free second
     half of the warm-up: RSS at the end within ``rss_growth`` of it, and fds,
     threads and sockets back to it once the faults have healed. A floor ignores
     what is in flight at a sample (a large message's buffers, a dial's thread and
-    socket); a leak raises it."""
+    socket); a leak raises it. With inventories (thread names, socket kinds) the
+    growth ``explained_growth`` accounts for is allowed and the rest is named;
+    ``setup_hosts`` are the addresses of the set-up network (the store's)."""
     problems: List[str] = []
     summary = {}
     for rank in range(result.world):
@@ -357,16 +494,29 @@ def resource_verdicts(result: SoakResult, settings: SoakSettings,
         rss_base = min(s.rss_kb for s in first)
         rss_end = min(s.rss_kb for s in last)
         growth = rss_end / rss_base - 1.0
+        held = result.inventory.get(rank, [])
+        warm = [one for t, one in held if t < settings.warmup_s]
+        end = [one for t, one in held if t >= faults_end_s + settings.settle_s / 2]
+        explained, unexplained = ({"threads": 0, "sockets": 0}, [])
+        if warm and end:
+            explained, unexplained = explained_growth(warm, end, rank, set(setup_hosts),
+                                                      store_rank, result.world)
+        explained["fds"] = explained["sockets"]
         summary[rank] = {"rss_kb_warm": rss_base, "rss_kb_end": rss_end, "rss_growth": growth,
                          "rss_kb_max": max(s.rss_kb for s in mine),
-                         **{what: list(pair) for what, pair in floors.items()}}
+                         **{what: list(pair) for what, pair in floors.items()},
+                         "explained": explained}
         if growth > settings.rss_growth:
             problems.append(f"rank {rank}: RSS grew {growth:.1%} over its warm-up level "
                             f"({rss_base} -> {rss_end} kB), more than {settings.rss_growth:.0%}")
         for what, (before, after) in floors.items():
-            if after > before:
+            if after - before > explained[what]:
                 problems.append(f"rank {rank}: {what} not returned after the faults healed: "
-                                f"{before} in the warm-up, {after} at the end (floors)")
+                                f"{before} in the warm-up, {after} at the end (floors)"
+                                + (f", {explained[what]} of them explained" if explained[what]
+                                   else "")
+                                + (f"; beyond the warm-up the end holds {', '.join(unexplained)}"
+                                   if unexplained else ""))
     return problems, summary
 
 
