@@ -9,10 +9,11 @@ rail). Reports whether training finished, the longest stall (`recovered`
 events), how many `stalled` events each rank saw, and whether the final
 parameters equal the fault-free run's.
 
-plugin: the NCCL net plugin's send and receive comms (tests/helpers/nccl_net_harness.py
-drives the plugin tables as NCCL's proxy does: isend/irecv, test() polled)
-stream 150 messages from host 0 to host 1; after the first ones, every NIC of
-host 1 loses its link for --seconds. Reports whether every request completed
+plugin: the NCCL net plugin's send and receive comms stream 150 messages from
+host 0 to host 1 (tests/helpers/nccl_net_harness.py --role drives the plugin
+tables through torch_reccl/plugin_driver.py as NCCL's proxy does: isend/irecv,
+test() polled); after the first ones, every NIC of host 1 loses its link for
+--seconds. Reports whether every request completed
 with exact bytes (no error returned to NCCL) and the stall events.
 
 The group's timeout (`init_process_group(timeout=)`) is set above the outage:

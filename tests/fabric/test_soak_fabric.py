@@ -4,10 +4,13 @@
 (NICs and rails down, flaps, blackholes, slow and lossy NICs, a host's every NIC
 down, two hosts without a common rail), overlapping, while four ranks run every
 collective and point-to-point op checked against independently computed values,
-and training steps whose parameters must match a fault-free replay bit for bit.
-It must end with verdict OK: no wrong value, no stall past the bound, no crash,
-resources back to their warm-up floors (docs/soak.md, "What fails a soak"), and
-the fabric gone. The two-hour run is in docs/benchmarks.md ("Soak").
+and training steps whose parameters must match a fault-free replay bit for bit;
+beside them the plugin stream carries checked messages from host 0 to host 1
+through the NCCL net plugin library alone, through the same faults. It must end
+with verdict OK: no wrong value or message, no plugin error, no stall past the
+bound, no crash, resources of the ranks and of the stream's ends back to their
+warm-up floors (docs/soak.md, "What fails a soak"), and the fabric gone. The
+two-hour run is in docs/benchmarks.md ("Soak").
 """
 from __future__ import annotations
 
@@ -54,5 +57,13 @@ def test_three_minutes_of_random_combined_faults_end_exact_with_flat_resources(t
     assert data["interruptions"]["failover"]["count"] > 0
     assert all(r["fds"][1] - r["fds"][0] <= r["explained"]["fds"]
                for r in data["resources"].values())
+    # the plugin stream ran from the job's start to its end, every message intact
+    stream = data["plugin"]
+    assert stream["wrong"] == 0 and stream["errors"] == 0, stream
+    assert stream["messages"] == stream["sent"] > 1000 and stream["bytes"] > 500 << 20, stream
+    assert set(data["run"]["plugin"]["done"]) == {"send", "recv"}
+    assert stream["longest_gap_s"] < 30.0 + sum(b - a for a, b in data["outages"])
+    assert {"plugin-send", "plugin-recv"} <= set(data["resources"])
+    assert "plugin stream (host 0 -> host 1)" in run.stdout
     assert os.path.getsize(tmp_path / "soak.png") > 10_000
     assert not [n for n in os.listdir("/run/netns") if n.startswith(f"reccl-{NAME}-")]

@@ -1,7 +1,7 @@
 """One emulated host of a spreading run (inside the host's netns).
 
-NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened as
-tests/helpers/nccl_net_harness.py does) or the transport's Python API (--driver
+NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened by
+torch_reccl/plugin_driver.py) or the transport's Python API (--driver
 transport): one connection per channel, channel c on NIC c mod --nics; every
 step gives each channel an equal share of --step-bytes in --message-bytes
 messages, --window in flight per channel, all polled from one thread as NCCL's proxy does, and the step
@@ -63,7 +63,7 @@ class PluginDriver:
     """The plugin's v11 table, as NCCL's proxy calls it."""
 
     def __init__(self, channels: int):
-        from nccl_net_harness import Plugin
+        from torch_reccl.plugin_driver import Plugin
 
         self.plugin = Plugin(11)
         self.mhandles = {}

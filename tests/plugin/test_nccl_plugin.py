@@ -18,11 +18,7 @@ import pytest
 
 import torch_reccl
 from torch_reccl._native import testing as emulations
-from torch_reccl.transport import _C, RecclError
-
-from conftest import HELPERS
-from nccl_net_harness import (
-    IB_DEVICES,
+from torch_reccl.plugin_driver import (
     INTERNAL_ERROR,
     INVALID_ARGUMENT,
     PTR_CUDA,
@@ -31,12 +27,12 @@ from nccl_net_harness import (
     REMOTE_ERROR,
     SUCCESS,
     VERSIONS,
-    DmaBufArena,
     Plugin,
-    ib_emulation_env,
-    message_sizes,
-    run_pair,
 )
+from torch_reccl.transport import _C, RecclError
+
+from conftest import HELPERS
+from nccl_net_harness import IB_DEVICES, DmaBufArena, ib_emulation_env, message_sizes, run_pair
 
 # TCP named explicitly: on a host with RDMA devices auto would pick IB.
 LOOPBACK = {"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_HEARTBEAT_MS": "300", "RECCL_TRANSPORT": "tcp"}

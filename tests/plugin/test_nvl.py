@@ -109,7 +109,7 @@ def test_good_nvl_settings():
 PLUGIN_PROBE = """
 import json, sys
 import numpy as np
-from nccl_net_harness import Plugin, PTR_CUDA, SUCCESS
+from torch_reccl.plugin_driver import Plugin, PTR_CUDA, SUCCESS
 p = Plugin(11, require_init=False)
 out = {"init_code": p.init_code, "messages": p.messages}
 if p.init_code == SUCCESS:

@@ -374,7 +374,7 @@ sys.modules["pynvml"] = None  # this probe's NVLink answer is RECCL_NVLINK_PEERS
 from torch_reccl import _native
 testing = _native.testing()
 testing.nccl_plugin_use_cuda(testing.CudaEmulation(2))
-from nccl_net_harness import Plugin
+from torch_reccl.plugin_driver import Plugin
 p = Plugin(11, require_init=False)
 print(json.dumps({"init_code": p.init_code, "messages": p.messages}))
 """

@@ -5,7 +5,10 @@ replayed from its seed), never put two faults on one NIC at once, let host
 outages and splits have the fabric to themselves, and heal everything before the
 end. The worker is run for real on loopback NICs (any user): two ranks, every op
 checked, then a replay of the same training steps that must end bit-identical.
-The soak itself needs the emulated fabric (root): docs/soak.md.
+So is the plugin stream, its two ends over the plugin library on loopback NICs:
+every message arrives intact, and a receiver that expects other bytes or another
+size reports each message as wrong. The soak itself needs the emulated fabric
+(root): docs/soak.md.
 """
 from __future__ import annotations
 
@@ -18,14 +21,20 @@ import time
 import pytest
 
 from torch_reccl.cli.launch import Job, LoopbackPlacement
+from torch_reccl.soak.plugin_stream import ROLES
 from torch_reccl.soak.runner import (
+    PLUGIN_LABELS,
     Sample,
     SoakResult,
     SoakSettings,
+    StreamResult,
     _absorb,
+    _drain_stream,
+    _stream_failures,
     inventory_growth,
     proc_inventory,
     resource_verdicts,
+    stall,
 )
 from torch_reccl.soak.schedule import (
     DEFAULT_MIX,
@@ -266,3 +275,142 @@ def test_the_checked_job_runs_every_op_on_loopback_and_replays_bit_identically(t
     from torch_reccl.soak.worker import OPS
     assert swept == set(OPS)
     json.dumps(soaked)  # the driver's JSON takes what the ranks report
+
+
+def test_the_streams_reports_are_filed_progress_is_the_receivers_and_wrong_or_error_fails():
+    stream = StreamResult()
+    tick = {"kind": "tick", "bytes": 4096, "in_flight": 8, "longest_gap_s": 0.2,
+            "longest_gap_end": 1000.5, "messages": 3, "wrong": 0, "t": 1001.0}
+    assert stream.absorb("recv", {"kind": "start", "t": 1000.0})
+    assert not stream.absorb("send", {**tick, "messages": 5})  # sending is not arriving
+    assert stream.absorb("recv", tick)
+    assert not stream.absorb("recv", {**tick, "t": 1002.0})  # nothing new arrived
+    assert stream.absorb("recv", {**tick, "messages": 4, "bytes": 8192, "longest_gap_s": 1.5,
+                                  "longest_gap_end": 1001.8, "t": 1003.0})
+    assert stream.problems() == []
+    summary = stream.summary(t0=990.0)
+    assert summary["messages"] == 4 and summary["bytes"] == 8192 and summary["sent"] == 5
+    assert summary["wrong"] == 0 and summary["errors"] == 0
+    assert summary["longest_gap_s"] == 1.5 and summary["longest_gap_end_s"] == pytest.approx(11.8)
+    stream.absorb("recv", {"kind": "wrong", "index": 7, "what": "bytes", "size": 4096, "first_byte": 9,
+                           "got": 1, "expected": 2})
+    stream.absorb("recv", {**tick, "wrong": 3})
+    assert stream.summary()["wrong"] == 3
+    (problem,) = stream.problems()
+    assert problem.startswith("plugin stream: wrong message (3 in all)") and "'index': 7" in problem
+    stream.absorb("send", {"kind": "error", "what": "test(send 12) returned ncclResult 6"})
+    assert stream.problems()[-1] == \
+        "plugin stream: the send end failed: test(send 12) returned ncclResult 6"
+    assert stream.absorb("recv", {**tick, "kind": "done", "messages": 4, "bytes": 8192, "wrong": 5})
+    assert stream.done["recv"]["role"] == "recv" and stream.summary()["wrong"] == 5
+    json.dumps(stream.to_json(990.0))
+
+
+def test_a_stall_is_judged_against_the_bound_plus_the_outages_in_its_window():
+    spans = [(100.0, 120.0), (200.0, 205.0)]
+    assert stall(29.0, 50.0, spans, 30.0) is None
+    assert stall(31.0, 50.0, spans, 30.0) == {"t": 50.0, "stalled_s": 31.0, "allowed_s": 30.0}
+    # 20 s of outage in the window: 50 s allowed
+    assert stall(45.0, 130.0, spans, 30.0) is None
+    assert stall(51.0, 130.0, spans, 30.0)["allowed_s"] == pytest.approx(50.0)
+    # part of an outage: 30 + 3
+    assert stall(34.0, 203.0, spans, 30.0)["allowed_s"] == pytest.approx(33.0)
+
+
+def test_the_plugin_streams_resources_are_judged_as_a_ranks():
+    settings = SoakSettings(duration_s=300.0, warmup_s=30.0, settle_s=20.0)
+    result = SoakResult(world=1, plugin=StreamResult())
+    assert result.processes() == [0, *PLUGIN_LABELS]
+    for t in range(0, 300, 2):
+        result.samples.append(Sample(float(t), 0, 100_000, 40, 9, 30))
+        result.samples.append(Sample(float(t), "plugin-send", 80_000, 20, 5, 3))
+        result.samples.append(Sample(float(t), "plugin-recv", 80_000 + (t > 250) * 10_000,
+                                     20 + (t > 250), 5, 3 + (t > 250)))
+    problems, summary = resource_verdicts(result, settings, faults_end_s=280.0)
+    assert sorted(summary, key=str) == [0, "plugin-recv", "plugin-send"]
+    assert {p.split(":")[0] for p in problems} == {"plugin-recv"}, problems
+    assert any("RSS grew" in p for p in problems) and any("sockets not returned" in p for p in problems)
+    # an end that never sampled (it died, or the stream never started) is named
+    result.samples = [s for s in result.samples if s.rank != "plugin-send"]
+    problems, _ = resource_verdicts(result, settings, faults_end_s=280.0)
+    assert "plugin-send: no resource sample in the fault-free warm-up (it died early?)" in problems
+
+
+def soak_args(*argv):
+    from torch_reccl.cli import build_parser
+
+    return build_parser().parse_args(["soak", *argv])
+
+
+def test_no_plugin_leaves_the_stream_out_and_a_missing_library_is_said_before_anything_runs(
+        monkeypatch, capsys):
+    from torch_reccl.soak import cli
+
+    assert cli.settings_of(soak_args()).plugin is True
+    assert cli.settings_of(soak_args("--no-plugin")).plugin is False
+    assert cli.plugin_problem() is None  # this checkout has the library
+
+    def not_built():
+        raise ImportError("/x/libnccl-net-reccl.so is not built; run: pip install --no-build-isolation -e .")
+
+    monkeypatch.setattr("torch_reccl._native.plugin_path", not_built)
+    assert "is not built" in cli.plugin_problem()
+    assert cli.run(soak_args("--duration", "3m", "--name", "zz")) == 2
+    err = capsys.readouterr().err
+    assert "the plugin stream needs the NCCL net plugin library: /x/libnccl-net-reccl.so is not built" \
+        in err and "--no-plugin runs the soak without it" in err
+    assert cli.stream_line(None) == "plugin stream: not run (--no-plugin)"
+    line = cli.stream_line({"messages": 10, "bytes": 3 << 20, "wrong": 0, "errors": 0,
+                            "longest_gap_s": 1.25, "longest_gap_end_s": 42.0})
+    assert line == ("plugin stream (host 0 -> host 1): 10 messages, 3 MiB, wrong 0, errors 0, "
+                    "longest gap 1.25 s (ended at 42.0 s)")
+
+
+def run_stream(tmp_path, duration: float, send=(), recv=()):
+    """Both ends of the plugin stream on loopback NICs, as the soak starts them
+    on its hosts: (what they reported, their exit codes)."""
+    argv = [sys.executable, "-m", "torch_reccl.soak.plugin_stream", "--handle", str(tmp_path / "handle"),
+            "--duration", str(duration), "--seed", "3", "--start-timeout", "60", "--finish-timeout", "60"]
+    extra = {"send": list(send), "recv": list(recv)}
+    stream = StreamResult()
+    with Job(LoopbackPlacement(2, 2), argv, env={"RECCL_TRANSPORT": "tcp", "RECCL_NSOCKS": "1"},
+             log_dir=str(tmp_path), names=list(PLUGIN_LABELS),
+             per_rank_args=lambda index: ["--role", ROLES[index], *extra[ROLES[index]]]) as job:
+        assert job.wait(duration + 120.0), f"the ends did not exit\n{job.logs()}"
+        _drain_stream(job, stream)
+        return stream, job.exit_codes(), _stream_failures(job, stream)
+
+
+def test_the_plugin_stream_carries_every_message_intact_over_loopback(tmp_path):
+    stream, codes, problems = run_stream(tmp_path, 5.0)
+    assert codes == [0, 0] and problems == [], problems
+    assert set(stream.started) == set(stream.done) == set(ROLES)
+    summary = stream.summary()
+    sent, received = stream.done["send"], stream.done["recv"]
+    assert summary["messages"] == sent["messages"] == received["messages"] > 10
+    assert sent["bytes"] == received["bytes"] == summary["bytes"] > 10 << 20
+    assert summary["wrong"] == 0 and summary["errors"] == 0
+    assert 0 < summary["longest_gap_s"] < 2.0
+    ticks = [t for t in stream.ticks if t["role"] == "recv"]
+    assert len(ticks) >= 3 and [t["messages"] for t in ticks] == sorted(t["messages"] for t in ticks)
+    assert "plugin-recv.log" in os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("what,send,recv", [
+    ("bytes", ["--min-bytes", "64K", "--max-bytes", "64K"],
+     ["--min-bytes", "64K", "--max-bytes", "64K", "--seed", "4"]),
+    ("size", ["--min-bytes", "1000", "--max-bytes", "1000"], ["--min-bytes", "2000", "--max-bytes", "2000"]),
+])
+def test_a_receiver_expecting_other_bytes_or_another_size_reports_every_message_wrong(
+        tmp_path, what, send, recv):
+    """The receiver checks against another seed (same sizes, other bytes), or
+    expects 2000 bytes where 1000 come: every message is wrong, none counted."""
+    stream, codes, problems = run_stream(tmp_path, 2.0, send, recv)
+    assert codes == [0, 1], codes  # the sender cannot tell; the receiver can
+    received = stream.done["recv"]
+    assert received["messages"] == 0 and received["wrong"] == stream.done["send"]["messages"] > 0
+    assert len(stream.wrong) == min(10, received["wrong"])
+    assert {w["what"] for w in stream.wrong} == {what}
+    if what == "size":
+        assert stream.wrong[0]["size"] == 1000 and stream.wrong[0]["expected_size"] == 2000
+    assert problems and problems[0].startswith("plugin stream: wrong message")

@@ -236,16 +236,25 @@ class FabricPlacement:
 class Job:
     """The rank processes of one run and the messages they report.
 
-    ``with Job(...) as job:`` guarantees every rank is gone on exit.
+    ``with Job(...) as job:`` guarantees every rank is gone on exit. ``names``
+    (default "rank R") name the processes in logs; ``per_rank_args(R)`` is
+    appended to process R's ``argv``.
     """
 
     def __init__(self, placement, argv: List[str], env: Optional[Dict[str, str]] = None,
                  per_rank_env: Optional[Callable[[int], Dict[str, str]]] = None,
-                 commands: bool = False, log_dir: Optional[str] = None):
+                 commands: bool = False, log_dir: Optional[str] = None,
+                 names: Optional[List[str]] = None,
+                 per_rank_args: Optional[Callable[[int], List[str]]] = None):
         self.placement = placement
-        # every line a rank prints that is not a message, in full (rank<R>.log), besides the tail kept
-        self._log_files = [open(os.path.join(log_dir, f"rank{r}.log"), "a") for r in range(placement.ranks)] \
-            if log_dir else []
+        # what messages and logs call each process: "rank R" unless named
+        self.names = names or [f"rank {r}" for r in range(placement.ranks)]
+        if len(self.names) != placement.ranks:
+            raise ValueError(f"{len(self.names)} names for {placement.ranks} processes")
+        # every line a process prints that is not a message, in full (rank<R>.log, or
+        # <name>.log), besides the tail kept
+        self._log_files = [open(os.path.join(log_dir, f"{name.replace(' ', '')}.log"), "a")
+                           for name in self.names] if log_dir else []
         self.ranks = placement.ranks
         self._messages: "queue.Queue[Tuple[int, dict]]" = queue.Queue()
         self._logs: List[Deque[str]] = [collections.deque(maxlen=LOG_LINES) for _ in range(self.ranks)]
@@ -265,7 +274,8 @@ class Job:
                             "LOCAL_RANK": str(rank),
                             **(per_rank_env(rank) if per_rank_env else {})}
                 proc = placement.popen(
-                    rank, argv, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    rank, argv + (per_rank_args(rank) if per_rank_args else []), env=rank_env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     stdin=subprocess.PIPE if commands else subprocess.DEVNULL,
                     text=True, bufsize=1)
                 self._procs.append(proc)
@@ -346,6 +356,13 @@ class Job:
             reader.join(timeout=max(0.1, deadline - time.monotonic()))
         return True
 
+    def join_output(self, ranks: List[int], timeout: float) -> None:
+        """Waits (bounded) until the output of exited ``ranks`` is read to its end,
+        so that their last messages are in the queue."""
+        deadline = time.monotonic() + timeout
+        for rank in ranks:
+            self._readers[rank].join(timeout=max(0.0, deadline - time.monotonic()))
+
     def log(self, rank: int) -> str:
         return "\n".join(self._logs[rank])
 
@@ -355,7 +372,7 @@ class Job:
             tail = list(self._logs[rank])[-lines:]
             code = self._procs[rank].poll() if rank < len(self._procs) else None
             status = "running" if code is None else f"exit code {code}"
-            out.append(f"--- rank {rank} ({status}), last lines of its output:")
+            out.append(f"--- {self.names[rank]} ({status}), last lines of its output:")
             out.extend("    " + line for line in tail) if tail else out.append("    (no output)")
         return "\n".join(out)
 

@@ -2,7 +2,7 @@
 
     reccl soak [--hosts 4] [--rails 2] [--rate-mbit 2000] [--duration 2h] [--seed S]
                [--mix KIND=W,...] [--gap 0.5:3] [--max-outage 60] [--max-bytes 64M]
-               [--json FILE] [--plot FILE]
+               [--no-plugin] [--json FILE] [--plot FILE]
 
 As root, builds an emulated rail-optimized fabric (docs/fabric.md) and runs one
 rank per host: a training job interleaved with every collective and point-to-
@@ -11,12 +11,17 @@ every dtype), each result checked against values computed without the library.
 Meanwhile a seeded random schedule (torch_reccl/soak/schedule.py) takes NICs,
 rails and hosts down, flaps and blackholes NICs, slows them and makes them
 lossy, one after another and overlapping, from the end of the warm-up until
---settle before the end. Every 10 s it samples every rank's RSS, fds, threads
-and sockets. At the end the training's parameters are compared bit for bit with
-a fault-free replay of the same steps.
+--settle before the end. Beside the ranks, from the job's start, the plugin
+stream (torch_reccl/soak/plugin_stream.py) carries checked messages from host 0
+to host 1 through the NCCL net plugin library alone, driven as NCCL's proxy
+drives it, through the same faults (--no-plugin leaves it out). Every 10 s it
+samples every process's RSS, fds, threads and sockets. At the end the
+training's parameters are compared bit for bit with a fault-free replay of the
+same steps.
 
-Exits 0 only with no wrong value, no stall past the bound (--stall plus the time
-the schedule left some pair of hosts without a path), no crash, the replay
+Exits 0 only with no wrong value or message, no error of the plugin stream, no
+stall of the ranks or of the stream past the bound (--stall plus the time the
+schedule left some pair of hosts without a path), no crash, the replay
 bit-identical, RSS within --rss-growth of its warm-up level, and fds, threads and
 sockets back to their warm-up counts once the faults healed (beyond the
 engine's worker pool and the fault board's store connection: docs/soak.md). The same seed and
@@ -30,6 +35,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 from torch_reccl.bench.cli import parse_size
 from torch_reccl.drill.cli import fabric_problem, parse_duration
@@ -84,8 +90,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="fault-free end, for resources to return (default 20s)")
     parser.add_argument("--rss-growth", type=float, default=0.05,
                         help="largest RSS growth over the warm-up level (default 0.05)")
+    parser.add_argument("--no-plugin", action="store_true",
+                        help="leave out the plugin stream (the ranks alone)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
-                        help="keep every rank's whole output here (rank<R>.log)")
+                        help="keep every process's whole output here (rank<R>.log, plugin-<role>.log)")
     parser.add_argument("--name", default=None, help="fabric name (default: a fresh one)")
     parser.add_argument("--json", metavar="PATH", help="write the whole run as JSON")
     parser.add_argument("--plot", default=DEFAULT_PLOT, metavar="PATH",
@@ -97,12 +105,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args) -> int:
+def plugin_problem() -> Optional[str]:
+    """Why the plugin stream cannot run here (its library is not built), or None."""
+    from torch_reccl._native import plugin_path
+
+    try:
+        plugin_path()
+    except ImportError as error:
+        return str(error)
+    return None
+
+
+def settings_of(args):
     from torch_reccl.soak.runner import SoakSettings
 
-    settings = SoakSettings(duration_s=args.duration, seed=args.seed, max_bytes=args.max_bytes,
-                            stall_s=args.stall, warmup_s=args.warmup, settle_s=args.settle,
-                            rss_growth=args.rss_growth, log_dir=args.log_dir)
+    return SoakSettings(duration_s=args.duration, seed=args.seed, max_bytes=args.max_bytes,
+                        stall_s=args.stall, warmup_s=args.warmup, settle_s=args.settle,
+                        rss_growth=args.rss_growth, log_dir=args.log_dir, plugin=not args.no_plugin)
+
+
+def stream_line(summary: Optional[dict]) -> str:
+    """The plugin stream's line of the report."""
+    if summary is None:
+        return "plugin stream: not run (--no-plugin)"
+    gap = summary["longest_gap_s"]
+    at = summary.get("longest_gap_end_s")
+    return (f"plugin stream (host 0 -> host 1): {summary['messages']} messages, "
+            f"{summary['bytes'] / (1 << 20):.0f} MiB, wrong {summary['wrong']}, errors "
+            f"{summary['errors']}, longest gap "
+            + (f"{gap:.2f} s" + (f" (ended at {at:.1f} s)" if at is not None else "")
+               if gap is not None else "none reported"))
+
+
+def run(args) -> int:
+    settings = settings_of(args)
     try:
         if not 2 <= args.hosts <= 8:
             raise SoakScheduleError(f"--hosts must be in 2..8; got {args.hosts}")
@@ -133,6 +169,10 @@ def run(args) -> int:
         for fault in faults:
             print(fault.describe())
         return 0
+    if settings.plugin and (problem := plugin_problem()):
+        print(f"reccl soak: error: the plugin stream needs the NCCL net plugin library: {problem}; "
+              f"--no-plugin runs the soak without it", file=sys.stderr)
+        return 2
     problem = fabric_problem()
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
@@ -142,7 +182,7 @@ def run(args) -> int:
 
     from torch_reccl.cli.launch import terminated_by_signal, unique_fabric_name
     from torch_reccl.fabric import Fabric, FabricError
-    from torch_reccl.soak.runner import interruption_stats, resource_verdicts, run_soak
+    from torch_reccl.soak.runner import interruption_stats, process_name, resource_verdicts, run_soak
 
     fabric = Fabric(hosts=args.hosts, rails=args.rails, rate_mbit=args.rate_mbit or None,
                     name=args.name or unique_fabric_name("s"))
@@ -173,12 +213,13 @@ def run(args) -> int:
     interruptions = interruption_stats(result, spans)
     applied = sum(1 for a in result.applied if a["what"] == "apply")
     done = result.done.get(0, {})
+    stream = result.plugin.summary(result.t0) if result.plugin is not None else None
     report = {"command": " ".join(sys.argv), "started": started, "hosts": args.hosts,
               "rails": args.rails, "rate_mbit": args.rate_mbit, "duration_s": args.duration,
               "seed": args.seed, "schedule": [f.to_json() for f in faults], "outages": spans,
               "faults_applied": applied, "iterations": done.get("iterations"),
               "steps": done.get("steps"), "resources": resources, "interruptions": interruptions,
-              "problems": problems, "ok": not problems, "run": result.to_json()}
+              "plugin": stream, "problems": problems, "ok": not problems, "run": result.to_json()}
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1, default=str)
@@ -196,8 +237,9 @@ def run(args) -> int:
         if stats["count"]:
             print(f"{kind}: {stats['count']}, interruption p50 {stats['p50_ms']:.1f} ms, "
                   f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms")
-    for rank, r in sorted(resources.items()):
-        print(f"rank {rank}: RSS {r['rss_kb_warm'] / 1024:.0f} -> {r['rss_kb_end'] / 1024:.0f} MiB "
+    print(stream_line(stream))
+    for who, r in resources.items():
+        print(f"{process_name(who)}: RSS {r['rss_kb_warm'] / 1024:.0f} -> {r['rss_kb_end'] / 1024:.0f} MiB "
               f"({r['rss_growth']:+.1%}), fds {r['fds'][0]} -> {r['fds'][1]}, threads "
               f"{r['threads'][0]} -> {r['threads'][1]}, sockets {r['sockets'][0]} -> {r['sockets'][1]}"
               f" (explained: {r['explained']['threads']} pooled workers, "

@@ -1,25 +1,29 @@
-"""The driver of ``reccl soak``: start the ranks in the emulated fabric, apply and
-heal the schedule's faults on time, sample every rank's resources, watch for
-wrong values, stalls and crashes, and judge the run.
+"""The driver of ``reccl soak``: start the ranks in the emulated fabric and, once
+they start, the plugin stream between hosts 0 and 1; apply and heal the
+schedule's faults on time, sample every process's resources, watch for wrong
+values, errors, stalls and crashes, and judge the run.
 
 Every wait is bounded: the ranks must set up within ``start_timeout_s`` and
-run each op of the opening sweep within it too, progress
-may stop for at most ``stall_s`` plus the time some pair of hosts had no path
-(an outage of the schedule), and the run must end within its duration plus
-``finish_timeout_s``.
+run each op of the opening sweep within it too (the plugin stream must connect
+within it), progress of the ranks and of the stream may each stop for at most
+``stall_s`` plus the time some pair of hosts had no path (an outage of the
+schedule), and the run must end within its duration plus ``finish_timeout_s``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from torch_reccl.cli.launch import FabricPlacement, Job
+from torch_reccl.soak.plugin_stream import ROLES
 from torch_reccl.soak.schedule import FLAP_PERIOD_S, SoakFault, outages, overlap_s
 
 TICK_S = 0.05
@@ -40,6 +44,12 @@ RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "RECCL_NSOCKS": "1"}
 INTERRUPTION_KINDS = ("failover", "failback")
 # the engine's worker pool: grows with the ops in flight, retires idle workers
 POOL_THREAD = "reccl-worker"
+# the plugin stream's processes, by role, as samples, logs and verdicts name them
+PLUGIN_LABELS = tuple(f"plugin-{role}" for role in ROLES)
+# where its ends run: the receiver listens in host 1, the sender connects from host 0
+STREAM_HOSTS = {"send": 0, "recv": 1}
+# past the ends' own bound on connecting (--start-timeout): time to report why
+STREAM_START_SLACK_S = 10.0
 
 
 @dataclasses.dataclass
@@ -52,13 +62,14 @@ class SoakSettings:
     warmup_s: float = 30.0
     settle_s: float = 20.0
     rss_growth: float = 0.05
-    log_dir: Optional[str] = None  # every rank's whole output, rank<R>.log
+    log_dir: Optional[str] = None  # every process's whole output, rank<R>.log, plugin-<role>.log
+    plugin: bool = True  # the plugin stream beside the ranks
 
 
 @dataclasses.dataclass
 class Sample:
     t: float
-    rank: int
+    rank: Union[int, str]  # a rank, or one of PLUGIN_LABELS
     rss_kb: int
     fds: int
     threads: int
@@ -66,6 +77,72 @@ class Sample:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class StreamResult:
+    """What the plugin stream's processes reported (torch_reccl/soak/plugin_stream.py)."""
+    started: Dict[str, float] = dataclasses.field(default_factory=dict)  # by role: connected at
+    ticks: List[dict] = dataclasses.field(default_factory=list)
+    wrong: List[dict] = dataclasses.field(default_factory=list)
+    errors: List[dict] = dataclasses.field(default_factory=list)  # an ncclResult other than success, or a bound
+    done: Dict[str, dict] = dataclasses.field(default_factory=dict)  # by role
+    received: int = 0  # intact messages, as the receiver last reported
+
+    def absorb(self, role: str, message: dict) -> bool:
+        """Files one message of the ``role`` end; True when it shows progress: the
+        receiver got messages since its last report, or an end finished."""
+        kind = message.get("kind")
+        fields = {k: v for k, v in message.items() if k != "kind"}
+        fields["role"] = role
+        if kind == "start":
+            self.started[role] = float(message["t"])
+            return True
+        if kind == "tick":
+            self.ticks.append(fields)
+            if role == "recv" and message["messages"] > self.received:
+                self.received = message["messages"]
+                return True
+        elif kind == "wrong":
+            self.wrong.append(fields)
+        elif kind == "error":
+            self.errors.append(fields)
+        elif kind == "done":
+            self.done[role] = fields
+            return True
+        return False
+
+    def problems(self) -> List[str]:
+        """What fails the soak among the reports: a wrong message, an error."""
+        out = []
+        if self.wrong:
+            out.append(f"plugin stream: wrong message ({self.summary()['wrong']} in all): "
+                       f"{self.wrong[0]}")
+        out += [f"plugin stream: the {e['role']} end failed: {e.get('what')}" for e in self.errors]
+        return out
+
+    def summary(self, t0: Optional[float] = None) -> dict:
+        """The totals: the receiver's intact messages and bytes, what the sender
+        had sent, the wrong ones, and the receiver's longest time without a message
+        (``longest_gap_end``: when it ended, seconds since the epoch; with the
+        job's start ``t0`` also ``longest_gap_end_s``, seconds since it)."""
+        last = {}
+        for tick in self.ticks:
+            last[tick["role"]] = tick
+        last.update(self.done)
+        recv, send = last.get("recv", {}), last.get("send", {})
+        out = {"messages": recv.get("messages", 0), "bytes": recv.get("bytes", 0),
+               "sent": send.get("messages", 0),
+               "wrong": max([r.get("wrong", 0) for r in last.values()] + [len(self.wrong)]),
+               "errors": len(self.errors), "longest_gap_s": recv.get("longest_gap_s"),
+               "longest_gap_end": recv.get("longest_gap_end")}
+        if t0 is not None and out["longest_gap_end"] is not None:
+            out["longest_gap_end_s"] = out["longest_gap_end"] - t0
+        return out
+
+    def to_json(self, t0: Optional[float] = None) -> dict:
+        return {"started": self.started, "ticks": self.ticks, "wrong": self.wrong,
+                "errors": self.errors, "done": self.done, "summary": self.summary(t0)}
 
 
 @dataclasses.dataclass
@@ -83,7 +160,12 @@ class SoakResult:
     replay: Optional[dict] = None
     # per rank: its threads by name and sockets by kind at each quiet sample (the
     # warm-up's second half and the settle), so a count not returned is named
-    inventory: Dict[int, List[Tuple[float, dict]]] = dataclasses.field(default_factory=dict)
+    inventory: Dict[Union[int, str], List[Tuple[float, dict]]] = dataclasses.field(default_factory=dict)
+    plugin: Optional[StreamResult] = None  # None: run without the plugin stream
+
+    def processes(self) -> List[Union[int, str]]:
+        """What the samples name: every rank, then the plugin stream's processes."""
+        return list(range(self.world)) + (list(PLUGIN_LABELS) if self.plugin is not None else [])
 
     def to_json(self) -> dict:
         return {"t0": self.t0, "world": self.world, "ticks": self.ticks, "events": self.events,
@@ -91,8 +173,13 @@ class SoakResult:
                 "samples": [s.to_json() for s in self.samples],
                 "done": {str(r): d for r, d in sorted(self.done.items())},
                 "errors": self.errors, "stalls": self.stalls, "replay": self.replay,
-                "inventory": {str(r): [{"t": t, **held} for t, held in i]
-                              for r, i in sorted(self.inventory.items())}}
+                "inventory": {str(who): [{"t": t, **held} for t, held in i]
+                              for who, i in self.inventory.items()},
+                "plugin": self.plugin.to_json(self.t0) if self.plugin is not None else None}
+
+
+def process_name(who: Union[int, str]) -> str:
+    return f"rank {who}" if isinstance(who, int) else who
 
 
 def proc_resources(pid: int) -> Optional[Tuple[int, int, int, int]]:
@@ -271,21 +358,71 @@ def worker_argv(settings: SoakSettings, replay_steps: Optional[int] = None) -> L
     return argv
 
 
+class StreamPlacement:
+    """Where the plugin stream's ends run: each in its host's namespace
+    (STREAM_HOSTS), with the NICs (RECCL_NICS) and the set-up the rank of that
+    host gets."""
+
+    kind = "fabric"
+
+    def __init__(self, fabric):
+        self.ranks = len(ROLES)
+        self._hosts = FabricPlacement(fabric)
+
+    def host(self, index: int) -> int:
+        return STREAM_HOSTS[ROLES[index]]
+
+    def env(self, index: int) -> Dict[str, str]:
+        return self._hosts.env(self.host(index))
+
+    def popen(self, index: int, argv: List[str], **kwargs):
+        return self._hosts.popen(self.host(index), argv, **kwargs)
+
+
+def stream_argv(settings: SoakSettings, handle: str) -> List[str]:
+    """Both ends' command line, less --role: the soak's seed, duration and bounds."""
+    return [sys.executable, "-m", "torch_reccl.soak.plugin_stream", "--handle", handle,
+            "--duration", str(settings.duration_s), "--seed", str(settings.seed),
+            "--start-timeout", str(settings.start_timeout_s),
+            "--finish-timeout", str(FINISH_TIMEOUT_S)]
+
+
+def stall(stalled_s: float, elapsed_s: float, spans: List[Tuple[float, float]],
+          stall_s: float) -> Optional[dict]:
+    """The stall when progress stopped ``stalled_s`` before ``elapsed_s`` (seconds
+    into the run) is past the bound, ``stall_s`` plus the time in that window some
+    pair of hosts had no path (``spans``); None within it."""
+    allowed = stall_s + overlap_s(spans, elapsed_s - stalled_s, elapsed_s)
+    if stalled_s <= allowed:
+        return None
+    return {"t": elapsed_s, "stalled_s": stalled_s, "allowed_s": allowed}
+
+
+def stall_problem(record: dict, stall_s: float) -> str:
+    return (f"no progress for {record['stalled_s']:.1f} s at {record['t']:.1f} s, past the bound "
+            f"of {record['allowed_s']:.1f} s ({stall_s:g} s + outages in that time)")
+
+
 def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end_s: float,
              on_line=None) -> SoakResult:
-    """Runs the soak job through ``faults``; then the fault-free replay."""
+    """Runs the soak job, and from its start the plugin stream (unless
+    ``settings.plugin`` is off), through ``faults``; then the fault-free replay."""
     placement = FabricPlacement(fabric)
-    result = SoakResult(world=placement.ranks)
+    result = SoakResult(world=placement.ranks, plugin=StreamResult() if settings.plugin else None)
+    stream = result.plugin
     actions = sorted([(f.start_s, 0, f) for f in faults] + [(f.end_s, 1, f) for f in faults],
                      key=lambda a: (a[0], a[1]))
     spans = outages(faults, fabric.hosts, fabric.rails)
     driver = FaultDriver(fabric)
     say = on_line or (lambda line: None)
     try:
-        with Job(placement, worker_argv(settings), env=RANK_ENV, log_dir=settings.log_dir) as job:
-            pids = job.pids()
+        with contextlib.ExitStack() as stack:
+            job = stack.enter_context(Job(placement, worker_argv(settings), env=RANK_ENV,
+                                          log_dir=settings.log_dir))
+            stream_job: Optional[Job] = None
+            watched: List[Tuple[Union[int, str], int]] = list(enumerate(job.pids()))
             started = time.monotonic()
-            last_progress = started
+            last_progress = stream_progress = started
             next_sample = started
             deadline = started + settings.start_timeout_s + settings.duration_s + FINISH_TIMEOUT_S
             while True:
@@ -298,6 +435,18 @@ def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end
                     if message.get("kind") == "sweep":  # the start bound is on setting up, not the sweep
                         started = now
                         deadline = now + settings.start_timeout_s + settings.duration_s + FINISH_TIMEOUT_S
+                if stream is not None and stream_job is None and result.t0 is not None:
+                    handle_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="reccl-soak-"))
+                    stream_job = stack.enter_context(Job(
+                        StreamPlacement(fabric), stream_argv(settings, os.path.join(handle_dir, "handle")),
+                        env=RANK_ENV, log_dir=settings.log_dir, names=list(PLUGIN_LABELS),
+                        per_rank_args=lambda index: ["--role", ROLES[index]]))
+                    watched += list(zip(PLUGIN_LABELS, stream_job.pids()))
+                    stream_started = stream_progress = now
+                    deadline = max(deadline, now + settings.start_timeout_s + STREAM_START_SLACK_S
+                                   + settings.duration_s + FINISH_TIMEOUT_S)
+                if stream_job is not None and _drain_stream(stream_job, stream):
+                    stream_progress = now
                 if result.t0 is not None:
                     elapsed = time.time() - result.t0
                     while actions and actions[0][0] <= elapsed:
@@ -313,51 +462,72 @@ def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end
                         result.applied.append(record)
                         say(f"{record['t']:8.1f} s  {'heal ' if heal else 'apply'} "
                             f"{fault.describe()}")
-                    stalled = now - last_progress
-                    window = (elapsed - stalled, elapsed)
-                    allowed = settings.stall_s + overlap_s(spans, *window)
-                    if stalled > allowed:
+                    record = stall(now - last_progress, elapsed, spans, settings.stall_s) \
+                        if len(result.done) < result.world else None
+                    if record:
                         _dump_stacks(job)
-                        result.stalls.append({"t": elapsed, "stalled_s": stalled,
-                                              "allowed_s": allowed})
-                        result.errors.append(
-                            f"no progress for {stalled:.1f} s at {elapsed:.1f} s, past the bound "
-                            f"of {allowed:.1f} s ({settings.stall_s:g} s + outages in that time)")
+                        result.stalls.append({"who": "ranks", **record})
+                        result.errors.append(f"{stall_problem(record, settings.stall_s)}\n{job.logs()}")
+                    if stream_job is not None and len(stream.done) < len(ROLES):
+                        record = stall(now - stream_progress, elapsed, spans, settings.stall_s)
+                        if len(stream.started) < len(ROLES):  # the bound on connecting is the start's
+                            if now - stream_started > settings.start_timeout_s + STREAM_START_SLACK_S:
+                                result.errors.append(
+                                    f"plugin stream: the ends did not connect within "
+                                    f"{settings.start_timeout_s:.0f} s\n{stream_job.logs()}")
+                        elif record:
+                            _dump_stacks(stream_job)
+                            result.stalls.append({"who": "plugin stream", **record})
+                            result.errors.append(f"plugin stream: {stall_problem(record, settings.stall_s)}"
+                                                 f"\n{stream_job.logs()}")
                 if now >= next_sample:
                     t = time.time() - (result.t0 or time.time())
                     quiet = t < settings.warmup_s or t >= faults_end_s
                     next_sample = now + (QUIET_SAMPLE_EVERY_S if quiet else SAMPLE_EVERY_S)
-                    for rank, pid in enumerate(pids):
+                    # a process that reported done is ending (closing its sockets, freeing
+                    # memory): its samples would lower the floors the verdicts compare
+                    ended = set(result.done) | {PLUGIN_LABELS[ROLES.index(role)]
+                                                for role in (stream.done if stream is not None else ())}
+                    for who, pid in watched:
+                        if who in ended:
+                            continue
                         got_res = proc_resources(pid)
                         if got_res is not None:
-                            result.samples.append(Sample(t, rank, *got_res))
+                            result.samples.append(Sample(t, who, *got_res))
                         if settings.warmup_s / 2 <= t < settings.warmup_s or \
                                 t >= faults_end_s + settings.settle_s / 2:
                             held = proc_inventory(pid)
                             if held is not None:
-                                result.inventory.setdefault(rank, []).append((t, held))
-                if result.wrong and not any("wrong value" in e for e in result.errors):
-                    result.errors.append(f"wrong value: {result.wrong[0]}")
+                                result.inventory.setdefault(who, []).append((t, held))
+                if result.wrong and not any(e.startswith("wrong value") for e in result.errors):
+                    result.errors.append(f"wrong value: {result.wrong[0]}\n{job.logs()}")
                 failed = job.failed_ranks()
                 if failed:
                     _drain(job, result)
                     result.errors.append(f"rank(s) {failed} failed\n{job.logs(failed)}")
-                if len(result.done) == result.world:
+                if stream_job is not None and not any(e.startswith("plugin stream") for e in result.errors):
+                    result.errors += _stream_failures(stream_job, stream)
+                if len(result.done) == result.world and (stream is None or len(stream.done) == len(ROLES)):
                     break
                 if result.errors:
-                    result.errors[-1] += "\n" + job.logs() if "failed" not in result.errors[-1] \
-                        else ""
                     break
                 if result.t0 is None and now - started > settings.start_timeout_s:
                     result.errors.append(f"the ranks did not start within "
                                          f"{settings.start_timeout_s:.0f} s\n{job.logs()}")
                     break
                 if now > deadline:
-                    result.errors.append(f"the run did not end by its deadline\n{job.logs()}")
+                    result.errors.append(f"the run did not end by its deadline\n{job.logs()}"
+                                         + (f"\n{stream_job.logs()}" if stream_job is not None else ""))
                     break
             if not result.errors and not job.wait(FINISH_TIMEOUT_S):
                 result.errors.append(f"the ranks did not exit within {FINISH_TIMEOUT_S:.0f} s")
             _drain(job, result)
+            if stream_job is not None and not result.errors:
+                if not stream_job.wait(FINISH_TIMEOUT_S):
+                    result.errors.append(f"plugin stream: the ends did not exit within "
+                                         f"{FINISH_TIMEOUT_S:.0f} s\n{stream_job.logs()}")
+                else:
+                    result.errors += _stream_failures(stream_job, stream)
     finally:
         driver.heal_all()
     if result.t0 is not None:
@@ -415,7 +585,8 @@ def _absorb(result: SoakResult, rank: int, message: dict) -> bool:
 
 
 def _dump_stacks(job: Job) -> None:
-    """Asks every rank for its threads' stacks (faulthandler on SIGUSR1) into its log."""
+    """Asks every process of ``job`` for its threads' stacks (faulthandler on
+    SIGUSR1) into its log."""
     for pid in job.pids():
         try:
             os.kill(pid, signal.SIGUSR1)
@@ -429,6 +600,31 @@ def _drain(job: Job, result: SoakResult) -> None:
         _absorb(result, *got)
 
 
+def _drain_stream(job: Job, stream: StreamResult) -> bool:
+    """Files the stream's messages so far; True when one shows progress."""
+    progressed = False
+    while (got := job.next_message(0)) is not None:
+        progressed |= stream.absorb(ROLES[got[0]], got[1])
+    return progressed
+
+
+def _stream_failures(job: Job, stream: StreamResult) -> List[str]:
+    """The plugin stream's problems so far: a wrong message, an error, an end
+    that exited non-zero; the last with the ends' logs."""
+    failed = job.failed_ranks()
+    if failed:
+        job.join_output(failed, 5.0)  # an end's last report comes before its exit
+        _drain_stream(job, stream)
+    problems = stream.problems()
+    if failed and not problems:
+        codes = job.exit_codes()
+        problems = ["plugin stream: " + ", ".join(f"{job.names[i]} exited with status {codes[i]}"
+                                                  for i in failed)]
+    if problems:
+        problems[-1] += "\n" + job.logs()
+    return problems
+
+
 def percentile(values: List[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -436,7 +632,7 @@ def percentile(values: List[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def explained_growth(warm: List[dict], end: List[dict], rank: int, setup_hosts: Set[str],
+def explained_growth(warm: List[dict], end: List[dict], rank: Union[int, str], setup_hosts: Set[str],
                      store_rank: int, world: int) -> Tuple[Dict[str, int], List[str]]:
     """How many more threads and sockets the end's floors may hold than the
     warm-up's for reasons that are not leaks, and what else the end holds:
@@ -476,16 +672,19 @@ def resource_verdicts(result: SoakResult, settings: SoakSettings, faults_end_s: 
     what is in flight at a sample (a large message's buffers, a dial's thread and
     socket); a leak raises it. With inventories (thread names, socket kinds) the
     growth ``explained_growth`` accounts for is allowed and the rest is named;
-    ``setup_hosts`` are the addresses of the set-up network (the store's)."""
+    ``setup_hosts`` are the addresses of the set-up network (the store's). The
+    plugin stream's ends are judged as the ranks are; they use no store, so no
+    connection on the set-up network is explained for them."""
     problems: List[str] = []
     summary = {}
-    for rank in range(result.world):
-        mine = [s for s in result.samples if s.rank == rank]
+    for who in result.processes():
+        name = process_name(who)
+        mine = [s for s in result.samples if s.rank == who]
         first = [s for s in mine if settings.warmup_s / 2 <= s.t < settings.warmup_s]
         healed = [s for s in mine if s.t >= faults_end_s + settings.settle_s / 2]
         if not first or not healed:
-            problems.append(f"rank {rank}: no resource sample in the fault-free "
-                            f"{'warm-up' if not first else 'settle'} (the rank died early?)")
+            problems.append(f"{name}: no resource sample in the fault-free "
+                            f"{'warm-up' if not first else 'settle'} (it died early?)")
             continue
         window = max(30.0, 0.1 * settings.duration_s)
         last = [s for s in mine if s.t >= mine[-1].t - window]
@@ -494,24 +693,25 @@ def resource_verdicts(result: SoakResult, settings: SoakSettings, faults_end_s: 
         rss_base = min(s.rss_kb for s in first)
         rss_end = min(s.rss_kb for s in last)
         growth = rss_end / rss_base - 1.0
-        held = result.inventory.get(rank, [])
+        held = result.inventory.get(who, [])
         warm = [one for t, one in held if t < settings.warmup_s]
         end = [one for t, one in held if t >= faults_end_s + settings.settle_s / 2]
         explained, unexplained = ({"threads": 0, "sockets": 0}, [])
         if warm and end:
-            explained, unexplained = explained_growth(warm, end, rank, set(setup_hosts),
-                                                      store_rank, result.world)
+            explained, unexplained = explained_growth(
+                warm, end, who, set(setup_hosts) if isinstance(who, int) else set(), store_rank,
+                result.world)
         explained["fds"] = explained["sockets"]
-        summary[rank] = {"rss_kb_warm": rss_base, "rss_kb_end": rss_end, "rss_growth": growth,
+        summary[who] = {"rss_kb_warm": rss_base, "rss_kb_end": rss_end, "rss_growth": growth,
                          "rss_kb_max": max(s.rss_kb for s in mine),
                          **{what: list(pair) for what, pair in floors.items()},
                          "explained": explained}
         if growth > settings.rss_growth:
-            problems.append(f"rank {rank}: RSS grew {growth:.1%} over its warm-up level "
+            problems.append(f"{name}: RSS grew {growth:.1%} over its warm-up level "
                             f"({rss_base} -> {rss_end} kB), more than {settings.rss_growth:.0%}")
         for what, (before, after) in floors.items():
             if after - before > explained[what]:
-                problems.append(f"rank {rank}: {what} not returned after the faults healed: "
+                problems.append(f"{name}: {what} not returned after the faults healed: "
                                 f"{before} in the warm-up, {after} at the end (floors)"
                                 + (f", {explained[what]} of them explained" if explained[what]
                                    else "")
