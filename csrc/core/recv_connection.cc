@@ -22,7 +22,7 @@ RecvConnection::RecvConnection(ConnectionEnv env, uint64_t id,
 RecvConnection::~RecvConnection() {
   destroyAllPaths();
   // Every path is joined: no copy runs any more.
-  for (auto& [seq, failing] : failing_) failing.request->fail(failing.why);
+  for (auto& [seq, ending] : ending_) ending.end();
 }
 
 std::shared_ptr<Request> RecvConnection::irecv(uint8_t* data, uint64_t capacity,
@@ -294,10 +294,10 @@ void RecvConnection::endData(uint64_t pathId, const DataHeader& header, bool lan
     if (copies != copying_.end() && --copies->second == 0) copying_.erase(copies);
     if (auto recv = recvs_.find(header.seq); recv != recvs_.end() && recv->second.copies > 0) {
       --recv->second.copies;
-    } else if (auto failing = failing_.find(header.seq); failing != failing_.end()) {
-      if (--failing->second.copies == 0) {
-        failing->second.request->fail(failing->second.why);
-        failing_.erase(failing);
+    } else if (auto ending = ending_.find(header.seq); ending != ending_.end()) {
+      if (--ending->second.copies == 0) {
+        ending->second.end();
+        ending_.erase(ending);
       }
     }
     if (landed) ackPath = landLocked(pathId, header, &ackBytes);
@@ -332,7 +332,11 @@ std::shared_ptr<Path> RecvConnection::landLocked(uint64_t pathId, const DataHead
   }
   if (recv.landedCount < recv.landed.size()) return nullptr;
   *ackBytes = static_cast<uint64_t>(recv.messageBytes);
-  recv.request->complete(*ackBytes);
+  if (recv.copies == 0) {
+    recv.request->complete(*ackBytes);
+  } else {
+    ending_[it->first] = EndingRecv{recv.request, recv.copies, "", *ackBytes};
+  }
   recvs_.erase(it);
   return activePathLocked();
 }
@@ -358,7 +362,7 @@ std::map<uint64_t, RecvConnection::PostedRecv>::iterator RecvConnection::failRec
   if (it->second.copies == 0) {
     it->second.request->fail(why);
   } else {
-    failing_[it->first] = FailingRecv{it->second.request, it->second.copies, why};
+    ending_[it->first] = EndingRecv{it->second.request, it->second.copies, why, 0};
   }
   return recvs_.erase(it);
 }

@@ -62,13 +62,22 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
     bool hostAccessible = true;    // false: device memory, direct placement only
     int copies = 0;                // chunks a path is copying into it now (beginData..endData)
   };
-  // A receive failed while a path was still copying into its buffer: the
-  // failure waits for the last copy to end, so the owner, who may free the
-  // buffer once told, never frees it under a copy.
-  struct FailingRecv {
+  // A receive that ended (every chunk landed, or it failed) while a path was
+  // still copying into its buffer (a duplicate piece from another lane): the
+  // completion or failure waits for the last copy to end, so the owner, who may
+  // reuse or free the buffer once told, never does so under a copy.
+  struct EndingRecv {
     std::shared_ptr<Request> request;
     int copies = 0;
-    std::string why;
+    std::string why;    // empty: completes with `bytes`
+    uint64_t bytes = 0;
+    void end() const {
+      if (why.empty()) {
+        request->complete(bytes);
+      } else {
+        request->fail(why);
+      }
+    }
   };
   // An ACTIVATE adopted but not answered yet: its RESYNC waits until no copy
   // of an older epoch is in progress.
@@ -108,7 +117,7 @@ class RecvConnection : public Connection, public std::enable_shared_from_this<Re
   // How long copies of the old epoch get before their paths are stopped.
   const Millis fenceGrace_;
   std::map<uint64_t, PostedRecv> recvs_;
-  std::map<uint64_t, FailingRecv> failing_;  // by seq, see FailingRecv
+  std::map<uint64_t, EndingRecv> ending_;  // by seq, see EndingRecv
   uint64_t nextSeq_ = 0;
   // Payload copies in progress per (epoch, path id). Keyed by epoch, not path:
   // a path active in an older epoch may be activated again while its copies
