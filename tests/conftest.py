@@ -558,11 +558,12 @@ def close_both(send, recv) -> None:
     closer.join(30)
 
 
-def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=90):
+def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=90, killed=()):
     """Hosts a TCPStore and runs `world` spawned processes target(rank, port,
-    out_dir, *args), each expected to write rank<r>.json with "ok" (or "error").
+    out_dir, *args), each expected to write rank<r>.json with "ok" (or "error"),
+    except the ranks in `killed`, which must end by SIGKILL and write nothing.
     Bounded by `job_timeout_s`; ranks still running then are killed. Asserts every
-    rank reported ok and returns the results in rank order."""
+    rank reported ok and returns the results in rank order (None for `killed`)."""
     import datetime
     import json
     import multiprocessing
@@ -586,7 +587,11 @@ def run_rank_job(tmp_path, target, world, args, job_timeout_s, store_timeout_s=9
             p.join(5)
     results = [json.loads(path.read_text()) if (path := tmp_path / f"rank{r}.json").exists()
                else {"rank": r, "error": "wrote no result"} for r in range(world)]
-    failed = [r for r in results if not r.get("ok")]
+    for r in killed:
+        assert procs[r].exitcode == -signal.SIGKILL, (
+            f"rank {r} was to die by SIGKILL; exit code {procs[r].exitcode}")
+        results[r] = None
+    failed = [r for r in results if r is not None and not r.get("ok")]
     assert not failed, (f"{len(failed)} rank(s) failed (hung: {hung}); "
                         f"rank {failed[0]['rank']}:\n{failed[0]['error']}")
     return results

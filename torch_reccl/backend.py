@@ -244,8 +244,10 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
 
 
 def backend_info(group=None) -> Dict[str, Any]:
-    """Engine facts of a reccl group's CPU backend: channels, chunk_bytes, window,
-    ops_done, and the DCR plan in force (``plan`` id, ``channels_without_data``)."""
+    """Engine facts of a reccl group's CPU backend: group (its name), global_ranks
+    (the members' ranks in the job; empty for the group the job started with),
+    channels, chunk_bytes, window, ops_done, and the DCR plan in force (``plan``
+    id, ``channels_without_data``)."""
     return _pg_native()._reccl_backend_info(_cpu_backend(group))
 
 

@@ -408,6 +408,7 @@ void Connection::checkStalledLocked(bool stalled, const char* what) {
     // bound is gone.
     const int64_t goneNs = static_cast<int64_t>(goneMs) * 1000000;
     if (now - goneSince_ > Millis(goneMs) && !peerHeardSinceLocked(nowNs() - goneNs)) {
+      peerGone_ = error_.empty();
       failConnectionLocked(std::string(what) + " for " + std::to_string(goneMs) +
                            " ms while the peer's host answered for it with nothing there "
                            "(dials refused, paths ended by an end of stream or a reset) and "
@@ -557,6 +558,11 @@ void Connection::onPeerCloseLocked(uint64_t pathId, Lock& lock) {
 std::string Connection::error() const {
   Lock lock(mutex_);
   return error_;
+}
+
+bool Connection::peerGone() const {
+  Lock lock(mutex_);
+  return peerGone_;
 }
 
 std::vector<std::string> Connection::describePaths() const {

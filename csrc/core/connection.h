@@ -76,6 +76,9 @@ class Connection : public PathOwner, public Serviced {
   void close();
   // Empty while healthy; the reason the connection failed otherwise.
   std::string error() const;
+  // The connection failed on the verdict that the peer process is gone
+  // (peerGoneLocked() held for RECCL_PEER_GONE_TIMEOUT_MS), not on a timeout.
+  bool peerGone() const;
   // Per path: "primary eth0->198.18.0.2 up" etc.
   std::vector<std::string> describePaths() const;
   int activePath() const;
@@ -193,6 +196,7 @@ class Connection : public PathOwner, public Serviced {
   bool peerClosed_ = false;
   std::condition_variable peerClosedCv_;
   std::string error_;
+  bool peerGone_ = false;  // error_ is the peer-gone verdict
   std::shared_ptr<void> keepAlive_;
   Clock::time_point stalledSince_{};
   int64_t stalledSinceWallNs_ = 0;

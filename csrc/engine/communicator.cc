@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "core/config.h"
 #include "core/health.h"
@@ -174,9 +175,50 @@ void Communicator::guarded(const OpContext& ctx, const std::function<void()>& bo
         throw AbortedError("reccl: " + ctx.label() + " failed: " + why);
       }
     }
-    abort(e.what());
+    std::string why = e.what();
+    std::vector<int> gone = findGone(ctx, &why);
+    abort(why);
+    if (!gone.empty()) throw PeerGoneError(why, std::move(gone));
     throw;
   }
+}
+
+std::string Communicator::memberName(int rank) const {
+  const int global = options_.globalRanks.empty() ? rank : options_.globalRanks.at(rank);
+  return "rank " + std::to_string(rank) + " (global rank " + std::to_string(global) + ")";
+}
+
+std::vector<int> Communicator::findGone(const OpContext& ctx, std::string* why) {
+  std::vector<int> gone = links_->peersGone();
+  std::string foundBy = "this rank";
+  if (!gone.empty()) {
+    links_->reportGone(gone);  // before abort() closes the connections the others fail by
+  } else {
+    std::set<int> peers, reporters;
+    for (const Links::GoneReport& report : links_->goneReports()) {
+      if (report.peer < 0 || report.peer >= size_ || report.peer == rank_) continue;
+      peers.insert(report.peer);
+      reporters.insert(report.reporter);
+    }
+    if (peers.empty()) return {};
+    gone.assign(peers.begin(), peers.end());
+    foundBy = reporters.size() == 1 ? "rank " : "ranks ";
+    for (int reporter : reporters) {
+      foundBy += (reporter == *reporters.begin() ? "" : ", ") + std::to_string(reporter);
+    }
+  }
+  std::string names;
+  for (int rank : gone) names += (names.empty() ? "" : ", ") + memberName(rank);
+  std::string here = *why;
+  const std::string own = "reccl: " + ctx.label() + ": ";
+  if (here.rfind(own, 0) == 0) here.erase(0, own.size());
+  *why = "reccl: " + ctx.label() + " failed: the process of " + names +
+         (gone.size() == 1 ? " is gone (" : " are gone (") + foundBy +
+         (gone.size() == 1 ? " found its host" : " found their hosts") +
+         " refusing connections and nothing coming from it for RECCL_PEER_GONE_TIMEOUT_MS); "
+         "what failed here: " +
+         here;
+  return gone;
 }
 
 const Layout& Communicator::layout(OpKind kind, Millis timeout) {

@@ -23,7 +23,11 @@
 //
 // Any failure other than a mismatch (timeout, a connection with no path left,
 // abort) leaves the streams out of step: the communicator closes every
-// connection and fails every later op with the first error.
+// connection and fails every later op with the first error. When a member's
+// process is gone (a connection's peer-gone verdict), that error names it
+// (PeerGoneError) on every rank: the ranks that found it record it in the
+// rendezvous before their abort closes their connections, and a rank whose op
+// failed otherwise reads it there. Both happen on the failure path only.
 #pragma once
 
 #include <atomic>
@@ -64,6 +68,7 @@ struct CommOptions {
   bool rebalance;  // DCR
   uint64_t dcrOffset;  // ops between the agreement and a new plan
   std::string host = "";  // host identity (core/topology.h): equal = same host
+  std::vector<int> globalRanks;  // the members' ranks in the job, for errors (empty: the same)
 };
 
 // What the last agreement said of the group's faults.
@@ -154,6 +159,12 @@ class Communicator {
   // Runs `body` under the error policy of an op (see the top of this file).
   void guarded(const OpContext& ctx, const std::function<void()>& body);
   void checkUsable() const;
+  // On a failure from inside the op: the members found gone (here, then
+  // recorded for the others, or by another rank), with `why` rewritten to name
+  // them first; empty (and `why` untouched) when none is known.
+  std::vector<int> findGone(const OpContext& ctx, std::string* why);
+  // "rank 3 (global rank 7)".
+  std::string memberName(int rank) const;
   // layout() with opMutex_ held.
   const Layout& layoutLocked(OpKind kind, Millis timeout);
   RankFaults sampleFaults() const;

@@ -1,5 +1,7 @@
 #include "engine/links.h"
 
+#include <cstdio>
+#include <functional>
 #include <future>
 #include <system_error>
 #include <thread>
@@ -14,6 +16,26 @@ namespace {
 std::string laneName(Lane lane) { return lane == Lane::kP2p ? "p2p" : "collective"; }
 constexpr Millis kAcceptSlice(50);
 constexpr Millis kForgetBound(2000);  // deleting our key: never longer than this
+// Recording or reading gone peers, on the failure path: never longer than this.
+constexpr Millis kGoneStoreBound(2000);
+
+// Runs `call` (which must not throw) on a thread of its own and waits at most
+// `bound`: a store that stopped answering keeps only that detached call. True
+// when it finished in time; false also when no thread could be had (then
+// nothing ran).
+bool callBounded(std::function<void()> call, Millis bound) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  try {
+    std::thread([call = std::move(call), done] {
+      call();
+      done->set_value();
+    }).detach();
+  } catch (const std::system_error&) {
+    return false;
+  }
+  return finished.wait_for(bound) == std::future_status::ready;
+}
 }  // namespace
 
 Links::Links(std::shared_ptr<Transport> transport, std::shared_ptr<Rendezvous> rendezvous,
@@ -188,22 +210,69 @@ void Links::eraseKeyBounded() {
     if (keyErased_) return;
     keyErased_ = true;
   }
-  // Bounded: a store that stopped answering keeps only this detached call.
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> finished = done->get_future();
-  try {
-    std::thread([rendezvous = rendezvous_, key = key_, done] {
-      try {
-        rendezvous->erase(key);
-      } catch (const std::exception&) {
-        // The store is gone: nothing left to clean.
-      }
-      done->set_value();
-    }).detach();
-    finished.wait_for(kForgetBound);
-  } catch (const std::system_error&) {
-    // No thread to be had: the key stays (the job's store is torn down with the job).
+  // Without a thread to run it the key stays (the job's store is torn down with the job).
+  callBounded(
+      [rendezvous = rendezvous_, key = key_] {
+        try {
+          rendezvous->erase(key);
+        } catch (const std::exception&) {
+          // The store is gone: nothing left to clean.
+        }
+      },
+      kForgetBound);
+}
+
+std::vector<int> Links::peersGone() const {
+  std::vector<int> gone;
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  for (const auto& [key, l] : links_) {  // ordered by (peer, slot)
+    std::unique_lock<std::mutex> linkLock(l->mutex, std::try_to_lock);
+    if (!linkLock.owns_lock()) continue;  // being accepted: no connection yet
+    const bool found = (l->send && l->send->peerGone()) || (l->recv && l->recv->peerGone());
+    if (found && (gone.empty() || gone.back() != key.first)) gone.push_back(key.first);
   }
+  return gone;
+}
+
+void Links::reportGone(const std::vector<int>& peers) {
+  callBounded(
+      [rendezvous = rendezvous_, prefix = prefix_, rank = rank_, peers] {
+        try {
+          for (int peer : peers) {
+            const int64_t index = rendezvous->add(prefix + "gone/n", 1);
+            const std::string entry = std::to_string(peer) + " " + std::to_string(rank);
+            rendezvous->set(prefix + "gone/" + std::to_string(index),
+                            std::vector<uint8_t>(entry.begin(), entry.end()));
+          }
+        } catch (const std::exception&) {
+          // The store is gone: the other ranks report what they saw themselves.
+        }
+      },
+      kGoneStoreBound);
+}
+
+std::vector<Links::GoneReport> Links::goneReports() {
+  auto reports = std::make_shared<std::vector<GoneReport>>();
+  const bool finished = callBounded(
+      [rendezvous = rendezvous_, prefix = prefix_, reports] {
+        try {
+          const int64_t count = rendezvous->add(prefix + "gone/n", 0);
+          std::vector<std::string> keys;
+          for (int64_t i = 1; i <= count; ++i) keys.push_back(prefix + "gone/" + std::to_string(i));
+          // A reporter adds to the count before it writes its entry: wait for it briefly.
+          for (const auto& value : rendezvous->getMany(keys, kGoneStoreBound / 2)) {
+            GoneReport report;
+            const std::string entry(value.begin(), value.end());
+            if (std::sscanf(entry.c_str(), "%d %d", &report.peer, &report.reporter) == 2) {
+              reports->push_back(report);
+            }
+          }
+        } catch (const std::exception&) {
+          // Nothing recorded in time, or the store is gone: nothing to report.
+        }
+      },
+      kGoneStoreBound);
+  return finished ? *reports : std::vector<GoneReport>{};
 }
 
 std::shared_ptr<RecvConnection> Links::receiverUntil(int peer, int channel, Lane lane,

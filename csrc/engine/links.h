@@ -80,6 +80,23 @@ class Links {
   // off its latency.
   void releaseSpentKey();
 
+  // What a failed operation asks, on the failure path only (never while the
+  // group is healthy). The peers with a connection that failed on the verdict
+  // that their process is gone (Connection::peerGone), in rank order.
+  std::vector<int> peersGone() const;
+  // Records in the rendezvous that this rank found `peers` gone, for the ranks
+  // whose operations fail only as a consequence (a neighbour's abort closing
+  // their connections): keys "<prefix>gone/n" (a count) and "<prefix>gone/<i>".
+  // Bounded by kGoneStoreBound; never throws.
+  void reportGone(const std::vector<int>& peers);
+  struct GoneReport {
+    int peer = -1;      // the member found gone
+    int reporter = -1;  // the member that found it
+  };
+  // What the group's ranks have recorded so far; empty when nothing was, or
+  // the store did not answer within kGoneStoreBound. Never throws.
+  std::vector<GoneReport> goneReports();
+
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is
   // written afterwards. `orderly`: also deletes this rank's key (bounded).

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -19,6 +20,20 @@ namespace reccl {
 class AbortedError : public Error {
  public:
   using Error::Error;
+};
+
+// The operation failed because the process of one or more members is gone
+// (a connection's verdict, on this rank or reported by another): the group can
+// run no more operations, the survivors can go on in a group without them.
+class PeerGoneError : public Error {
+ public:
+  PeerGoneError(const std::string& what, std::vector<int> ranks)
+      : Error(what), ranks_(std::move(ranks)) {}
+  // The members gone, by group rank, ascending.
+  const std::vector<int>& ranks() const { return ranks_; }
+
+ private:
+  std::vector<int> ranks_;
 };
 
 class OpContext {

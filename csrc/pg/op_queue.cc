@@ -52,7 +52,7 @@ void OpQueue::stop(const std::string& why) {
   // Stopped from one of its own jobs (a future callback): the task ends after
   // that job, holding its own reference to the state.
   if (state_->runner == std::this_thread::get_id()) return;
-  state_->idle.wait(lock, [&] { return !state_->busy; });  // the task notifies as it ends
+  state_->idle.wait_for(lock, kStopBound, [&] { return !state_->busy; });  // notified as it ends
 }
 
 void OpQueue::drainTask(const std::shared_ptr<State>& state) {

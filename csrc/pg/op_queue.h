@@ -34,8 +34,12 @@ class OpQueue {
   // Waits up to `timeout` for every queued job to finish; true when idle.
   bool drain(Millis timeout);
   // Cancels the jobs not started with `why` and waits for the running one
-  // (not when called from that job itself). Idempotent.
+  // (not when called from that job itself) at most kStopBound: a job the
+  // caller has failed (Communicator::abort) ends within it unless a store
+  // call holds it, and then finishes on its own (it holds what it uses).
+  // Idempotent.
   void stop(const std::string& why);
+  static constexpr Millis kStopBound{5000};
 
  private:
   // What the drain task uses, shared with it: when the queue is destroyed

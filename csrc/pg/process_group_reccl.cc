@@ -4,6 +4,8 @@
 #include <map>
 #include <numeric>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "core/error.h"
 #include "core/topology.h"
 #include "engine/all_gather.h"
@@ -13,6 +15,7 @@
 #include "engine/broadcast.h"
 #include "engine/collective.h"
 #include "engine/gather.h"
+#include "engine/op_context.h"
 #include "engine/reduce.h"
 #include "engine/reduce_scatter.h"
 #include "engine/scatter.h"
@@ -68,6 +71,16 @@ std::string messageOf(const std::exception& e) {
 void checkRoot(int64_t root, int size, const char* op) {
   TORCH_CHECK(root >= 0 && root < size, "reccl ", op, ": root rank ", root,
               " is not in this group of ", size, " ranks");
+}
+
+// What a survivor can do about members gone (PeerGoneError::ranks).
+std::string goneHint(const std::vector<int>& ranks) {
+  std::string list;
+  for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  return ". This group can run no more operations; to go on without " +
+         std::string(ranks.size() == 1 ? "it" : "them") +
+         ", every other member calls torch.distributed.shrink_group([" + list +
+         "], group=<this group>)";
 }
 
 void checkPeer(int peer, int rank, int size, const char* op) {
@@ -171,6 +184,7 @@ void ProcessGroupReccl::startEngine() {
     commOptions.group = options_.group;
     commOptions.host = hostIdentity(config.hostId);
     commOptions.rendezvousTimeout = std::max(options_.timeout, milliseconds(1000));
+    commOptions.globalRanks = options_.globalRanks;
     comm_ = std::make_shared<Communicator>(std::move(transport), std::move(rendezvous), prefix,
                                            rank_, size_, commOptions);
   } catch (const std::exception& e) {
@@ -195,6 +209,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupReccl::enqueue(c10d::OpType type, con
       body(*comm, timeout);
     } catch (const TimeoutError& e) {
       error = backendError(timedOutMessage(title, group, rank, size, timeout, e.what()));
+    } catch (const PeerGoneError& e) {
+      error = backendError(std::string(e.what()) + goneHint(e.ranks()));
     } catch (const std::exception& e) {
       error = backendError(messageOf(e));
     } catch (...) {
@@ -903,6 +919,59 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupReccl::split(
   }
   return c10::make_intrusive<ProcessGroupReccl>(store, static_cast<int>(it - ranks.begin()),
                                                 static_cast<int>(ranks.size()), options);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupReccl::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  TORCH_CHECK_VALUE(shrinkFlags == kShrinkDefault || shrinkFlags == kShrinkAbort,
+                    "reccl shrink: shrink_flags=", shrinkFlags,
+                    " is not valid: SHRINK_DEFAULT (0) or SHRINK_ABORT (1)");
+  TORCH_CHECK_VALUE(!ranksToExclude.empty(), "reccl shrink: ranks_to_exclude is empty");
+  std::vector<bool> excluded(size_, false);
+  for (int64_t r : ranksToExclude) {
+    TORCH_CHECK_VALUE(r >= 0 && r < size_, "reccl shrink: rank ", r, " is not in process group '",
+                      options_.group, "' of ", size_, " ranks (valid: 0..", size_ - 1, ")");
+    TORCH_CHECK_VALUE(!excluded[r], "reccl shrink: rank ", r, " is listed twice");
+    TORCH_CHECK_VALUE(r != rank_, "reccl shrink: rank ", r,
+                      " is this process: an excluded rank does not call shrink");
+    excluded[r] = true;
+  }
+  if (shrinkFlags == kShrinkAbort) abort();
+  Options options;
+  {
+    std::lock_guard<std::mutex> lock(releaseMutex_);  // startEngine settles options_
+    options = options_;
+  }
+  const std::vector<int> parentGlobal = std::move(options.globalRanks);
+  options.globalRanks.clear();
+  std::string prefix = "reccl/shrink/";
+  int newRank = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (excluded[r]) {
+      prefix += std::to_string(r) + ",";
+      continue;
+    }
+    if (r < rank_) ++newRank;
+    options.globalRanks.push_back(parentGlobal.empty() ? r : parentGlobal[r]);
+  }
+  prefix.pop_back();  // the trailing ','; PrefixStore puts a '/' after the prefix
+  options.group += ":shrunk";  // until torch names it (setGroupUid)
+  if (optsOverride) {
+    if (optsOverride->timeout.count() > 0) options.timeout = optsOverride->timeout;
+    if (!optsOverride->group_name.empty()) options.group = optsOverride->group_name;
+  }
+  const int newSize = static_cast<int>(options.globalRanks.size());
+  return c10::make_intrusive<ProcessGroupReccl>(c10::make_intrusive<c10d::PrefixStore>(prefix,
+                                                                                       store_),
+                                                newRank, newSize, std::move(options));
+}
+
+void ProcessGroupReccl::setGroupUid(const std::string& pgUid) {
+  c10d::Backend::setGroupUid(pgUid);
+  // torch calls it as it makes the group, before any op reads the name.
+  std::lock_guard<std::mutex> lock(releaseMutex_);
+  options_.group = pgUid;
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupReccl::getBackendOptions() {

@@ -8,6 +8,10 @@
 //
 // Non-contiguous tensors are handled: inputs are made contiguous, outputs are
 // produced in a contiguous buffer and copied back before the work completes.
+//
+// Host faults: when a member's process dies, every op of the group fails with
+// an error naming it (engine/communicator.h, PeerGoneError), and the others
+// can go on in a group without it (torch.distributed.shrink_group: shrink()).
 #pragma once
 
 #include <atomic>
@@ -120,6 +124,21 @@ class ProcessGroupReccl : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override { options_.timeout = timeout; }
 
   bool supportsSplitting() const override { return true; }
+  // torch.distributed.shrink_group's flags (SHRINK_DEFAULT, SHRINK_ABORT).
+  static constexpr int kShrinkDefault = 0x00;  // the parent's pending ops finish or fail
+  static constexpr int kShrinkAbort = 0x01;    // the parent is aborted first (abort())
+  bool supportsShrinking() const override { return true; }
+  // A new backend over the members not in `ranksToExclude` (group ranks), in
+  // their order (ranks renumbered from 0), with this group's options (the
+  // timeout and name of `optsOverride` where set). Its keys live under
+  // "reccl/shrink/<excluded ranks, comma-separated>/" of this group's store, apart from the
+  // parent's; like any new group it costs nothing until its first CPU op,
+  // whose rendezvous is the ordinary one. Every member not excluded calls it.
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude, int shrinkFlags = kShrinkDefault,
+      const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride = nullptr) override;
+  // torch names a group after making it (ProcessGroup::setGroupName): errors use the name.
+  void setGroupUid(const std::string& pgUid) override;
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   c10::intrusive_ptr<c10d::Backend> split(
       const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -128,7 +147,10 @@ class ProcessGroupReccl : public c10d::Backend {
   // Lets queued and running ops finish (bounded), then releases every thread,
   // connection and buffer. Idempotent.
   void shutdown() override;
-  // Fails the running and queued ops at once and releases everything.
+  // Fails the running and queued ops at once and releases everything; bounded
+  // (connections close in parallel, each within its close handshake's bound,
+  // and a running op is waited for at most OpQueue's stop bound). New groups
+  // can be formed afterwards.
   void abort() override;
 
  private:

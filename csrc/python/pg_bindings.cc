@@ -87,6 +87,7 @@ void bindBackendTools(py::module_& m) {
         reccl::ProcessGroupReccl* pg = asReccl(backend);
         py::dict d;
         d["group"] = pg->options().group;
+        d["global_ranks"] = pg->options().globalRanks;  // empty: the group is the job
         d["channels"] = pg->channels();
         d["chunk_bytes"] = pg->options().chunkBytes;
         d["window"] = pg->options().window;
