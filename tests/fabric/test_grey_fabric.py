@@ -1,16 +1,16 @@
 """Grey failures end to end in the emulated fabric (root): a NIC slowed with tbf
 under load is marked degraded, traffic moves off it with every byte right, and
 it recovers after the heal; a fabric that is uniformly slow and bursty raises
-no `degraded` event. The rank program and driver are bench/grey_fabric.py's."""
+no `degraded` event. The rank program and driver are torch_reccl/bench/grey_fabric.py's,
+which bench/grey_fabric.py measures with."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
+from torch_reccl.bench import grey_fabric
 from torch_reccl.fabric import require_root
-
-from bench import grey_fabric
 
 DETECT_BOUND_S = 6.0    # RECCL_GREY_MS (2 s) + sampling + DCR: well inside this
 RECOVER_BOUND_S = 20.0  # trial after RECCL_GREY_RETRY_MS, then RECCL_GREY_MS of good goodput

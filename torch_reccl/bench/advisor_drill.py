@@ -33,7 +33,8 @@ the final parameters (SHA-256, every rank) equal the fault-free run's: every bat
 is a function of (seed, step, rank) and the checkpoint holds parameters, momentum
 and step, so a job that resumes replays exactly the steps it lost.
 
-Needs root (network namespaces).
+Needs root (network namespaces). bench/advisor_drill.py runs main(); the fabric tests
+(tests/fabric/test_advisor_fabric.py) run run_once.
 
     python bench/advisor_drill.py [--steps 500] [--fault-step 80] [--checkpoint-every 50]
                                   [--restart-on same|spare] [--repair-s 1e9]
@@ -49,11 +50,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from torch_reccl.cli.launch import FABRIC_STORE_PORT, Job, unique_fabric_name  # noqa: E402
-from torch_reccl.fabric import Fabric  # noqa: E402
+from torch_reccl.cli.launch import FABRIC_STORE_PORT, Job, unique_fabric_name
+from torch_reccl.fabric import Fabric
 
 RULES = ("advised", "restart", "run_degraded")
 FAULT_HOST, FAULT_RAIL = 0, 1

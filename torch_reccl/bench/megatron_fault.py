@@ -19,7 +19,9 @@ events under reccl/).
     python bench/megatron_fault.py --megatron-dir .vendor/megatron --json megatron_fault.json
 
 Every run is bounded (--timeout-s; ranks still running then are killed). Exit
-status 0 only when every comparison holds.
+status 0 only when every comparison holds. bench/megatron_fault.py runs main(); the
+tests (tests/tools/test_examples.py on the stand-in checkout, tests/gpu/test_megatron_failover.py
+on Megatron-LM) run run_pair.
 """
 from __future__ import annotations
 
@@ -35,10 +37,11 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from torch_reccl.cli.launch import free_port  # noqa: E402
+from torch_reccl.cli.launch import free_port
 
+# The checkout holding this package: the launcher is its example, and the ranks import
+# torch_reccl from it.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(REPO, "examples", "megatron", "pretrain_gpt_reccl.py")
 DEFAULT_SCHEDULE = "h0nic0:down@step 100,h0nic0:up@step 200"
 LOOPBACK_NICS = "127.0.0.1,127.0.0.2"

@@ -12,7 +12,7 @@ The modules, by what they measure, around one runner:
     report.py    the tables
     ceiling.py   the loopback ring ceiling (also bench/wire_ceiling.py's)
 
-Imported as bench.scaling, with the repository on sys.path (bench/scale.py puts it
-there). No module imports torch_reccl at its top, so a Gloo rank runs without it:
-procstat and ``reccl bench``'s rank program are loaded by path (bench/reccl_bench_runs.py).
+bench/scale.py is the command line; the rank processes run runner.py
+(``python -m torch_reccl.bench.scaling.runner``), so every rank imports torch_reccl;
+that loads no extension and starts no thread, so a Gloo rank runs on Gloo alone.
 """

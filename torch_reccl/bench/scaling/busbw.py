@@ -5,23 +5,15 @@ One phase per (op, size) on the world group: per rank, the untimed ops, each che
 bit for bit, a barrier, the timed ops back to back (as nccl-tests), then one more
 checked op; t = the max over ranks of the loop's time per op; busbw as nccl-tests.
 The shapes, bus factors and collective calls are those of torch_reccl/bench/rank.py
-(``reccl bench``), loaded by path.
+(``reccl bench``).
 """
 from __future__ import annotations
 
 import time
 from typing import List, Optional, Tuple
 
-from bench.reccl_bench_runs import load_standalone
-
-procstat = load_standalone("bench.procstat")
-
-# bench_rank: its shapes, bus factors and collective calls are the ones ``reccl bench`` uses.
-_bench_rank = load_standalone("bench.rank")
-OPS = _bench_rank.OPS                  # all_reduce, all_gather, reduce_scatter
-shape_for = _bench_rank.shape_for      # nccl-tests' sizes: the size is the largest buffer
-bus_factor = _bench_rank.bus_factor    # nccl-tests' busbw = algbw x 2(N-1)/N or (N-1)/N
-run_collective = _bench_rank.run_collective
+from torch_reccl.bench import procstat
+from torch_reccl.bench.rank import OPS, bus_factor, run_collective, shape_for
 
 # --------------------------------------------------------------------------- busbw plan
 

@@ -14,9 +14,7 @@ import re
 import time
 from typing import Dict, Tuple
 
-from bench.reccl_bench_runs import load_standalone
-
-procstat = load_standalone("bench.procstat")
+from torch_reccl.bench import procstat
 
 TRANSPORT_THREAD_PREFIXES = ("reccl-path-", "reccl-ib-")
 

@@ -9,8 +9,8 @@ import platform
 import subprocess
 from typing import Dict, List
 
-from bench.reccl_bench_runs import REPO
-from bench.scaling.busbw import human_bytes
+from torch_reccl.bench.scaling.busbw import human_bytes
+from torch_reccl.bench.scaling.runner import REPO
 
 BACKENDS = ("reccl", "gloo")
 

@@ -12,8 +12,9 @@ those of groups.py (init, create, first_use), idle.py (settle, idle), latency.py
 Every phase is bounded; a job that does not finish a phase in its bound is reported as
 "did not finish (<phase>)" and its ranks are killed.
 
-The rank program is bench/scale.py itself: ``--_rank ...`` runs one rank (start method
-"spawn"), ``--_zygote ...`` forks them (start method "fork").
+The rank program is this module (``python -m torch_reccl.bench.scaling.runner``):
+``--_rank ...`` runs one rank (start method "spawn"), ``--_zygote ...`` forks them
+(start method "fork").
 """
 from __future__ import annotations
 
@@ -29,14 +30,20 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from bench.reccl_bench_runs import REPO, load_standalone
-from bench.scaling import busbw as scale_busbw, groups as scale_setup, idle as scale_idle, latency as scale_latency
-from bench.scaling.store import CountingProxy
-
-procstat = load_standalone("bench.procstat")
+from torch_reccl.bench import procstat
+from torch_reccl.bench.scaling import (
+    busbw as scale_busbw,
+    groups as scale_setup,
+    idle as scale_idle,
+    latency as scale_latency,
+)
+from torch_reccl.bench.scaling.store import CountingProxy
 
 NICS = "127.0.0.1,127.0.0.2"
-RANK_PROGRAM = os.path.join(REPO, "bench", "scale.py")
+# The directory holding the torch_reccl package (the checkout's root): the ranks run
+# there with it on PYTHONPATH, and the report names its commit.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RANK_PROGRAM = [sys.executable, "-m", "torch_reccl.bench.scaling.runner"]
 
 # --------------------------------------------------------------------------- the rank
 
@@ -97,8 +104,6 @@ def rank_main(argv: List[str]) -> int:
     torch.set_num_threads(1)
     torch.ones(1000).sum()  # let torch start whatever threads it starts before measuring
     threads_torch = scale_setup.thread_count()
-    if args.backend == "reccl":
-        import torch_reccl  # noqa: F401 - registers the backend
     ctx.emit("start", pid=os.getpid(), threads_torch=threads_torch, threads_imported=scale_setup.thread_count(),
              fd_table_at_start=fd_table_at_start)
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -132,7 +137,7 @@ def zygote_main(spec_json: str) -> int:
     interpreters spend most of a job's start-up doing that. The zygote imports
     torch (no tensor op, no thread but its own), then forks; each child closes the
     other ranks' pipes, sends its output to its log, dies with the zygote
-    (PR_SET_PDEATHSIG) and runs rank_main, which imports torch_reccl itself.
+    (PR_SET_PDEATHSIG) and runs rank_main.
     """
     import ctypes
     import signal
@@ -225,13 +230,13 @@ class _Ranks:
                 for spec in specs:
                     with open(spec["log"], "wb") as log:
                         self.procs.append(subprocess.Popen(
-                            [sys.executable, RANK_PROGRAM, "--_rank", *spec["argv"]],
+                            [*RANK_PROGRAM, "--_rank", *spec["argv"]],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             pass_fds=(spec["cmd_fd"], spec["msg_fd"]), env=env, cwd=REPO))
             elif start_method == "fork":
                 with open(self.zygote_log, "wb") as log:
                     self.procs.append(subprocess.Popen(
-                        [sys.executable, RANK_PROGRAM, "--_zygote", json.dumps(specs)],
+                        [*RANK_PROGRAM, "--_zygote", json.dumps(specs)],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                         pass_fds=[fd for spec in specs for fd in (spec["cmd_fd"], spec["msg_fd"])],
                         env=env, cwd=REPO))
@@ -531,3 +536,18 @@ def run_job(backend: str, size: int, *, idle_s: float = 10.0, settle_s: float = 
         proxy.stop()
         del store
     return result
+
+
+def rank_program(argv: List[str]) -> int:
+    """The rank program's command line: ``--_rank ARGS`` or ``--_zygote SPECS``."""
+    if argv[:1] == ["--_rank"]:
+        return rank_main(argv[1:])
+    if argv[:1] == ["--_zygote"] and len(argv) == 2:
+        return zygote_main(argv[1])
+    print("usage: python -m torch_reccl.bench.scaling.runner (--_rank ARGS | --_zygote SPECS); "
+          "bench/scale.py starts it", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(rank_program(sys.argv[1:]))
