@@ -105,9 +105,9 @@ def test_slow_nic_is_degraded_traffic_moves_off_and_comes_back():
 def test_without_dcr_spreading_moves_traffic_off_a_nic_slow_from_the_start():
     """RECCL_DCR=0, RECCL_SPREAD=on, 4 rails: host 0's eth1 is slowed before the
     ranks start, so it never had a fast history of its own and, in the lockstep
-    ring, its fast peers idle in most windows while it is judged (until session
-    11 it was then compared with that slow history, read healthy and was never
-    degraded: busbw stayed at 0.11-0.15 of fault-free). It is degraded, both
+    ring, its fast peers idle in most windows while it is judged (a detector
+    that compared it with its own slow history would read it healthy and leave
+    busbw at 0.11-0.15 of fault-free). It is degraded, both
     ranks' connections of channel 1 stripe over the other three NICs, eth1
     carries nothing more, and every element of every result is right."""
     marks = {}
