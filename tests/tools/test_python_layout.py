@@ -8,7 +8,8 @@
 - Test modules import no test module: what tests share is in tests/conftest.py or
   tests/helpers/.
 - The package imports nothing of tests/ (conftest, tests/helpers) or bench/: it ships
-  alone.
+  alone. bench/ uses nothing of tests/ either (no import, no path into it): a
+  harness the benchmarks run is the package's.
 
 Pure Python: it needs no build.
 """
@@ -64,6 +65,23 @@ def bench_loads(path: str) -> List[int]:
     return lines
 
 
+def paths_into_tests(path: str) -> List[int]:
+    """Lines of calls given a path into tests/: os.path.join(..., "tests", ...) or a
+    "tests/..." argument."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read(), path)
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        joins = isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+        for arg in node.args:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and (
+                    arg.value.startswith("tests/") or (joins and arg.value == "tests")):
+                lines.append(node.lineno)
+    return lines
+
+
 def offenders(files: Iterator[str], forbidden: Set[str], what: str) -> List[str]:
     return [f"{os.path.relpath(path, REPO)}:{line} imports {module} ({what})"
             for path in files for line, module in imports(path) if module in forbidden]
@@ -72,9 +90,11 @@ def offenders(files: Iterator[str], forbidden: Set[str], what: str) -> List[str]
 def test_the_finder_sees_imports_and_loads(tmp_path):
     path = tmp_path / "x.py"
     path.write_text("import bench.scaling\nfrom grey_fabric import run\nfrom . import near\n"
-                    "import importlib.util as u\nu.spec_from_file_location('m', 'bench/x.py')\n")
-    assert imports(str(path)) == [(1, "bench"), (2, "grey_fabric"), (4, "importlib")]
+                    "import importlib.util as u\nu.spec_from_file_location('m', 'bench/x.py')\n"
+                    "import os\nos.path.join('/r', 'tests', 'helpers')\n")
+    assert imports(str(path)) == [(1, "bench"), (2, "grey_fabric"), (4, "importlib"), (6, "os")]
     assert bench_loads(str(path)) == [5]
+    assert paths_into_tests(str(path)) == [7]
 
 
 def test_nothing_imports_or_loads_a_bench_script():
@@ -97,4 +117,11 @@ def test_no_test_module_imports_another():
 def test_the_package_imports_nothing_of_tests_or_bench():
     forbidden = stems(HELPERS) | {"conftest", "tests", "bench"} | stems(BENCH)
     found = offenders(python_files("torch_reccl"), forbidden, "tests/ or bench/")
+    assert not found, "\n".join(found)
+
+
+def test_bench_uses_nothing_of_tests():
+    found = offenders(python_files("bench"), stems(HELPERS) | {"conftest", "tests"}, "tests/")
+    found += [f"{os.path.relpath(path, REPO)}:{line} names a path into tests/"
+              for path in python_files("bench") for line in paths_into_tests(path)]
     assert not found, "\n".join(found)

@@ -1,16 +1,14 @@
-"""tests/helpers/fabric_train.py with the outage's events: one rank of the same
+"""torch_reccl.bench.fabric_train with the outage's events: one rank of the same
 training run, which also records every `stalled`, `recovered` and
-`connection_failed` event it sees and, after fabric_train.py's result line,
+`connection_failed` event it sees and, after fabric_train's result line,
 prints one more JSON line: {"events": [...], "stalls": stats()["stalls"]}.
 Run inside an emulated host's netns by tests/fabric/test_outage_fabric.py and
-bench/outage_fabric.py."""
+bench/outage_fabric.py: python -m torch_reccl.bench.outage_train --rank R ..."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-HELPERS = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("stalled", "recovered", "connection_failed")
 
 
@@ -19,8 +17,7 @@ def main() -> int:
 
     events = []
     torch_reccl.on_event(lambda e: events.append(e.to_dict()), kinds=KINDS)
-    sys.path.insert(0, HELPERS)
-    import fabric_train
+    from torch_reccl.bench import fabric_train
 
     code = fabric_train.main()
     print(json.dumps({"events": events, "stalls": torch_reccl.stats()["stalls"]}), flush=True)

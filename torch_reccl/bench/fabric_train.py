@@ -1,5 +1,8 @@
 """One rank of a small training run over the "reccl" backend (run inside an
-emulated host's netns by tests/fabric/test_training_fabric.py).
+emulated host's netns: python -m torch_reccl.bench.fabric_train --rank R ..., by
+tests/helpers/training_fabric.py for the fabric tests, and through
+torch_reccl.bench.outage_train by tests/fabric/test_outage_fabric.py and
+bench/outage_fabric.py).
 
 Trains a small MLP with fixed seeds: every step sums the flat gradient over
 the ranks (large enough for the channel algorithms over every channel), by one

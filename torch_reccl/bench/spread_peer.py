@@ -1,7 +1,7 @@
 """One emulated host of a spreading run (inside the host's netns).
 
-NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened as
-tests/helpers/nccl_net_harness.py does) or the transport's Python API (--driver
+NCCL's pattern over the NCCL net plugin's tables (--driver plugin, dlopened by
+torch_reccl.bench.nccl_net) or the transport's Python API (--driver
 transport): one connection per channel, channel c on NIC c mod --nics; every
 step gives each channel an equal share of --step-bytes in --message-bytes
 messages, --window in flight per channel, all polled from one thread as NCCL's proxy does, and the step
@@ -16,7 +16,7 @@ bytes each local NIC sent, the host's TCP retransmissions and timeouts and the
 connections spreading at its end (with --per-step also each step's channel end
 times, bytes per NIC and TCP timeouts); everything
 goes to <dir>/result-<role>.json. Used by tests/fabric/test_spread_fabric.py and
-bench/plugin_spread.py.
+bench/plugin_spread.py: python -m torch_reccl.bench.spread_peer --role ...
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 POOL = np.random.default_rng(5).integers(0, 256, (64 << 20) + 4096, dtype=np.uint8)
 
@@ -63,7 +61,7 @@ class PluginDriver:
     """The plugin's v11 table, as NCCL's proxy calls it."""
 
     def __init__(self, channels: int):
-        from nccl_net_harness import Plugin
+        from torch_reccl.bench.nccl_net import Plugin
 
         self.plugin = Plugin(11)
         self.mhandles = {}
