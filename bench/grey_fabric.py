@@ -13,8 +13,8 @@ ratio to the same run's fault-free busbw. Needs root.
     python bench/grey_fabric.py [--rails 4] [--rate-mbit 1000] [--slow-pct 10] [--json PATH]
 
 Every element of every --check-every'th result is checked (a wrong one fails
-the run). The same file is the rank program (``--rank-side``) and the scenario driver
-that tests/fabric/test_grey_fabric.py uses.
+the run). The rank program and the scenario driver are torch_reccl/bench/grey_fabric.py's,
+which tests/fabric/test_grey_fabric.py runs too.
 """
 from __future__ import annotations
 
@@ -23,131 +23,10 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
-EVENT_KINDS = ("degraded", "recovered", "failover", "failback", "rebalance", "nic_down", "nic_up")
-TICK_S = 0.25  # how often a rank reports its counters
-
-
-# ------------------------------------------------------------------ rank side
-
-
-def rank_main(args) -> int:
-    import random
-    import threading
-
-    import torch
-    import torch.distributed as dist
-
-    import torch_reccl
-    from torch_reccl.cli.launch import listen_for_commands, report
-
-    stop = threading.Event()
-    listen_for_commands(lambda m: stop.set() if m.get("cmd") == "stop" else None)
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("reccl")
-    torch_reccl.on_event(lambda e: report("event", rank=rank, ev=e.kind, nic=e.nic, t=e.time,
-                                          reason=e.reason, detail=e.detail),
-                         kinds=EVENT_KINDS)
-    count = args.bytes // 4
-    # Small integers: every sum is exact in float32, so the check is bit for bit.
-    base = (torch.arange(count, dtype=torch.float32) % 1000) * (rank + 1)
-    want = (torch.arange(count, dtype=torch.float32) % 1000) * (world * (world + 1) // 2)
-    buf = torch.empty(count + 1, dtype=torch.float32)  # the last element: the stop vote
-    rng = random.Random(1234)  # the same sizes on every rank
-    ops = wrong = 0
-    done_bytes = 0
-    next_tick = 0.0
-    deadline = time.monotonic() + args.max_seconds
-
-    def tick(final: bool = False) -> None:
-        stats = torch_reccl.stats()
-        report("tick", rank=rank, t=time.time(), ops=ops, bytes=done_bytes, wrong=wrong,
-               final=final, nics={n: {"sent": s["bytes_sent"], "busy_bytes": s["busy_bytes"],
-                                      "grey": s["grey"]} for n, s in stats["nics"].items()},
-               spreading=sorted(sorted(c["nics"]) for c in stats["spreading"]))
-
-    while True:
-        n = count
-        if args.bursty:  # a lighter, irregular load: random sizes and pauses
-            n = max(1024, int(count * rng.choice((0.01, 0.05, 0.25, 1.0))))
-            time.sleep(rng.choice((0.0, 0.0, 0.01, 0.05)))
-        buf[:n].copy_(base[:n])
-        buf[n] = 1.0 if (rank == 0 and (stop.is_set() or time.monotonic() > deadline)) else 0.0
-        view = torch.cat([buf[:n], buf[count:]]) if n < count else buf
-        dist.all_reduce(view)
-        ops += 1
-        done_bytes += n * 4
-        if ops % args.check_every == 0 and not torch.equal(view[:n], want[:n]):
-            wrong += int((view[:n] != want[:n]).sum())
-        if view[-1].item() > 0:
-            break  # only the final tick follows the stop: the other rank may be tearing down
-        if time.monotonic() >= next_tick:
-            tick()
-            next_tick = time.monotonic() + TICK_S
-    tick(final=True)
-    dist.destroy_process_group()
-    return 1 if wrong else 0
-
-
-# ------------------------------------------------------------------ driver
-
-
-def run_scenario(rails: int, rate_mbit: float, env: Dict[str, str], plan: Callable,
-                 size_bytes: int = 16 << 20, bursty: bool = False, max_seconds: float = 60.0,
-                 name_prefix: str = "g", check_every: int = 1,
-                 before: Optional[Callable] = None) -> dict:
-    """Builds a 2-host fabric, runs the rank program under `env`, and calls
-    ``plan(fabric, state) -> bool`` every tick (state: "t0" the first tick's
-    wall time, "ticks" per rank, "events"); the run ends when it returns True
-    (or after max_seconds). ``before(fabric)``, if given, makes faults before
-    the ranks start (their time in state["faults"]). Returns the ticks, events
-    and exit codes."""
-    from torch_reccl.cli.launch import FabricPlacement, Job, LaunchError, unique_fabric_name
-    from torch_reccl.fabric import Fabric
-
-    fabric = Fabric(hosts=2, rails=rails, rate_mbit=rate_mbit, name=unique_fabric_name(name_prefix))
-    argv = [sys.executable, os.path.abspath(__file__), "--rank-side", "--bytes", str(size_bytes),
-            "--max-seconds", str(max_seconds), "--check-every", str(check_every)] + (
-                ["--bursty"] if bursty else [])
-    state = {"t0": None, "ticks": {0: [], 1: []}, "events": [], "faults": []}
-    with fabric:
-        if before is not None:
-            before(fabric)
-            state["faults"].append(("before", time.time()))
-        with Job(FabricPlacement(fabric), argv, env=env, commands=True) as job:
-            deadline = time.monotonic() + max_seconds + 60
-            stopped = False
-            while time.monotonic() < deadline:
-                got = job.next_message(0.1)
-                if got is not None:
-                    rank, msg = got
-                    if msg["kind"] == "tick":
-                        state["ticks"][rank].append(msg)
-                        if state["t0"] is None:
-                            state["t0"] = msg["t"]
-                    elif msg["kind"] == "event":
-                        state["events"].append(msg)
-                if not stopped and state["t0"] is not None and plan(fabric, state):
-                    job.send(0, {"cmd": "stop"})
-                    stopped = True
-                if job.failed_ranks():
-                    raise LaunchError(f"rank(s) {job.failed_ranks()} failed\n{job.logs()}")
-                if job.all_exited():
-                    job.wait(5.0)
-                    while (got := job.next_message(0)) is not None:
-                        rank, msg = got
-                        if msg["kind"] == "tick":
-                            state["ticks"][rank].append(msg)
-                        elif msg["kind"] == "event":
-                            state["events"].append(msg)
-                    break
-            else:
-                raise LaunchError(f"no end within {max_seconds + 60:.0f} s\n{job.logs()}")
-            state["exit_codes"] = job.exit_codes()
-            state["logs"] = job.logs()
-    return state
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: torch_reccl
+from torch_reccl.bench.grey_fabric import run_scenario  # noqa: E402
 
 
 def busbw(ticks: List[dict], start: float, end: float, world: int = 2) -> float:
@@ -197,9 +76,6 @@ def measure(grey: bool, args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--max-seconds", type=float, default=60.0, help=argparse.SUPPRESS)
-    ap.add_argument("--bursty", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rails", type=int, default=4)
     ap.add_argument("--rate-mbit", type=float, default=1000)
     ap.add_argument("--slow-pct", type=float, default=10, help="what the slow NIC keeps (%%)")
@@ -214,8 +90,6 @@ def main(argv=None) -> int:
                     help="busbw after the fault is measured from this many seconds after it")
     ap.add_argument("--json", metavar="PATH", help="also write the records here")
     args = ap.parse_args(argv)
-    if args.rank_side:
-        return rank_main(args)
     import torch  # noqa: F401 - loads the libraries the extension links
 
     import torch_reccl._C as native

@@ -2,18 +2,17 @@
 (training) and the NCCL plugin (a message stream) ride them out.
 
 training: two emulated hosts with two rails (2 Gbit/s per NIC) train the small
-MLP of tests/helpers/fabric_train.py over the "reccl" backend, 40 steps; at step 20 a
+MLP of torch_reccl/bench/fabric_train.py over the "reccl" backend, 40 steps; at step 20 a
 real outage starts for --seconds: `host` = every NIC of host 1 loses its link,
 `pair` = host 0 loses rail 0 and host 1 rail 1 at once (no common healthy
 rail). Reports whether training finished, the longest stall (`recovered`
 events), how many `stalled` events each rank saw, and whether the final
 parameters equal the fault-free run's.
 
-plugin: the NCCL net plugin's send and receive comms stream 150 messages from
-host 0 to host 1 (tests/helpers/nccl_net_harness.py --role drives the plugin
-tables through torch_reccl/plugin_driver.py as NCCL's proxy does: isend/irecv,
-test() polled); after the first ones, every NIC of host 1 loses its link for
---seconds. Reports whether every request completed
+plugin: the NCCL net plugin's send and receive comms (torch_reccl/bench/nccl_net.py
+drives the plugin tables as NCCL's proxy does: isend/irecv, test() polled)
+stream 150 messages from host 0 to host 1; after the first ones, every NIC of
+host 1 loses its link for --seconds. Reports whether every request completed
 with exact bytes (no error returned to NCCL) and the stall events.
 
 The group's timeout (`init_process_group(timeout=)`) is set above the outage:
@@ -32,14 +31,13 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HELPERS = os.path.join(REPO, "tests", "helpers")
 STEPS = 40
 
 
 def default_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
     env["RECCL_NICS"] = "eth0,eth1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, HELPERS, os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     return env
 
 
@@ -53,8 +51,8 @@ def training(fab, seconds: float, outage, port: int, timeout_s: float) -> dict:
             "--timeout", str(timeout_s)]
     if outage:
         argv += ["--pause", "20"]
-    worker = os.path.join(HELPERS, "outage_train.py")
-    procs = [fab.popen(h, [sys.executable, worker, "--rank", str(h)] + argv, env=default_env(),
+    worker = [sys.executable, "-m", "torch_reccl.bench.outage_train"]
+    procs = [fab.popen(h, [*worker, "--rank", str(h)] + argv, env=default_env(),
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for h in range(2)]
     began = time.monotonic()
@@ -90,8 +88,8 @@ def training(fab, seconds: float, outage, port: int, timeout_s: float) -> dict:
 def plugin(fab, seconds: float) -> dict:
     env = default_env()
     with tempfile.TemporaryDirectory() as tmp:
-        harness = os.path.join(HELPERS, "nccl_net_harness.py")
-        procs = [fab.popen(host, [sys.executable, harness, "--role", role, "--dir", tmp,
+        harness = [sys.executable, "-m", "torch_reccl.bench.nccl_net"]
+        procs = [fab.popen(host, [*harness, "--role", role, "--dir", tmp,
                                   "--deadline", str(seconds + 120)], env=env,
                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"log-{role}"), "w"))
                  for host, role in ((1, "recv"), (0, "send"))]

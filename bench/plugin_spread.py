@@ -2,7 +2,7 @@
 
 Two emulated hosts with 4 rails (every NIC capped by tbf, default 1000 Mbit/s).
 Host 0 drives the plugin's v11 table as NCCL's proxy does
-(tests/helpers/spread_peer.py): one connection per channel, channel c on NIC c
+(torch_reccl/bench/spread_peer.py): one connection per channel, channel c on NIC c
 mod 4 (--channels 8: two per NIC), every step an equal --channel-mb per channel
 in --message-kb messages, all in flight at once (--window), polled from one
 thread, the step ending when the slowest channel ends; host 1 receives and
@@ -43,8 +43,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HELPERS = os.path.join(REPO, "tests", "helpers")
-PEER = os.path.join(HELPERS, "spread_peer.py")
+PEER = [sys.executable, "-m", "torch_reccl.bench.spread_peer"]
 NICS = [f"eth{i}" for i in range(4)]
 PHASE_RAILS = {"free": [], "slow1": [], "down1": [0], "down2": [0, 1]}  # phase: rails down
 PHASE_NAMES = {"free": "fault-free", "slow1": "eth0 at 10%", "down1": "eth0 down",
@@ -67,7 +66,7 @@ def run(settings: dict, phases: list, args) -> dict:
         env = {**os.environ, "RECCL_NICS": ",".join(NICS), "RECCL_TRANSPORT": "tcp",
                "RECCL_SPREAD": "on", "RECCL_GREY": "1", **settings,
                "RECCL_HEARTBEAT_MS": str(args.heartbeat_ms),
-               "PYTHONPATH": os.pathsep.join(filter(None, [HELPERS, REPO, os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         common = ["--driver", "plugin", "--dir", tmp, "--phases", ",".join(phases),
                   "--channels", str(args.channels), "--nics", str(len(NICS)),
                   "--step-bytes", str(args.channels * args.channel_mb << 20),
@@ -83,7 +82,7 @@ def run(settings: dict, phases: list, args) -> dict:
         with Fabric(hosts=2, rails=len(NICS), rate_mbit=args.rate_mbit, name=args.fabric,
                     tcp_congestion=args.tcp_congestion) as fab:
             logs = [open(os.path.join(tmp, f"log-{role}"), "w") for role in ("recv", "send")]
-            procs = [fab.popen(host, [sys.executable, PEER, "--role", role, *common], env=env,
+            procs = [fab.popen(host, [*PEER, "--role", role, *common], env=env,
                                stdout=subprocess.DEVNULL, stderr=log)
                      for (host, role), log in zip(((1, "recv"), (0, "send")), logs)]
             deadline = time.monotonic() + args.timeout + 30

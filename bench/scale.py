@@ -70,11 +70,11 @@ thread names; per (op, size): bytes, op counts, t, every rank's mean, algbw and
 busbw) with --json. docs/scale.md explains every column.
 
 Store requests are counted two ways by the proxy, "reads" and parsed "requests"
-(bench/scaling/store.py).
+(torch_reccl/bench/scaling/store.py).
 
-The code is the package bench.scaling (bench/scaling/__init__.py lists its modules, one
+The code is the package torch_reccl.bench.scaling (its __init__.py lists its modules, one
 per thing measured, around one runner; tests/tools/test_scale.py imports them); this
-script is its command line and the rank program the runner starts.
+script is its command line.
 """
 from __future__ import annotations
 
@@ -86,21 +86,16 @@ import tempfile
 import time
 from typing import List, Optional
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: bench.scaling
-from bench.scaling.busbw import OPS  # noqa: E402
-from bench.scaling.ceiling import ring_ceiling  # noqa: E402
-from bench.scaling.report import BACKENDS, format_ceilings, format_table, machine_info  # noqa: E402
-from bench.scaling.runner import rank_env, rank_main, run_job, zygote_main  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: torch_reccl
+from torch_reccl.bench.scaling.busbw import OPS  # noqa: E402
+from torch_reccl.bench.scaling.ceiling import ring_ceiling  # noqa: E402
+from torch_reccl.bench.scaling.report import BACKENDS, format_ceilings, format_table, machine_info  # noqa: E402
+from torch_reccl.bench.scaling.runner import rank_env, run_job  # noqa: E402
 
 DEFAULT_RANKS = (4, 8, 16, 32, 64, 128)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--_rank"]:
-        return rank_main(argv[1:])
-    if argv[:1] == ["--_zygote"]:
-        return zygote_main(argv[1])
     cores = os.cpu_count() or 1
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

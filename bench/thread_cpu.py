@@ -25,6 +25,8 @@ from typing import List
 
 from reccl_bench_runs import load_standalone, write_json  # beside this file
 
+# The repository, for the reccl ranks' `import torch_reccl` (spawned ranks inherit sys.path).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # by path: the package torch_reccl stays unimported (Gloo's ranks must not import it)
 procstat = load_standalone("bench.procstat")
 

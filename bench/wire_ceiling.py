@@ -20,8 +20,8 @@ import sys
 
 from reccl_bench_runs import write_json  # beside this file
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: bench.scaling
-from bench.scaling.ceiling import ring_ceiling  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: torch_reccl
+from torch_reccl.bench.scaling.ceiling import ring_ceiling  # noqa: E402
 
 
 def main(argv=None) -> int:

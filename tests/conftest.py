@@ -34,12 +34,10 @@ import pytest
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 # Peer scripts, harnesses and stand-ins (tests/helpers) are imported by name, as they
-# import each other when run as scripts. The repository, last: the bench harnesses the
-# tests run small (bench.scaling, bench.grey_fabric, ...) are imported as the package
-# bench, whatever the working directory.
+# import each other when run as scripts. What the tests share with bench/ is in the
+# package (torch_reccl.bench); a bench script a test needs whole runs as a subprocess.
 HELPERS = os.path.join(TESTS, "helpers")
 sys.path.insert(0, HELPERS)
-sys.path.append(REPO)
 
 # Tests that need a Debian package carry a marker; where it is missing they skip
 # with the reason and the install line (`bash scripts/test.sh` as root installs both).

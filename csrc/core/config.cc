@@ -53,6 +53,11 @@ void storeOn(Config& config, SettingValue&& value) {
 
 constexpr char kAlgoChoices[] = "auto|ring|halving";
 constexpr char kTransportChoices[] = "auto|tcp|ib";
+// LogLevel's values in order: the parser stores the position of the value.
+constexpr char kDebugChoices[] = "NONE|WARN|INFO|TRACE";
+static_assert(static_cast<int>(LogLevel::kNone) == 0 && static_cast<int>(LogLevel::kWarn) == 1 &&
+                  static_cast<int>(LogLevel::kInfo) == 2 && static_cast<int>(LogLevel::kTrace) == 3,
+              "RECCL_DEBUG's choices follow LogLevel");
 
 // The position of `text` in `choices` ("a|b|c"), which the parser has checked it is one of.
 int choiceIndex(const std::string& choices, const std::string& text) {
@@ -170,7 +175,7 @@ constexpr SettingSpec kSettings[] = {
            "surviving NIC (the backup and the last-resort rails), weighted by each path's measured "
            "goodput, instead of loading the backup NIC alone; failback returns it to the primary. "
            "off: everything moves to the backup path (docs/transport.md, \"Spreading\")"),
-    choice("RECCL_DEBUG", "WARN", "NONE|WARN|INFO|TRACE", storeText<&Config::debug>,
+    choice("RECCL_DEBUG", "WARN", kDebugChoices, storeChoice<&Config::debug, kDebugChoices>,
            "log level on stderr"),
     integer("RECCL_CHANNELS", "0", 0, 64, storeNumber<&Config::channels>,
             "CPU engine: connections per peer pair and direction, channel `c` pinned to NIC "
@@ -517,12 +522,6 @@ std::string transportName(TransportMode mode) {
   return choiceName(kTransportChoices, static_cast<int>(mode));
 }
 
-void Config::applyLogLevel() const {
-  static const std::map<std::string, LogLevel> kLevels = {{"NONE", LogLevel::kNone},
-                                                          {"WARN", LogLevel::kWarn},
-                                                          {"INFO", LogLevel::kInfo},
-                                                          {"TRACE", LogLevel::kTrace}};
-  setLogLevel(kLevels.at(debug));
-}
+void Config::applyLogLevel() const { setLogLevel(debug); }
 
 }  // namespace reccl

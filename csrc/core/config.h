@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/log.h"
+
 namespace reccl {
 
 // The choices of RECCL_ALGO and RECCL_TRANSPORT, in the order the settings table lists
@@ -37,7 +39,7 @@ struct Config {
   bool sameHostReads;  // RECCL_SAME_HOST_READS: same-host paths read payloads from the sender's
                        // memory
   bool spread;  // RECCL_SPREAD: stripe over surviving NICs while the primary is down
-  std::string debug;  // RECCL_DEBUG: NONE | WARN | INFO | TRACE
+  LogLevel debug;  // RECCL_DEBUG: NONE | WARN | INFO | TRACE
   // The CPU engine (defaults of a process group's options; pg_options override them).
   int channels;  // RECCL_CHANNELS: connections per peer pair; 0 = one per NIC
   int window;  // RECCL_WINDOW: chunks a channel receives ahead
@@ -82,7 +84,7 @@ struct Config {
   static Config fromEnv(const std::map<std::string, std::string>& env);
   // Reads the process environment.
   static Config fromProcessEnv();
-  // Sets the process log level from `debug`.
+  // Sets the process log level to `debug`.
   void applyLogLevel() const;
 };
 

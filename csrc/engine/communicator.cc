@@ -1,6 +1,7 @@
 #include "engine/communicator.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <set>
 
@@ -299,6 +300,9 @@ void Communicator::diagnoseAlltoall(const OpContext& ctx, const OpDescriptor& de
     int64_t from = -1, to = -1;
     uint64_t sent = 0, expected = 0;
   };
+  // It crosses the wire as raw bytes (the agreement's payload): pinned like the packed structs.
+  static_assert(sizeof(PairVerdict) == 32 && offsetof(PairVerdict, sent) == 16,
+                "all_to_all verdict wire size");
   std::vector<uint64_t> theirs(size_, 0);
   std::vector<std::shared_ptr<Request>> recvs(size_), sends(size_);
   for (int p = 0; p < size_; ++p) {

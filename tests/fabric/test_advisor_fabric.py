@@ -1,4 +1,5 @@
-"""The FaultPolicy acting in the emulated fabric, under torchrun (bench/advisor_drill.py's runs).
+"""The FaultPolicy acting in the emulated fabric, under torchrun (bench/advisor_drill.py's runs,
+torch_reccl/bench/advisor_drill.py).
 
 Two hosts, two rails, each host under its own ``torchrun --max-restarts 2``; host
 0's NIC 1 loses its link (a real carrier loss) and stays down. Under the advised
@@ -15,9 +16,8 @@ import os
 
 import pytest
 
+from torch_reccl.bench import advisor_drill
 from torch_reccl.fabric import Fabric
-
-from bench import advisor_drill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 

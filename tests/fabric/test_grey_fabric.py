@@ -1,16 +1,16 @@
 """Grey failures end to end in the emulated fabric (root): a NIC slowed with tbf
 under load is marked degraded, traffic moves off it with every byte right, and
 it recovers after the heal; a fabric that is uniformly slow and bursty raises
-no `degraded` event. The rank program and driver are bench/grey_fabric.py's."""
+no `degraded` event. The rank program and driver are torch_reccl/bench/grey_fabric.py's,
+which bench/grey_fabric.py measures with."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
+from torch_reccl.bench import grey_fabric
 from torch_reccl.fabric import require_root
-
-from bench import grey_fabric
 
 DETECT_BOUND_S = 6.0    # RECCL_GREY_MS (2 s) + sampling + DCR: well inside this
 RECOVER_BOUND_S = 20.0  # trial after RECCL_GREY_RETRY_MS, then RECCL_GREY_MS of good goodput
@@ -105,9 +105,9 @@ def test_slow_nic_is_degraded_traffic_moves_off_and_comes_back():
 def test_without_dcr_spreading_moves_traffic_off_a_nic_slow_from_the_start():
     """RECCL_DCR=0, RECCL_SPREAD=on, 4 rails: host 0's eth1 is slowed before the
     ranks start, so it never had a fast history of its own and, in the lockstep
-    ring, its fast peers idle in most windows while it is judged (until session
-    11 it was then compared with that slow history, read healthy and was never
-    degraded: busbw stayed at 0.11-0.15 of fault-free). It is degraded, both
+    ring, its fast peers idle in most windows while it is judged (a detector
+    that compared it with its own slow history would read it healthy and leave
+    busbw at 0.11-0.15 of fault-free). It is degraded, both
     ranks' connections of channel 1 stripe over the other three NICs, eth1
     carries nothing more, and every element of every result is right."""
     marks = {}

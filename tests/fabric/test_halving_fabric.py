@@ -3,7 +3,7 @@
 
 Three emulated hosts (a group that is not a power of two: host 0 folds into
 host 1, which halves with host 2) with two rails each run the training loop of
-tests/helpers/fabric_train.py, summing the gradient by one all_reduce or (--sync
+torch_reccl/bench/fabric_train.py, summing the gradient by one all_reduce or (--sync
 shards) by reduce_scatter then all_gather. Host 0's NIC 1 loses its link at
 step 20, mid-run (its connections fail over to NIC 0 below the engine, then
 DCR moves every rank's data off channel 1 at one agreed op); it comes back at

@@ -1,7 +1,7 @@
 """Total outages in the emulated fabric, with default timers.
 
 Two emulated hosts with two rails each train a small model over the "reccl"
-backend (tests/helpers/fabric_train.py through tests/helpers/outage_train.py). At step 20
+backend (torch_reccl/bench/fabric_train.py through torch_reccl/bench/outage_train.py). At step 20
 a real outage starts and lasts 20 s: every NIC of host 1 loses its link, or the
 two hosts lose different rails at once (host 0 rail 0, host 1 rail 1: no common
 healthy rail). No path is left, so every connection stalls; once the links are
@@ -23,11 +23,11 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-from conftest import HELPERS, REPO, RankProcesses
+from conftest import REPO, RankProcesses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
-WORKER = os.path.join(HELPERS, "outage_train.py")
+WORKER = [sys.executable, "-m", "torch_reccl.bench.outage_train"]
 STEPS = 40
 OUTAGE_S = 20.0
 NAME = "ou"  # this module's fabric
@@ -66,7 +66,7 @@ class Training(RankProcesses):
                 "--steps", str(STEPS)]
         if pause is not None:
             argv += ["--pause", str(pause)]
-        self.procs = [fab.popen(h, [sys.executable, WORKER, "--rank", str(h)] + argv, env=default_env(),
+        self.procs = [fab.popen(h, [*WORKER, "--rank", str(h)] + argv, env=default_env(),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
                       for h in range(fab.hosts)]

@@ -1,7 +1,7 @@
 """Spreading (RECCL_SPREAD=on) under real faults in the emulated fabric.
 
 Two hosts with 4 rails; host 0 sends to host 1 over 4 connections, one per NIC,
-NCCL's way (tests/helpers/spread_peer.py): through the NCCL net plugin's tables and
+NCCL's way (torch_reccl/bench/spread_peer.py): through the NCCL net plugin's tables and
 through the transport directly. Phases: fault-free; host 0's eth0 down (its
 connection spreads over eth1-3); eth2 down too (two connections spread over eth1
 and eth3); healed (failback to one path each); eth1 flapping. Every byte of every
@@ -20,11 +20,11 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-from conftest import HELPERS
+from conftest import REPO
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
-PEER = os.path.join(HELPERS, "spread_peer.py")
+PEER = [sys.executable, "-m", "torch_reccl.bench.spread_peer"]
 NICS = [f"eth{i}" for i in range(4)]
 
 
@@ -32,12 +32,12 @@ def run_phases(tmp_path, driver, faults, rate_mbit=400, settle=1.0, extra=()):
     """Runs the peers through `faults` ({phase: fn(fab)}, in order); returns both results."""
     env = {**os.environ, "RECCL_NICS": ",".join(NICS), "RECCL_HEARTBEAT_MS": "300",
            "RECCL_CONNECT_TIMEOUT_MS": "1000", "RECCL_TRANSPORT": "tcp", "RECCL_SPREAD": "on",
-           "PYTHONPATH": HELPERS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     common = ["--driver", driver, "--dir", str(tmp_path), "--phases", ",".join(faults),
               "--step-bytes", str(32 << 20), "--warmup", "1", "--steps", "5", "--deadline", "150",
               *extra]
     with Fabric(hosts=2, rails=4, rate_mbit=rate_mbit, name="sp") as fab:
-        procs = [fab.popen(host, [sys.executable, PEER, "--role", role, *common], env=env,
+        procs = [fab.popen(host, [*PEER, "--role", role, *common], env=env,
                            stdout=subprocess.DEVNULL,
                            stderr=open(tmp_path / f"log-{role}", "w"))
                  for host, role in ((1, "recv"), (0, "send"))]

@@ -1,7 +1,7 @@
 """Training through real faults in the emulated fabric, with DCR.
 
 Two emulated hosts with two rails each run a small training loop over the
-"reccl" backend (tests/helpers/fabric_train.py, one channel per NIC). A fault hits at a
+"reccl" backend (torch_reccl/bench/fabric_train.py, one channel per NIC). A fault hits at a
 chosen step: a NIC losing its link, a whole rail's switch going down, a flapping
 link, a silent blackhole, a NIC going down and coming back. The final parameters
 and the loss curve must be bit-identical to the fault-free run, and DCR must

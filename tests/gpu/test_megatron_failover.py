@@ -13,7 +13,8 @@ re-dials the healed primary). The "lm loss" Megatron logs at every iteration (--
 be identical, the fault run's events (every rank's, in the launcher's --reccl-report)
 must hold failovers and failbacks, the fault-free run's none, and every rank must
 exit 0 with no "Broken pipe" in its log. The runner and the checks are
-bench/megatron_fault.py's (its full version: 300 iterations, DP 2 and TP 2).
+torch_reccl/bench/megatron_fault.py's (bench/megatron_fault.py runs its full version:
+300 iterations, DP 2 and TP 2).
 
 Skipped, with the reason, without a CUDA GPU or without MEGATRON_LM_DIR. (Not a
 RECCL_* name: torch_reccl refuses any RECCL_* variable that is not one of its settings.)
@@ -23,6 +24,8 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from torch_reccl.bench import megatron_fault
 
 from conftest import needs_gpus
 
@@ -46,19 +49,12 @@ pytestmark = needs_gpus(1) + [pytest.mark.skipif(megatron_problem() is not None,
                                                  reason=megatron_problem() or "")]
 
 
-def load_bench():
-    from bench import megatron_fault
-
-    return megatron_fault
-
-
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
 def test_megatron_loss_is_identical_through_a_nic_failure(tmp_path):
-    bench = load_bench()
-    pair = bench.run_pair(os.path.abspath(MEGATRON_DIR), str(tmp_path), "dp2", ITERATIONS,
+    pair = megatron_fault.run_pair(os.path.abspath(MEGATRON_DIR), str(tmp_path), "dp2", ITERATIONS,
                           f"h0nic0:down@step {FAULT_AT},h0nic0:up@step {HEAL_AT}", RUN_TIMEOUT_S, gpus=1)
-    print(bench.table([pair]))
-    problems = bench.verdict(pair, ITERATIONS)
+    print(megatron_fault.table([pair]))
+    problems = megatron_fault.verdict(pair, ITERATIONS)
     assert not problems, "\n".join(problems)
     fired = pair["runs"]["fault"]["report"]["fired"]
     assert [f["before_iteration"] for f in fired] == [FAULT_AT + 1, HEAL_AT + 1], fired

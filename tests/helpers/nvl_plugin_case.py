@@ -22,9 +22,7 @@ emu = testing.CudaEmulation(2)
 testing.nccl_plugin_use_cuda(emu)
 
 import torch_reccl  # noqa: E402
-from torch_reccl.plugin_driver import PTR_CUDA, SUCCESS, Plugin, message  # noqa: E402
-
-from nccl_net_harness import message_sizes  # noqa: E402
+from torch_reccl.bench.nccl_net import PTR_CUDA, SUCCESS, Plugin, message, message_sizes  # noqa: E402
 
 SLOT = 2 << 20     # one message slot of the registered buffers
 SLOTS = 4

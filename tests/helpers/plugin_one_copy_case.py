@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from nccl_net_harness import run_pair
+from torch_reccl.bench.nccl_net import run_pair
 
 NIC0, NIC1 = "lo:127.0.0.1", "lo:127.0.0.2"
 SIZES = [1 << 16] * 16 + [3, 1 << 20]

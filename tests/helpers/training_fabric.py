@@ -1,6 +1,6 @@
 """The emulated-fabric training runs that the fabric tests share
 (test_training_fabric.py, test_halving_fabric.py, test_fabric.py): a module's
-fabric fixture, a run of tests/helpers/fabric_train.py per host, and the checks
+fabric fixture, a run of torch_reccl.bench.fabric_train per host, and the checks
 of its results against the fault-free run.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 from torch_reccl.fabric import Fabric
 
-from conftest import HELPERS, REPO, RankProcesses
+from conftest import REPO, RankProcesses
 
-WORKER = os.path.join(HELPERS, "fabric_train.py")
+WORKER = [sys.executable, "-m", "torch_reccl.bench.fabric_train"]
 STEPS = 60
 ENV = {"RECCL_HEARTBEAT_MS": "300", "RECCL_CONNECT_TIMEOUT_MS": "1000",
        "RECCL_NICS": "eth0,eth1"}
@@ -63,11 +63,11 @@ class Run(RankProcesses):
                        "--port", str(Run._port), "--steps", str(STEPS)]
         for step in pauses:
             argv_common += ["--pause", str(step)]
-        argv_common += list(argv)  # more fabric_train.py options
+        argv_common += list(argv)  # more fabric_train options
         full_env = {**os.environ, **ENV, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
         self.procs = [
-            fab.popen(h, [sys.executable, WORKER, "--rank", str(h)] + argv_common,
+            fab.popen(h, [*WORKER, "--rank", str(h)] + argv_common,
                       env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True)
             for h in range(fab.hosts)

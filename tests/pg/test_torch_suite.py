@@ -19,7 +19,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HARNESS = "bench.torch_dist_suite"  # run as a module of the package bench (ROOT on PYTHONPATH)
+HARNESS = os.path.join(ROOT, "bench", "torch_dist_suite.py")  # run by path; torch_reccl from ROOT
 TEST_TIMEOUT_S = 90
 RUN_TIMEOUT_S = 1500
 
@@ -32,7 +32,7 @@ TORCH_REFUSAL = "monitored_barrier is only implemented for GLOO backend"
 def run_suite(tmp_path, *args):
     out = tmp_path / "suite.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", HARNESS, "--world-sizes", "2", *args,
+    run = subprocess.run([sys.executable, HARNESS, "--world-sizes", "2", *args,
                           "--test-timeout", str(TEST_TIMEOUT_S), "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 
 import torch_reccl
 from torch_reccl._native import testing as emulations
-from torch_reccl.plugin_driver import (
+from torch_reccl.bench.nccl_net import (
     INTERNAL_ERROR,
     INVALID_ARGUMENT,
     PTR_CUDA,
@@ -28,11 +28,13 @@ from torch_reccl.plugin_driver import (
     SUCCESS,
     VERSIONS,
     Plugin,
+    message_sizes,
+    run_pair,
 )
 from torch_reccl.transport import _C, RecclError
 
-from conftest import HELPERS
-from nccl_net_harness import IB_DEVICES, DmaBufArena, ib_emulation_env, message_sizes, run_pair
+from conftest import HELPERS, REPO
+from nccl_net_harness import IB_DEVICES, DmaBufArena, ib_emulation_env
 
 # TCP named explicitly: on a host with RDMA devices auto would pick IB.
 LOOPBACK = {"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_HEARTBEAT_MS": "300", "RECCL_TRANSPORT": "tcp"}
@@ -150,9 +152,9 @@ def test_cross_host_link_down(tmp_path):
     from torch_reccl.fabric import Fabric
 
     env = {**os.environ, "RECCL_NICS": "eth0,eth1", "RECCL_HEARTBEAT_MS": "300",
-           "PYTHONPATH": HELPERS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with Fabric(hosts=2, rails=2, rate_mbit=800, name="np") as fab:
-        procs = [fab.popen(host, [sys.executable, os.path.join(HELPERS, "nccl_net_harness.py"),
+        procs = [fab.popen(host, [sys.executable, "-m", "torch_reccl.bench.nccl_net",
                                   "--role", role, "--dir", str(tmp_path)], env=env,
                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"log-{role}", "w"))
                  for host, role in ((1, "recv"), (0, "send"))]
@@ -179,7 +181,7 @@ def test_cross_host_link_down(tmp_path):
 def run_ib_case(tmp_path, name, timeout=150, **env_changes):
     """Runs one scenario of nccl_net_harness.py in a fresh process; returns its report."""
     env = {**os.environ, **ib_emulation_env(),
-           "PYTHONPATH": HELPERS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     env.update(env_changes)
     proc = subprocess.run([sys.executable, os.path.join(HELPERS, "nccl_net_harness.py"),
                            "--ib-case", name, "--dir", str(tmp_path)],

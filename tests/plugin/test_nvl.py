@@ -17,7 +17,7 @@ import pytest
 
 from torch_reccl.transport import _C, ConfigError
 
-from conftest import HELPERS
+from conftest import HELPERS, REPO
 
 ALL_PEERS = [[True] * 4 for _ in range(4)]
 NO_GPU = bool(_C.cuda_driver_problem())
@@ -109,7 +109,7 @@ def test_good_nvl_settings():
 PLUGIN_PROBE = """
 import json, sys
 import numpy as np
-from torch_reccl.plugin_driver import Plugin, PTR_CUDA, SUCCESS
+from torch_reccl.bench.nccl_net import Plugin, PTR_CUDA, SUCCESS
 p = Plugin(11, require_init=False)
 out = {"init_code": p.init_code, "messages": p.messages}
 if p.init_code == SUCCESS:
@@ -125,7 +125,7 @@ print(json.dumps(out))
 def probe_plugin(**env_changes) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
     env = {**env, "RECCL_NICS": "127.0.0.1,127.0.0.2",
-           "PYTHONPATH": HELPERS + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_changes}
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_changes}
     proc = subprocess.run([sys.executable, "-c", PLUGIN_PROBE], env=env, capture_output=True,
                           text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -176,7 +176,7 @@ def emulated_nvl_run():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
     env.update({"RECCL_NICS": "127.0.0.1,127.0.0.2", "RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1",
                 "RECCL_NVL_MAX_BYTES": str(CAP), "RECCL_HEARTBEAT_MS": "300",
-                "PYTHONPATH": HELPERS + os.pathsep + os.environ.get("PYTHONPATH", "")})
+                "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     proc = subprocess.run([sys.executable, os.path.join(HELPERS, "nvl_plugin_case.py")], env=env,
                           capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -159,12 +159,22 @@ class _Parsed(Exception):
 
 
 _PARSERS: Dict[str, Optional[argparse.ArgumentParser]] = {}
+# A script whose command line is a package module's main (bench/advisor_drill.py).
+ENTRY_POINT = re.compile(r"^from (torch_reccl(?:\.\w+)+) import main\b", re.MULTILINE)
+
+
+def uses_argparse(script: str) -> bool:
+    text = read(script)
+    entry = ENTRY_POINT.search(text)
+    return "ArgumentParser" in text or (
+        entry is not None and "ArgumentParser" in read(entry.group(1).replace(".", "/") + ".py"))
 
 
 def parser_of(tool: str) -> Optional[argparse.ArgumentParser]:
     """The argparse parser a tool builds ("module:torch_reccl", "script:bench/x.py"):
     the tool runs as __main__ until it parses its arguments, which is stopped
-    there. None for a script that does not use argparse (it is not run)."""
+    there. None for a script that does not use argparse, itself or through the
+    package module whose main it runs (it is not run)."""
     if tool in _PARSERS:
         return _PARSERS[tool]
 
@@ -174,7 +184,7 @@ def parser_of(tool: str) -> Optional[argparse.ArgumentParser]:
     kind, name = tool.split(":", 1)
     path = os.path.join(REPO, name) if kind == "script" else None
     parser = None
-    if path is None or "ArgumentParser" in read(name):
+    if path is None or uses_argparse(name):
         with mock.patch.object(argparse.ArgumentParser, "parse_args", stop), \
                 mock.patch.object(argparse.ArgumentParser, "parse_known_args", stop), \
                 mock.patch.object(sys, "argv", [path or name]), \

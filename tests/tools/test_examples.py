@@ -16,7 +16,10 @@ import sys
 
 import pytest
 
+from torch_reccl.bench import megatron_fault
+
 from conftest import HELPERS, REPO
+from wandb_run import finished_run_records, history_rows
 
 
 def torchrun(script, *args, timeout=150, env_overrides=None, cwd=REPO):
@@ -71,8 +74,6 @@ def test_megatron_launcher_hands_its_group_to_the_script_and_logs_to_the_last_ra
     adapts it) and stop every rank at the same step, and rank 0's failovers (host 0's
     NIC 0 down before iteration 51 by the launcher's fault schedule) land in the W&B
     run on the last rank."""
-    from test_integrations import finished_run_records, history_rows
-
     output = torchrun(LAUNCHER, "--reccl-script", "pretrain_gpt.py", "--reccl-wandb",
                       "--reccl-fault-schedule", "h0nic0:down@step 50",
                       "--train-iters", "150", "--wandb-project", "reccl-megatron-test",
@@ -193,25 +194,19 @@ def test_megatron_summary_separates_fault_free_steps_from_the_spike():
     assert "fault-free median step 10.00 ms" in lines[0] and "500.00 ms at iteration 23, 50.00x" in lines[1]
 
 
-def load_bench():
-    from bench import megatron_fault
-
-    return megatron_fault
-
-
 @pytest.mark.timeout(300)
 def test_megatron_launcher_fault_schedule_keeps_every_loss_and_exits_cleanly(tmp_path):
-    """bench/megatron_fault.py's runner on the stand-in checkout, 2 ranks started
-    without torchrun (rank 0 hosts the store, as on the GPU machine): fault-free, then
+    """bench/megatron_fault.py's runner (torch_reccl/bench/megatron_fault.py) on the
+    stand-in checkout, 2 ranks started without torchrun (rank 0 hosts the store, as on
+    the GPU machine): fault-free, then
     rank 0's NIC 0 down before iteration 21 and up before 41 (inject_fault). The
     loss logged at every iteration and the final parameters are identical, the
     launcher's report has every step and both ranks' failovers and failbacks, and
     every rank exits 0 without a backtrace or a "Broken pipe" although the script
     leaves without destroying its process group."""
-    bench = load_bench()
-    pair = bench.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 60, "h0nic0:down@step 20,h0nic0:up@step 40",
+    pair = megatron_fault.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 60, "h0nic0:down@step 20,h0nic0:up@step 40",
                           timeout_s=120, gpus=1, megatron_args=[], log=lambda line: None)
-    assert bench.verdict(pair, 60) == [], bench.verdict(pair, 60)
+    assert megatron_fault.verdict(pair, 60) == [], megatron_fault.verdict(pair, 60)
     clean, faulted = pair["runs"]["fault_free"], pair["runs"]["fault"]
     digests = [re.findall(r"rank (\d): parameters sha256 (\w+)", "".join(run["logs"])) for run in (clean, faulted)]
     assert len(digests[0]) == 2 and sorted(digests[0]) == sorted(digests[1])
@@ -238,16 +233,15 @@ def test_megatron_fault_run_with_a_real_veth_down_keeps_every_loss(tmp_path):
     re-dialled with a backoff of up to 2 s) fits in the 55 iterations after the heal."""
     from torch_reccl.fabric import Fabric
 
-    bench = load_bench()
     fabric = Fabric(hosts=2, rails=2, name="mgt").up()
     try:
-        link = bench.VethLink(fabric, str(tmp_path))
-        pair = bench.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 80,
+        link = megatron_fault.VethLink(fabric, str(tmp_path))
+        pair = megatron_fault.run_pair(MEGATRON_CHECKOUT, str(tmp_path), "dp2", 80,
                               "h0nic0:down@step 15,h0nic0:up@step 25", timeout_s=150, gpus=1,
                               megatron_args=["--iteration-ms", "50"], log=lambda line: None, link=link)
     finally:
         fabric.down()
-    assert bench.verdict(pair, 80) == [], bench.verdict(pair, 80)
+    assert megatron_fault.verdict(pair, 80) == [], megatron_fault.verdict(pair, 80)
     clean, faulted = pair["runs"]["fault_free"], pair["runs"]["fault"]
     digests = [re.findall(r"rank (\d): parameters sha256 (\w+)", "".join(run["logs"])) for run in (clean, faulted)]
     assert len(digests[0]) == 2 and sorted(digests[0]) == sorted(digests[1])

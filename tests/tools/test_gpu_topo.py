@@ -23,7 +23,7 @@ from torch_reccl import cli, gpu_topo
 from torch_reccl.cli import topo
 from torch_reccl.transport import _C, ConfigError
 
-from conftest import HELPERS
+from conftest import HELPERS, REPO
 
 FAKE_DIR = os.path.join(HELPERS, "fake_nvml")
 
@@ -374,7 +374,7 @@ sys.modules["pynvml"] = None  # this probe's NVLink answer is RECCL_NVLINK_PEERS
 from torch_reccl import _native
 testing = _native.testing()
 testing.nccl_plugin_use_cuda(testing.CudaEmulation(2))
-from torch_reccl.plugin_driver import Plugin
+from torch_reccl.bench.nccl_net import Plugin
 p = Plugin(11, require_init=False)
 print(json.dumps({"init_code": p.init_code, "messages": p.messages}))
 """
@@ -385,7 +385,7 @@ def plugin_nvl_line(**env_changes) -> str:
     between them), NIC 0 next to GPU 0 and NIC 1 next to GPU 1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECCL_")}
     env.update(RECCL_NICS="127.0.0.1,127.0.0.2", RECCL_NVL="on", RECCL_NIC_GPUS="0,1",
-               PYTHONPATH=HELPERS + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_changes)
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_changes)
     proc = subprocess.run([sys.executable, "-c", PLUGIN_PROBE], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]

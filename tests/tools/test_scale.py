@@ -1,6 +1,6 @@
 """Scale, CI (issue 14): a 16-rank CPU job with a Megatron-like group set on the dev machine.
 
-Runs bench/scale.py's launcher (bench.scaling.runner.run_job, imported, not copied) twice in this module:
+Runs bench/scale.py's launcher (torch_reccl.bench.scaling.runner.run_job, imported, not copied) twice in this module:
 once with backend "reccl", once with "gloo", each as 16 rank processes on
 127.0.0.1 whose store is a real c10d TCPStore server hosted here behind the
 launcher's counting proxy. Each job: init_process_group, the group set (world,
@@ -53,12 +53,13 @@ import sys
 
 import pytest
 
-from bench.scaling import (  # bench/scale.py's package (the repository is on sys.path: tests/conftest.py)
+from torch_reccl.bench.scaling import (  # bench/scale.py's package
     busbw as scale_busbw,
     ceiling as wire_ceiling,
     report as scale_report,
     runner as scale_runner,
 )
+
 from conftest import REPO
 
 RANKS = int(os.environ.get("SCALE_TEST_RANKS", "16"))
