@@ -80,6 +80,9 @@ def command_build(args) -> int:
     return 0
 
 
+SLOW_UNIT_S = 10  # libFuzzer's -report_slow_units default: a rerun past it is a hang
+
+
 def fuzz_one(name: str, out: str, seconds: int, merge: bool) -> dict:
     exe = binary(out, name)
     scratch = os.path.join(out, "work", name)
@@ -104,7 +107,20 @@ def fuzz_one(name: str, out: str, seconds: int, merge: bool) -> dict:
             stat = STAT.match(line)
             if stat:
                 result[stat.group(1)] = int(stat.group(2))
-    result["crashes"] = sorted(os.listdir(artifacts))
+    # libFuzzer keeps an input that once ran past -report_slow_units (10 s) as
+    # slow-unit-*: on a loaded machine that is often the scheduler, not the input.
+    # Each is run again alone; one still slow is a hang, the others are listed.
+    found = sorted(os.listdir(artifacts))
+    result["crashes"] = [f for f in found if not f.startswith("slow-unit-")]
+    result["slow_units"] = {}
+    for slow in (f for f in found if f.startswith("slow-unit-")):
+        again = time.monotonic()
+        try:
+            subprocess.run([exe, os.path.join(artifacts, slow)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=SLOW_UNIT_S, check=True)
+            result["slow_units"][slow] = round(time.monotonic() - again, 3)
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
+            result["crashes"].append(slow)
     if merge:
         subprocess.run([exe, "-merge=1", corpus_dir(name), scratch], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=600, check=True)
