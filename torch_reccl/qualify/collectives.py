@@ -152,8 +152,8 @@ def fault_stream(dist, group, device, nbytes: int, nic: str, faulted: bool, even
     ops_in_phase = 0
     times: Dict[int, List[float]] = {FREE: [], DOWN: [], UP: []}
     wrong_ops, wrong_elements = 0, 0
-    down_at: Optional[float] = None   # wall clock (events carry wall-clock times)
-    up_at: Optional[float] = None
+    down_at: Optional[float] = None   # wall clock (events carry wall-clock times): the start
+    up_at: Optional[float] = None     # of the collective that announced DOWN, UP
     failed_over = failed_back = False
     most_failed_over = 0
     settled = None
@@ -163,6 +163,10 @@ def fault_stream(dist, group, device, nbytes: int, nic: str, faulted: bool, even
         x[data + 1] = 1.0 if failed_over else 0.0
         x[data + 2] = 1.0 if failed_back else 0.0
         _sync(device)
+        # Every rank starts a collective before any rank finishes it, and the faulted host
+        # injects only after finishing the one that announced the fault: so what the fault
+        # causes anywhere happens after this rank's start of that collective.
+        started = time.time()
         begin = time.perf_counter()
         dist.all_reduce(x, group=group)
         control = x[data:].tolist()
@@ -176,13 +180,13 @@ def fault_stream(dist, group, device, nbytes: int, nic: str, faulted: bool, even
             times[announced].append(elapsed)
         op += 1
         if announced == DOWN and down_at is None:
-            down_at = time.time()
+            down_at = started
             if faulted:
                 import torch_reccl
 
                 torch_reccl.inject_fault(nic, "down")
         elif announced == UP and up_at is None:
-            up_at = time.time()
+            up_at = started
             if faulted:
                 import torch_reccl
 

@@ -331,10 +331,13 @@ def failover_record(job: Job, per_rail: List[Optional[List[Dict[str, Any]]]], er
         if wrong:
             problems.append(f"{where}: wrong results on rank(s) {sorted(wrong)} "
                             f"({sum(wrong.values())} collectives)")
+        # A rank fails over where its connections used the NIC: with one rank per host, every
+        # rank; with one per GPU, those whose channels the NIC carried (NCCL pairs GPUs with
+        # their nearest NICs).
         on_host = [r for r in ranks if job.host_of[r["rank"]] == host]
-        no_failover = [r["rank"] for r in on_host if not r["failover"]]
-        if no_failover:
-            problems.append(f"{where}: no failover on rank(s) {no_failover} of the host that lost the NIC")
+        if not any(r["failover"] for r in on_host):
+            problems.append(f"{where}: no rank of host {host} failed over (rank(s) "
+                            f"{[r['rank'] for r in on_host]}): the stream never failed over off {nic}")
         elsewhere = [r for r in ranks if job.host_of[r["rank"]] != host]
         if elsewhere and not any(r["failover"] for r in elsewhere):
             problems.append(f"{where}: no rank of another host failed over (their paths to host {host} "
