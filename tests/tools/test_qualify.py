@@ -166,7 +166,7 @@ def test_a_nic_entry_that_is_no_local_nic_fails_naming_it(tmp_path):
                    env={"RECCL_NICS": "127.0.0.1,eth9"})
     assert done.returncode == 1, done.stdout + done.stderr[-4000:]
     reason = "RECCL_NICS entry 'eth9' matches no local IPv4 interface or address; available: lo(127.0.0.1)"
-    assert f"  - inventory: host 0 (" in done.stdout and reason in done.stdout, done.stdout
+    assert "  - inventory: host 0 (" in done.stdout and reason in done.stdout, done.stdout
     record = json.loads(out.read_text())
     statuses = {name: c["status"] for name, c in record["checks"].items()}
     assert statuses == {"inventory": "failed", "reach": "skipped", "perf": "skipped", "failover": "skipped"}
