@@ -19,7 +19,7 @@ import pytest
 
 from torch_reccl.qualify import cli, inventory, reach, report
 
-from conftest import REPO
+from conftest import A0, A1, B0, B1, REPO, heal_all, ib_env, native, testing as load_testing
 
 # small and short: the point is that every check runs and its result is right
 FAST = ["--sizes-mib", "1", "--perf-budget", "0.2", "--failover-mib", "1", "--failover-base", "1",
@@ -105,6 +105,52 @@ def test_tcp_probe_names_the_address_that_refuses():
     finally:
         echo.close()
     assert out["k"]["connected"] and out["k"]["error"] is None and out["k"]["rtt_us"] > 0
+
+
+@pytest.mark.parametrize("kind", ["tcp", "verbs"])
+def test_dial_shakes_hands_on_each_rail_and_names_the_one_that_does_not(kind):
+    """reach.dial between two hosts in one process, one transport per rail: over TCP
+    (loopback NICs) and over reccl's IB transport on the verbs emulation, the path a
+    cluster with RDMA devices takes. Host b's rail-1 device drops every packet (IB) /
+    host b has no listener on rail 1 but a stale handle (TCP): rail 0 connects with a
+    round-trip time, rail 1 fails by the deadline naming its path."""
+    import threading
+    import time
+
+    if kind == "verbs":
+        emu = load_testing().IbEmulation([A0, A1, B0, B1])
+        devices = {"a": [A0, A1], "b": [B0, B1]}
+        maker = {h: (lambda rail, h=h: native().IbTransport(emu, ib_env([devices[h][rail]])))
+                 for h in ("a", "b")}
+    else:
+        emu = None
+        addresses = {"a": ["127.0.0.1", "127.0.0.2"], "b": ["127.0.0.3", "127.0.0.4"]}
+        maker = {h: reach.tcp_transport_maker(addresses[h]) for h in ("a", "b")}
+    a, b = reach.RailListeners(maker["a"], 2), reach.RailListeners(maker["b"], 2)
+    try:
+        assert a.errors == [None, None] and b.errors == [None, None]
+        handles = b.handles()
+        if kind == "verbs":
+            emu.drop(B1, True)
+            expected = {0: 1, 1: 1}
+        else:  # a handle whose listener is gone: the dial finds nobody there
+            b.listeners[1].close()
+            expected = {0: 1}
+        deadline = time.monotonic() + 3.0
+        accepted = threading.Thread(target=reach.dial, args=(b, [], expected, deadline), daemon=True)
+        accepted.start()
+        rows = reach.dial(a, [(1, 0, handles[0]), (1, 1, handles[1])], {}, deadline)
+        accepted.join(15)
+        assert not accepted.is_alive()
+    finally:
+        a.close()
+        b.close()
+        if emu is not None:
+            emu.drop(B1, False)
+        heal_all()
+    assert rows[(1, 0)]["ok"] and rows[(1, 0)]["rtt_us"] > 0 and rows[(1, 0)]["error"] is None, rows
+    assert not rows[(1, 1)]["ok"] and rows[(1, 1)]["rtt_us"] is None, rows
+    assert "connect not complete" in rows[(1, 1)]["error"] and "paths: primary" in rows[(1, 1)]["error"], rows
 
 
 def test_summary_lists_every_reason_a_run_failed():

@@ -73,8 +73,8 @@ def _sync(device) -> None:
 def _run(dist, op: str, out, inp, group) -> None:
     if op == "all_reduce":
         dist.all_reduce(inp, group=group)
-    else:
-        dist.all_gather_into_tensor(out, inp, group=group)
+    else:  # all_gather_single is all_gather_into_tensor's name from torch 2.13 on
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=group)
 
 
 def _agree_max(dist, value: float, group, device) -> float:
