@@ -49,8 +49,8 @@ def _line(name: str, check: Dict[str, Any]) -> str:
             what += f"; verbs {sum(1 for r in verbs if r['ok'])} of {len(verbs)}"
     elif name == "perf":
         parts = [f"{r['op']} {_size(r['bytes'])} {r['reccl']['busbw_gbps']:.2f}/"
-                 f"{r['baseline']['busbw_gbps']:.2f} ({r['ratio']:.2f}x)"
-                 for r in check["rows"] if r.get("baseline") and r.get("ratio") is not None]
+                 + (f"{r['baseline']['busbw_gbps']:.2f} ({r['ratio']:.2f}x)" if r.get("ratio") is not None else "-")
+                 for r in check["rows"]]
         what = f"busbw GB/s reccl/{check['baseline']}: " + ", ".join(parts) if parts else "no measurement"
     else:
         parts = []
@@ -179,9 +179,6 @@ def markdown(record: Dict[str, Any]) -> str:
                           [[r["src"], r["dst"], r["rail"], r.get("device"), "yes" if r["ok"] else "NO", r["rtt_us"],
                             r["error"]] for r in reach["verbs_rows"]])
             out.append("")
-        for note in reach.get("verbs_note") or []:
-            out.append(f"- verbs: {note}")
-        out.append("")
     perf = checks.get("perf")
     if perf and perf.get("rows"):
         transport = f" (plugin over {perf['plugin_transport']})" if perf.get("plugin_transport") else ""
@@ -197,7 +194,7 @@ def markdown(record: Dict[str, Any]) -> str:
         out.append("")
     failover = checks.get("failover")
     if failover and failover.get("rails"):
-        out += ["## Failover", "", (failover.get("path") or "the reccl process group") + ": each rail taken down "
+        out += ["## Failover", "", (failover.get("path") or "The reccl process group") + ": each rail taken down "
                 "on one host with `torch_reccl.inject_fault` in a stream of all_reduces, then brought back. "
                 "Interruption: the longest collective while the rail was down; kept: fault-free time per "
                 "collective over the median time while down.", ""]

@@ -31,10 +31,6 @@ GPU_WORKER_SLACK_S = 120.0  # a GPU variant's process: NCCL's set-up, beyond its
 MIB = 1 << 20
 
 
-def passed(**fields) -> Dict[str, Any]:
-    return {"status": "passed", "problems": [], **fields}
-
-
 def skipped(reason: str, **fields) -> Dict[str, Any]:
     return {"status": "skipped", "reason": reason, "problems": [], **fields}
 
@@ -121,9 +117,11 @@ def run_reach(job: Job, args, plan: Dict[str, Any], events: EventLog, say: Progr
     try:
         if job.is_leader:
             mine = _reach_leader(job, args, plan, events, closers)
+    except Exception as error:  # noqa: BLE001 - reported for this host; the other hosts go on
+        mine = {"error": f"could not run its dials: {type(error).__name__}: {error}"}
     finally:
         # every host's listeners stay up until every host is done dialing
-        job.barrier("reach/done", 2 * args.reach_timeout + reach.PING_SLACK_S + STORE_SLACK_S)
+        job.barrier("reach/done", 2 * (args.reach_timeout + reach.PING_SLACK_S) + STORE_SLACK_S)
         for closer in closers:
             closer.close()
     gathered = job.gather("reach/result", mine, args.step_timeout)
@@ -140,13 +138,16 @@ def run_reach(job: Job, args, plan: Dict[str, Any], events: EventLog, say: Progr
                 a, b = invs[src]["nics"][rail], invs[dst]["nics"][rail]
                 where = (f"rail {rail}: host {src} {a['name']} ({a['address']}) -> host {dst} "
                          f"{b['name']} ({b['address']})")
-                if got is None:
-                    problems.append(f"{where}: host {src} reported no result (its output says why)")
+                if got is None or got.get("error"):
+                    why = got["error"] if got else "reported no result (its output says why)"
+                    problems.append(f"{where}: host {src} {why}")
                     continue
                 tcp, hello = got["tcp"].get(key), got["hello"].get(key)
                 rows.append({"src": src, "dst": dst, "rail": rail, "tcp": tcp, "hello": hello})
-                if not tcp["connected"] or tcp["error"]:
+                if not tcp["connected"]:
                     problems.append(f"{where}: TCP does not connect: {tcp['error']}")
+                elif tcp["error"]:
+                    problems.append(f"{where}: TCP: {tcp['error']}")
                 elif not hello["ok"]:
                     refused = (by_host.get(dst) or {}).get("rejected") or {}
                     why = (f"; host {dst} refused handshakes: " + "; ".join(f"{d} ({n}x)" for d, n in refused.items())
@@ -165,7 +166,8 @@ def run_reach(job: Job, args, plan: Dict[str, Any], events: EventLog, say: Progr
                         problems.append(text)
                     else:
                         warnings.append(text + " (the plugin runs over TCP here, RECCL_TRANSPORT)")
-    verbs_note = sorted({g.get("verbs_note") for g in by_host.values() if g.get("verbs_note")})
+    verbs_note = sorted({f"host {h}: {g['verbs_note']}" for h, g in by_host.items() if g.get("verbs_note")})
+    (problems if plan["ib_plugin"] else warnings).extend(f"verbs not checked on {note}" for note in verbs_note)
     return verdict(problems, warnings=warnings, plan=way, rows=rows, verbs_rows=verbs_rows,
                    verbs_note=verbs_note, timeout_s=args.reach_timeout)
 
@@ -236,8 +238,9 @@ def _reach_leader(job: Job, args, plan: Dict[str, Any], events: EventLog, closer
                                     and rail < len(peers[h]["verbs_handles"])
                                     and peers[h]["verbs_handles"][rail] is not None)
                           for rail in range(len(devices))}
-        for (dst, rail), row in reach.dial(verbs, verbs_out, verbs_expected,
-                                           time.monotonic() + args.reach_timeout).items():
+        # the same window on every host: after every host's TCP dials and pings
+        verbs_deadline = deadline + reach.PING_SLACK_S + args.reach_timeout
+        for (dst, rail), row in reach.dial(verbs, verbs_out, verbs_expected, verbs_deadline).items():
             out["verbs"][f"{dst}/{rail}"] = {**row, "device": devices[rail]}
     prober.join(timeout=max(0.0, deadline - time.monotonic()) + reach.PING_SLACK_S + 5.0)
     for key, _, _, _ in probes:
