@@ -31,7 +31,7 @@ def run(args) -> int:
         mark[0] = now
 
     checks = record["checks"]
-    took("start")
+    took("rendezvous")
     code = 1
     try:
         plan = steps.run_inventory(job, args, say)
