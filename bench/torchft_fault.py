@@ -8,7 +8,8 @@ replica trains again and whether the final parameters are equal
 
     python bench/torchft_fault.py [--mode auto|fabric|inject] [--backends gloo,reccl]
                                   [--faults nic,kill] [--steps 300] [--fault-step 40]
-                                  [--timeout 15] [--setting RECCL_NAME=VALUE] [--json PATH]
+                                  [--timeout 15] [--setting RECCL_NAME=VALUE] [--repeat 1]
+                                  [--json PATH]
 
 ``--mode fabric`` (root, pyroute2): each replica in a host of the emulated fabric,
 the NIC fault a veth that loses carrier (Gloo runs on NIC 0, reccl on NICs 0 and
@@ -39,6 +40,7 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=15.0, help="torchft's and the process group's timeout (s)")
     parser.add_argument("--setting", action="append", default=[], metavar="RECCL_NAME=VALUE",
                         help="a RECCL_* setting for every replica (repeatable), e.g. RECCL_PEER_GONE_TIMEOUT_MS=3000")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and fault")
     parser.add_argument("--name", default=None, help="the fabric's name (default: from the pid)")
     parser.add_argument("--json", default=None, help="write every run's record here")
     args = parser.parse_args(argv)
@@ -48,6 +50,8 @@ def parse_args(argv=None):
         if wrong or not chosen:
             parser.error(f"--{option} {getattr(args, option)!r}: valid values are {', '.join(valid)}")
         setattr(args, option, chosen)
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: expected 1 or more")
     for setting in args.setting:
         name, _, value = setting.partition("=")
         if not name.startswith("RECCL_") or not value:
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
               flush=True)
     outcomes = []
     for fault in args.faults:
-        for backend in args.backends:
+        for backend in [b for b in args.backends for _ in range(args.repeat)]:
             outcome = torchft_compare.run(backend, fault, mode=mode, steps=args.steps,
                                           fault_step=args.fault_step, step_s=args.step_s,
                                           timeout_s=args.timeout, name=args.name,

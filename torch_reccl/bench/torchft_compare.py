@@ -175,7 +175,7 @@ class _Hosts:
 
 def run(backend: str, fault: str, mode: str = "inject", steps: int = 300, fault_step: int = 40,
         step_s: float = 0.05, timeout_s: float = 30.0, start_timeout_s: float = 120.0,
-        run_timeout_s: float = 240.0, end_grace_s: float = 10.0, max_restarts: int = 6,
+        run_timeout_s: float = 240.0, end_grace_s: float = 10.0, max_restarts: int = 30,
         name: Optional[str] = None,
         env: Optional[Dict[str, str]] = None, log=None) -> Outcome:
     """One run of the job under ``fault`` on ``backend``; see the module's docstring.
