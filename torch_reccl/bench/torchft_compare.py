@@ -11,8 +11,9 @@ Faults (``FAULTS``), applied to replica 1 once both replicas have trained
   (over NICs 0 and 1) both meet. Without root (``mode="inject"``) the ranks run on
   loopback NICs and the fault is ``torch_reccl.inject_fault`` inside replica 1,
   which acts inside reccl only: Gloo's row then says that no fault reached it.
-- ``kill``: replica 1's process is SIGKILLed in mid-step (after its backward pass,
-  before its gradients' all-reduce, so replica 0 waits in that all-reduce) and
+- ``kill``: replica 1's process is SIGKILLed in mid-step (after its backward pass
+  and the step's quorum, before its gradients' all-reduce, so replica 0 waits in
+  that all-reduce) and
   started again at once, as a torchft launcher does; it rejoins and heals from
   replica 0. A replica that exits by itself is started again too.
 

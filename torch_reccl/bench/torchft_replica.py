@@ -17,8 +17,8 @@ per host, all started by its driver:
   end ``done`` with the SHA-256 of its parameters and optimizer state and the
   reccl failovers it saw. Commands on stdin: ``{"cmd": "inject", "nic": ...,
   "kind": ...}`` (torch_reccl.inject_fault), ``{"cmd": "die"}`` (SIGKILLs itself
-  in its next step, after the backward pass and before the gradients' all-reduce,
-  so that its peer waits in that all-reduce when it dies).
+  in its next step, after the backward pass and the step's quorum, before the
+  gradients' all-reduce, so that its peer waits in that all-reduce when it dies).
 
 Run by the driver inside each host's network namespace (fabric) or on this
 machine (loopback): ``python -m torch_reccl.bench.torchft_replica replica ...``.
@@ -157,7 +157,8 @@ def replica(args) -> int:
             loss = torch.nn.functional.cross_entropy(job.model(x), y)
             loss.backward()
             flat = torch.cat([p.grad.reshape(-1) for p in params])
-            if die.is_set():  # killed in mid-step: its peers are in the all-reduce by now
+            if die.is_set():  # killed in mid-step, in the step's quorum: its peers wait in the all-reduce
+                manager.wait_quorum()
                 report("dying", step=step, t=time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
             manager.allreduce(flat).wait()
