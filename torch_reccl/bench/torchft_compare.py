@@ -150,7 +150,7 @@ class _Hosts:
     def address(self, host: int) -> str:
         return self.fabric.mgmt_ip(host) if self.fabric else "127.0.0.1"
 
-    def env(self, backend: str) -> Dict[str, str]:
+    def env(self) -> Dict[str, str]:
         nics = ("eth0", "eth1") if self.fabric else ("127.0.0.1", "127.0.0.2")
         return {"RECCL_NICS": ",".join(nics),
                 # Gloo on NIC 0, as a job pinned to one rail
@@ -194,7 +194,7 @@ def run(backend: str, fault: str, mode: str = "inject", steps: int = 300, fault_
     started = time.monotonic()
     messages: "queue.Queue[Tuple[Tuple[str, int, int], dict]]" = queue.Queue()
     hosts = _Hosts(mode, name)
-    base = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **hosts.env(backend), **(env or {})}
+    base = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **hosts.env(), **(env or {})}
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, base.get("PYTHONPATH", "")) if p)
     module = [sys.executable, "-m", "torch_reccl.bench.torchft_replica"]
