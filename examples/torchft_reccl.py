@@ -30,6 +30,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -119,12 +120,17 @@ def main(argv=None) -> int:
     address = f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}"
     env = {**os.environ, "RECCL_NICS": "127.0.0.1,127.0.0.2", "OMP_NUM_THREADS": "1"}
 
+    logs = tempfile.TemporaryDirectory(prefix="torchft_reccl_")
+    stderr_paths = {}  # each replica process's stderr, shown when it fails
+
     def start(r: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--replica", str(r),
-                                 "--lighthouse", address,
-                                 "--steps", str(args.steps), "--nic-step", str(args.nic_step),
-                                 "--step-s", str(args.step_s)], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        stderr_paths[r] = os.path.join(logs.name, f"replica{r}.{len(stderr_paths)}.stderr")
+        with open(stderr_paths[r], "w") as stderr:
+            return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--replica", str(r),
+                                     "--lighthouse", address,
+                                     "--steps", str(args.steps), "--nic-step", str(args.nic_step),
+                                     "--step-s", str(args.step_s)], env=env, stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True)
 
     def printer(p: subprocess.Popen, lines: list) -> None:
         for line in p.stdout:
@@ -166,7 +172,14 @@ def main(argv=None) -> int:
                for line in outputs[r] if "parameters sha256" in line}
     if len(digests) != REPLICAS or any(p.returncode != 0 for p in procs.values()):
         print(f"[example] a replica failed: exit codes {[p.returncode for p in procs.values()]}", flush=True)
+        for r, p in procs.items():
+            if p.returncode != 0:
+                with open(stderr_paths[r]) as stderr:
+                    tail = stderr.read()[-3000:]
+                print(f"[example] replica {r}'s stderr (last 3000 characters):\n{tail}", flush=True)
+        logs.cleanup()
         return 1
+    logs.cleanup()
     same = len(set(digests.values())) == 1
     print(f"[example] final parameters {'equal' if same else 'DIFFERENT'} on both replicas", flush=True)
     return 0 if same else 1

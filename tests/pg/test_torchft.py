@@ -3,7 +3,8 @@
 - ProcessGroupReccl as torchft's Manager drives it, in 2 processes: a group per
   quorum (configure with a new store prefix each time), exact all_reduce results in
   each, the wait/future contract torchft's callbacks need (the Future is done when
-  wait() returns), a bounded abort(), errored(), shutdown(), and bad arguments.
+  wait() returns; a failed op's wait() returns False and its Future and errored()
+  carry the error), a bounded abort(), errored(), shutdown(), and bad arguments.
 - The job of torch_reccl.bench.torchft_compare on reccl: 2 replica groups under
   the Manager with torchft's Lighthouse. (a) replica 1's host loses NIC 0 for good:
   no step fails, the quorum never changes, both replicas are in every step and
@@ -69,8 +70,11 @@ def _quorum_job(rank, port, out_dir):
             started = time.monotonic()
             pg.abort()
             result["abort_s"] = time.monotonic() - started
+            # the failure reaches torchft through the Future and errored(), not by raising
+            # from wait(): torchft's DDP hook takes the Future after wait()
+            assert pending.wait() is False
             with pytest.raises(Exception):
-                pending.wait()
+                pending.get_future().wait()
             assert isinstance(pg.errored(), RuntimeError)
         # the next quorum's group works after the abort (rank 1 leaves its group by configure)
         pg.configure(f"127.0.0.1:{port}/torchft/4/0", f"replica_{rank}", rank, 2, quorum_id=4)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import datetime
 from typing import Optional
 
+from torch.distributed import Work
+
 try:
     from torchft.process_group import ProcessGroupWrapper
 except ImportError as error:  # pragma: no cover - the message is the point
@@ -44,9 +46,11 @@ class ProcessGroupReccl(ProcessGroupWrapper):
     ``abort()`` is bounded (the reccl backend's abort: running and queued ops fail at
     once, connections close within their close handshake) and leaves the process
     able to form the next quorum's group; ``shutdown()`` lets queued ops finish (at
-    most the timeout, 30 s at most) and releases the group. ``errored()`` is the error
-    an ``abort()`` for an error recorded, until the next group is made: an op that
-    fails reaches torchft through its Work, as with Gloo.
+    most the timeout, 30 s at most) and releases the group. An op that fails reaches
+    torchft through its Work's Future (the Manager's ``wrap_future`` reports it) and
+    through ``errored()`` (``should_commit`` asks it); the Work's ``wait()`` returns
+    False instead of raising (:class:`_ErrorRecordingWork` says why). ``errored()`` is
+    the first op failure or errored ``abort()`` since the group was made.
     """
 
     def __init__(self, timeout: "datetime.timedelta | float" = datetime.timedelta(seconds=60),
@@ -75,9 +79,16 @@ class ProcessGroupReccl(ProcessGroupWrapper):
         return cpu_process_group(store, rank, world_size, self._timeout, name,
                                  options=self._options, global_ranks=self._global_ranks)
 
+    def _wrap_work(self, work: Work, opts: object) -> Work:
+        return _ErrorRecordingWork(self, work)
+
+    def _record_error(self, error: Exception) -> None:
+        if self._errored is None:
+            self._errored = error
+
     def abort(self, errored: bool = True) -> None:
         if errored:
-            self._errored = RuntimeError("the reccl process group was aborted")
+            self._record_error(RuntimeError("the reccl process group was aborted"))
         super().abort(errored=errored)
 
     def shutdown(self) -> None:
@@ -90,3 +101,36 @@ class ProcessGroupReccl(ProcessGroupWrapper):
 
     def getBackendName(self) -> str:
         return "torchft-reccl"
+
+
+class _ErrorRecordingWork(Work):
+    """An op's Work whose ``wait()`` records a failure in its group's ``errored()`` and
+    returns False instead of raising. torchft's DDP comm hook calls ``wait()`` and then
+    takes the Future its Manager built after that wait; an exception from ``wait()``
+    leaves that Future unbuilt and the hook's assertion kills the replica (torchft 0.2),
+    where a failed op should only discard the step. The Future still carries the
+    error, so the Manager sees it either way."""
+
+    def __init__(self, group: ProcessGroupReccl, work: Work) -> None:
+        super().__init__()
+        self._group = group
+        self._work = work
+
+    def wait(self, timeout: "Optional[datetime.timedelta]" = None) -> bool:
+        try:
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        except Exception as error:  # every failure is the group's: recorded, never lost
+            self._group._record_error(error)
+            return False
+
+    def get_future(self):
+        return self._work.get_future()
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def exception(self):
+        return self._work.exception()
+
+    def result(self):
+        return self._work.result()
