@@ -46,6 +46,7 @@ class Links {
   int size() const { return size_; }
   int channels() const { return channels_; }
   int nicOf(int channel) const { return channel % nics_; }
+  int nics() const { return nics_; }
 
   // The connection to `peer`; on first use reads the peer's handles (bounded
   // by the rendezvous timeout) and dials (does not wait for it).
