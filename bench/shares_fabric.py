@@ -40,8 +40,8 @@ import time
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: torch_reccl
-from torch_reccl.bench.grey_fabric import OPS, run_scenario  # noqa: E402
 from torch_reccl.bench.cli import parse_size  # noqa: E402
+from torch_reccl.bench.grey_fabric import OPS, run_scenario  # noqa: E402
 
 FAULT_RE = re.compile(r"^(down)(\d+)$|^(grey)(\d+)$|^(host)(\d+)$")
 

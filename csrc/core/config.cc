@@ -52,7 +52,9 @@ void storeOn(Config& config, SettingValue&& value) {
 }
 
 // RECCL_SHARES: proportional (true) or equal.
-void storeShares(Config& config, SettingValue&& value) { config.shares = value.text == "proportional"; }
+void storeShares(Config& config, SettingValue&& value) {
+  config.shares = value.text == "proportional";
+}
 
 constexpr char kAlgoChoices[] = "auto|ring|halving";
 constexpr char kTransportChoices[] = "auto|tcp|ib";

@@ -14,8 +14,8 @@ namespace {
 
 // The data phase by direct transfers in the ring's order (proportional.h):
 // `weights` the shares (empty: equal), over the channels of the plan in force.
-void proportional(Communicator& comm, const OpContext& ctx, void* out, size_t count,
-                  DataType dtype, ReduceOp op, const std::vector<uint64_t>& weights) {
+void proportional(Communicator& comm, const OpContext& ctx, void* out, size_t count, DataType dtype,
+                  ReduceOp op, const std::vector<uint64_t>& weights) {
   const ChannelPlan& plan = comm.channelPlan();
   const std::vector<Range> shares =
       weights.empty() ? splitEvenly(count, comm.size()) : splitByWeights(count, weights);

@@ -20,7 +20,9 @@ ChannelPlan::ChannelPlan(std::vector<uint64_t> weights, uint64_t id)
   if (total == 0) throw ConfigError("a channel plan needs at least one channel with data");
 }
 
-std::vector<Range> ChannelPlan::split(size_t count) const { return splitByWeights(count, weights_); }
+std::vector<Range> ChannelPlan::split(size_t count) const {
+  return splitByWeights(count, weights_);
+}
 
 std::vector<Range> splitByWeights(size_t count, const std::vector<uint64_t>& weights) {
   uint64_t total = 0;

@@ -166,8 +166,8 @@ void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
     std::string detail = describeShares(shareWeights_);
     for (const RankCapacity& c : nextShares->reduced) {
       detail += (&c == &nextShares->reduced.front() ? " (usable bandwidth: rank " : ", rank ") +
-                std::to_string(c.rank) + " " +
-                std::to_string(c.capacity * 100 / kFullCapacity) + "%";
+                std::to_string(c.rank) + " " + std::to_string(c.capacity * 100 / kFullCapacity) +
+                "%";
     }
     if (!nextShares->reduced.empty()) detail += ")";
     const uint64_t avoided = plans_.current.avoidMask & allChannelsMask(plan_.channels());
@@ -187,8 +187,8 @@ void Communicator::announce(uint64_t seq, uint64_t plan, const std::string& deta
   event.plan = static_cast<int64_t>(plan);
   event.detail = detail;
   RECCL_LOG(kInfo, "reccl: process group '" + options_.group + "' rank " + std::to_string(rank_) +
-                       ": plan " + std::to_string(plan) + " from op " + std::to_string(seq) +
-                       ": " + detail);
+                       ": plan " + std::to_string(plan) + " from op " + std::to_string(seq) + ": " +
+                       detail);
   NicHealth::instance().emit(std::move(event));
 }
 

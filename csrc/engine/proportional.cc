@@ -12,9 +12,10 @@ namespace reccl {
 
 namespace {
 
-// Receives in flight at once on one channel: two, so a link never waits for
-// the round trip of the next grant, and no more, so no more than two senders
-// share the link into this rank.
+// Receives in flight at once on one channel: two, so the link into this rank
+// never waits for the round trip of the next grant, and no more: all senders
+// at once into one NIC overflowed its queue (docs/design.md, "Direct
+// transfers unpaced").
 constexpr size_t kReceivesInFlight = 2;
 // Staging slots per peer: chunk k is being received while k - 1 awaits its
 // reduction.
@@ -25,13 +26,14 @@ constexpr size_t kSlotsPerPeer = 2;
 // chunk arrived (this rank's own are in `buffer`). The result lands in
 // `buffer`; the arrived values are used up.
 void reduceInRingOrder(const ChannelJob& job, uint8_t* buffer, const Range& chunk,
-                       const std::vector<RingSegment>& order,
-                       const std::vector<uint8_t*>& incoming, ReduceOp op) {
+                       const std::vector<RingSegment>& order, const std::vector<uint8_t*>& incoming,
+                       ReduceOp op) {
   const int n = job.size(), me = job.rank();
   const size_t elem = job.elem, end = chunk.offset + chunk.count;
-  auto segment = std::upper_bound(
-      order.begin(), order.end(), chunk.offset,
-      [](size_t at, const RingSegment& s) { return at < s.elements.offset + s.elements.count; });
+  auto segment = std::upper_bound(order.begin(), order.end(), chunk.offset,
+                                  [](size_t at, const RingSegment& s) {
+                                    return at < s.elements.offset + s.elements.count;
+                                  });
   for (; segment != order.end() && segment->elements.offset < end; ++segment) {
     const size_t from = std::max(chunk.offset, segment->elements.offset);
     const size_t count = std::min(end, segment->elements.offset + segment->elements.count) - from;
@@ -116,10 +118,9 @@ void proportionalAllreduce(ChannelJob& job, uint8_t* buffer, const std::vector<R
     }
   }
 
-  // This rank's share: chunk k from every peer, at most kReceivesInFlight at
-  // once (several senders at once into one NIC overflow its queue; a receiver
-  // that takes them in turns keeps one flow per link, as the ring does),
-  // reduced once all have arrived, then sent to every peer at once.
+  // This rank's share: chunk k from every peer, taken in turns with
+  // kReceivesInFlight at once, reduced once all have arrived, then sent to
+  // every peer at once.
   if (own.count > 0) {
     const size_t chunks = job.chunksOf(own.count);
     const size_t slotBytes = job.chunkElems * elem, peerBytes = kSlotsPerPeer * slotBytes;

@@ -9,8 +9,7 @@ namespace reccl {
 namespace {
 
 uint32_t capacityOf(const RankFaults& faults) {
-  const uint64_t mine =
-      faults.nics >= 64 ? ~uint64_t{0} : (uint64_t{1} << faults.nics) - 1;
+  const uint64_t mine = faults.nics >= 64 ? ~uint64_t{0} : (uint64_t{1} << faults.nics) - 1;
   const uint64_t usable = std::bitset<64>(mine & ~faults.nicsDown).count();
   return static_cast<uint32_t>(usable * kFullCapacity / faults.nics);
 }

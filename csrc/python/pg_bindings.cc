@@ -329,8 +329,10 @@ void bindEngineRules(py::module_& m) {
           }
           const std::vector<uint64_t>& f = faults.at(r);
           if (f.size() != 3 && f.size() != 4) {
-            throw reccl::ConfigError("a rank's faults are (ops_done, backup_channels, nics_down"
-                                     "[, nics]), got " + std::to_string(f.size()) + " values");
+            throw reccl::ConfigError(
+                "a rank's faults are (ops_done, backup_channels, nics_down"
+                "[, nics]), got " +
+                std::to_string(f.size()) + " values");
           }
           reccl::RankFaults rankFaults{f[0], f[1], f[2], 0,
                                        f.size() == 4 ? static_cast<uint32_t>(f[3]) : 0};
@@ -345,7 +347,8 @@ void bindEngineRules(py::module_& m) {
       py::arg("rejections") =
           std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>{},
       "For tests: merges per-rank agreements (ops: (seq, kind, count, root); faults: "
-      "(ops_done, backup_channels, nics_down[, nics]); rejections: rank -> (reason, argument, index, "
+      "(ops_done, backup_channels, nics_down[, nics]); rejections: rank -> (reason, argument, "
+      "index, "
       "got, want)) in the given order; returns the wire form.");
   m.def(
       "_agreement_decode",
