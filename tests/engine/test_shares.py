@@ -2,10 +2,11 @@
 
 The rules without a network: the share weights (the water-filling optimum of a
 direct reduce-scatter + all-gather), the share rule's hysteresis, and what the
-agreement carries for it. Then one session of 4 real ranks on 4 loopback NICs:
-rank 0's NIC 0 goes down, the ranks agree on unequal shares, and every
-all_reduce is bit-identical to the fault-free run of the same inputs, with
-values chosen so that another summation order changes the bits.
+agreement carries for it. Then one session of 4 real ranks on 4 loopback NICs
+with RECCL_SHARES=proportional: rank 0's NIC 0 goes down, the ranks agree on
+unequal shares, and every all_reduce is bit-identical to the fault-free run of
+the same inputs, with values chosen so that another summation order changes
+the bits; after the heal, under DCR's plan with equal shares, still.
 """
 from __future__ import annotations
 
@@ -153,6 +154,7 @@ def inputs(rank, dtype_name, count=COUNT):
 
 def rank_main(rank, size, port, result_path):
     os.environ.update({"RECCL_NICS": NICS, "RECCL_ALGO": "ring", "RECCL_CHUNK_BYTES": "65536",
+                       "RECCL_SHARES": "proportional",
                        "RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"})
     out = {"rank": rank}

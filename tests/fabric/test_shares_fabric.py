@@ -1,6 +1,6 @@
 """Shares sized by usable bandwidth end to end in the emulated fabric (root): 4
 hosts x 4 rails under a back-to-back all_reduce of floats whose sums change with
-the summation order; host 0 loses NIC 0. Every rank switches to the same
+the summation order, RECCL_SHARES=proportional; host 0 loses NIC 0. Every rank switches to the same
 smaller share for host 0 (the rebalance event), host 0's NICs then send less
 than each other host's, and every result stays bit-identical to the run's
 first, fault-free one. The rank program and driver are
@@ -46,7 +46,8 @@ def test_a_host_with_a_nic_down_gets_a_smaller_share_and_the_bits_stay():
         return "fault" in marks and now >= marks["fault"] + 6.0
 
     # 8 MiB: above the halving range at 4 ranks (1 MiB x 4), so the large all_reduce runs.
-    state = grey_fabric.run_scenario(rails=4, rate_mbit=1000, env={}, plan=plan, hosts=HOSTS,
+    state = grey_fabric.run_scenario(rails=4, rate_mbit=1000, env={"RECCL_SHARES": "proportional"},
+                                     plan=plan, hosts=HOSTS,
                                      size_bytes=8 << 20, max_seconds=60, name_prefix="p",
                                      order_sensitive=True)
     assert state["exit_codes"] == [0] * HOSTS, state["logs"]
