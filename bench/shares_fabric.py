@@ -24,10 +24,12 @@ The degraded fraction c is taken as the host's usable NICs over its NICs (downK:
 
     python bench/shares_fabric.py [--hosts 4] [--rails 4] [--rate-mbit 300]
         [--ops all_reduce all_gather reduce_scatter] [--sizes 16M 64M 256M]
-        [--faults down1 down2 host50] [--env NAME=VALUE ...] [--json PATH]
+        [--faults down1 down2 host50] [--env RECCL_SHARES=proportional] [--json PATH]
 
-Needs root. --env sets RECCL_* variables of the ranks (e.g. RECCL_SHARES=equal for
-the equal-share engine on the same fabric).
+Needs root. --env sets RECCL_* variables of the ranks: RECCL_SHARES=proportional for
+the proportional shares (the default, equal, measures equal shares on the same fabric).
+--values exact uses small integers checked against their exact sums, for an engine
+that does not keep the fault-free bits.
 """
 from __future__ import annotations
 
