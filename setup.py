@@ -129,6 +129,8 @@ setup(
         "nvml": ["nvidia-ml-py"],  # reccl topo's and NVL's NVLink answers (torch_reccl/gpu_topo.py)
         "integrations": ["wandb", "tensorboard", "prometheus_client"],
         "hooks": ["lightning", "transformers", "accelerate"],  # FaultPolicy callbacks
+        # torch_reccl.integrations.torchft; torchft needs torch>=2.7, so pip keeps the installed torch
+        "torchft": ["torchft>=0.2"],
         # ruff and clang-format pinned: tests/tools/test_style.py checks the tree against them;
         # expecttest: torch's own distributed suite (bench/torch_dist_suite.py) imports it.
         "test": ["pytest", "pytest-timeout", "pyroute2>=0.7", "matplotlib", "hypothesis",
@@ -136,7 +138,9 @@ setup(
                  "wandb", "tensorboard", "prometheus_client",
                  # the FaultPolicy callbacks' tests (tests/tools/test_training_hooks.py);
                  # Transformers' Trainer needs accelerate
-                 "lightning", "transformers", "accelerate"],
+                 "lightning", "transformers", "accelerate",
+                 # reccl under torchft (tests/pg/test_torchft.py)
+                 "torchft>=0.2"],
     },
     # Built in this order: the extensions link the library.
     ext_modules=[

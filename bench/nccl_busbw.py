@@ -3,8 +3,10 @@
 Both ranks run on one machine but look like two hosts (NCCL_HOSTID, P2P and SHM
 off), so every byte crosses the net transport: NCCL's own socket transport
 (defaults, and tuned) or the ReCCL plugin (fault-free, and with rank 0's primary
-NIC down via inject_fault; host buffers, and GPU buffers staged by NVL). All
-variants run in the same invocation. Also prints rank 0's threads and open sockets
+NIC down via inject_fault; host buffers, and GPU buffers staged by NVL), beside the
+path's ceiling: plain sockets moving the same bytes with the same GPU<->host copies
+(socket-ceiling, torch_reccl/bench/gpu_ceiling.py). All variants run in the same
+invocation. Also prints rank 0's threads and open sockets
 (by thread name) at the end of each variant, its communicators still up.
 
     python bench/nccl_busbw.py [--sizes-mib 1 4 16 64 256 1024] [--ops all_reduce ...]
@@ -29,6 +31,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_reccl.bench import procstat  # noqa: E402
+from torch_reccl.bench.gpu_ceiling import ceiling_busbw  # noqa: E402
 from torch_reccl.bench.rank import OPS, run_collective  # noqa: E402
 from torch_reccl.cli.launch import spawn_bounded  # noqa: E402
 
@@ -36,6 +39,10 @@ COMMON = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": 
           "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"}
 LOOPBACK_NICS = "127.0.0.1,127.0.0.2"
 LOOPBACK_NICS_4 = "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
+# Not NCCL: plain sockets over the 4 loopback NICs with the same GPU<->host copies
+# (torch_reccl/bench/gpu_ceiling.py), the path's ceiling on this machine.
+CEILING = "socket-ceiling"
+CEILING_SOCKS_PER_NIC = 2
 # Loopback NICs have no PCI path: say which GPU each sits next to, and let NCCL
 # hand GPU buffers to the plugin at any distance.
 NVL = {"RECCL_NVL": "on", "RECCL_NIC_GPUS": "0,1", "NCCL_NET_GDR_LEVEL": "SYS",
@@ -65,6 +72,7 @@ def variants(plugin: str):
         # NVL: GPU buffers staged by the plugin; NIC 0 sits next to GPU 0, NIC 1 next to GPU 1
         "reccl-nvl-8ch": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, False),
         "reccl-nvl-nic-down": ({**reccl, **NVL, "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}, True),
+        CEILING: ({}, False),
     }
 
 
@@ -125,13 +133,27 @@ def worker(rank, env, nic_down, ops, sizes_mib, iters, out_path, store_path, pre
     dist.destroy_process_group()
 
 
+def ceiling_worker(rank, ops, sizes_mib, iters, out_path, store_path):
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    store = dist.FileStore(store_path, 2)
+    results = ceiling_busbw(rank, LOOPBACK_NICS_4.split(","), CEILING_SOCKS_PER_NIC, store, ops, sizes_mib,
+                            iters)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({**results, "census": census()}, f)
+
+
 def run_variant(label, env, nic_down, args, tmp, round_index) -> dict:
     """One set of two ranks; rank 0's results ({} when the variant failed)."""
     out = os.path.join(tmp, f"{label}.{round_index}.json")
     store = os.path.join(tmp, f"{label}.{round_index}.store")
     try:
-        spawn_bounded(worker, ({**COMMON, **env}, nic_down, args.ops, args.sizes_mib, args.iters, out,
-                               store, args.preload), nprocs=2, timeout_s=540)
+        if label == CEILING:
+            spawn_bounded(ceiling_worker, (args.ops, args.sizes_mib, args.iters, out, store), nprocs=2,
+                          timeout_s=540)
+        else:
+            spawn_bounded(worker, ({**COMMON, **env}, nic_down, args.ops, args.sizes_mib, args.iters, out,
+                                   store, args.preload), nprocs=2, timeout_s=540)
         with open(out) as f:
             return json.load(f)
     except Exception as error:  # one broken variant must not hide the others

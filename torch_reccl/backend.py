@@ -92,17 +92,44 @@ def _cuda_backend_wanted() -> bool:
 
 
 def _create_cpu_backend(dist_options, options: "Options"):
+    return _new_cpu_backend(dist_options.store, dist_options.group_rank, dist_options.group_size,
+                            dist_options.timeout, str(dist_options.group_id), options,
+                            dist_options.global_ranks_in_group)
+
+
+def _new_cpu_backend(store, rank: int, size: int, timeout: Any, name: str, options: "Options",
+                     global_ranks=None):
     return _pg_native()._create_reccl_backend(
-        dist_options.store,
-        dist_options.group_rank,
-        dist_options.group_size,
-        _seconds(dist_options.timeout),
-        str(dist_options.group_id),
+        store,
+        rank,
+        size,
+        _seconds(timeout),
+        name,
         -1 if options.channels is None else options.channels,
         0 if options.chunk_bytes is None else options.chunk_bytes,
         0 if options.window is None else options.window,
-        list(dist_options.global_ranks_in_group or []),
+        list(global_ranks or []),
     )
+
+
+def cpu_process_group(store, rank: int, size: int, timeout: Any, name: str,
+                      options: Optional["Options"] = None, global_ranks=None):
+    """A reccl process group for CPU tensors made outside ``init_process_group``
+    (what torchft's reconfigurable groups build on every quorum): a ProcessGroup
+    that names itself "reccl" with the reccl engine as its one backend, for the
+    "cpu" and "cuda" devices as a CPU-only reccl group registers it. ``timeout``
+    bounds every op and the rendezvous (a timedelta or seconds); ``name`` appears in
+    errors; ``global_ranks`` are the members' ranks in the job, for errors. Costs
+    nothing until its first op, whose rendezvous goes through ``store``."""
+    import torch
+    from torch.distributed import ProcessGroup
+
+    backend = _new_cpu_backend(store, rank, size, timeout, name, options or Options(), global_ranks)
+    pg = _pg_native()._reccl_process_group(store, rank, size)
+    pg._set_default_backend(ProcessGroup.BackendType.CUSTOM)
+    for device in ("cpu", "cuda"):
+        pg._register_backend(torch.device(device), ProcessGroup.BackendType.CUSTOM, backend)
+    return pg
 
 
 def _create_nccl_backend(dist_options, pg_options):

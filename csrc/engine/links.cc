@@ -352,14 +352,20 @@ uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
 
 void Links::close(bool orderly) {
   if (closed_.exchange(true)) return;
-  std::vector<std::shared_ptr<Connection>> connections;
+  // Each link's mutex is taken after the map's is released: a sender() holds its
+  // link's mutex while it looks up the peer's handles under the map's (the other
+  // order would deadlock). Entries are never erased, so the pointers stay valid; a
+  // sender() that gets its link's mutex after this finds the links closed.
+  std::vector<Link*> links;
   {
     std::lock_guard<std::mutex> lock(mapMutex_);
-    for (auto& [key, l] : links_) {
-      std::lock_guard<std::mutex> linkLock(l->mutex);
-      if (l->send) connections.push_back(std::move(l->send));
-      if (l->recv) connections.push_back(std::move(l->recv));
-    }
+    for (auto& [key, l] : links_) links.push_back(l.get());
+  }
+  std::vector<std::shared_ptr<Connection>> connections;
+  for (Link* l : links) {
+    std::lock_guard<std::mutex> linkLock(l->mutex);
+    if (l->send) connections.push_back(std::move(l->send));
+    if (l->recv) connections.push_back(std::move(l->recv));
   }
   // Closed, not released: accepts racing with this return nothing from now on.
   for (auto& listener : listeners_) listener->close();

@@ -55,14 +55,17 @@ c10::intrusive_ptr<c10::ivalue::Future> RecclWork::getFuture() { return future_;
 
 std::vector<at::Tensor> RecclWork::result() { return outputs_; }
 
+// The Future completes before the work, as in torch's Gloo backend: a caller that
+// returns from wait() finds the Future done (torchft chains its callbacks on it
+// right after wait() and expects them to run at once).
 void RecclWork::succeed() {
-  finish();
   future_->markCompleted(c10::IValue(outputs_));
+  finish();
 }
 
 void RecclWork::fail(std::exception_ptr error) {
-  finish(error);
   future_->setError(error);
+  finish(error);
 }
 
 // ------------------------------------------------------------------ RecclP2pWork

@@ -1,8 +1,9 @@
 // Work objects of the reccl process group.
 //
-// RecclWork: a collective run on the group's worker thread. It completes (and
-// its Future, whose value is the list of output tensors, so DDP communication
-// hooks work) when the worker finishes the op, with the op's error if it failed.
+// RecclWork: a collective run on the group's worker thread. It completes (its
+// Future first, whose value is the list of output tensors, so DDP communication
+// hooks work; then wait() returns) when the worker finishes the op, with the
+// op's error if it failed.
 //
 // RecclP2pWork: a send or recv. Posted at once on the caller's thread;
 // completion is observed by isCompleted()/wait(), which drive the p2p engine.

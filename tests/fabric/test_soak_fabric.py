@@ -55,6 +55,7 @@ def test_three_minutes_of_random_combined_faults_end_exact_with_flat_resources(t
     assert data["run"]["replay"]["identical"] is True
     assert data["iterations"] > 100
     assert data["interruptions"]["failover"]["count"] > 0
+    assert data["scheduling_gaps"]["count"] > 1000  # the probe ran beside the job
     assert all(r["fds"][1] - r["fds"][0] <= r["explained"]["fds"]
                for r in data["resources"].values())
     # the plugin stream ran from the job's start to its end, every message intact

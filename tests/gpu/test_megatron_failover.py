@@ -58,3 +58,21 @@ def test_megatron_loss_is_identical_through_a_nic_failure(tmp_path):
     assert not problems, "\n".join(problems)
     fired = pair["runs"]["fault"]["report"]["fired"]
     assert [f["before_iteration"] for f in fired] == [FAULT_AT + 1, HEAL_AT + 1], fired
+
+
+RESUME_TIMEOUT_S = 240
+
+
+@pytest.mark.timeout(5 * RESUME_TIMEOUT_S + 60)
+def test_a_resumed_megatron_run_logs_the_uninterrupted_losses(tmp_path):
+    """A job stopped and resumed from its checkpoint is the same job: 60 iterations saved
+    every 20 (--ckpt-format torch), uninterrupted; stopped at iteration 40 by Megatron's
+    --exit-interval and resumed; stopped by the launcher's --reccl-policy restart right
+    after rank 0's NIC is lost for good before iteration 26 (exit 75) and resumed from
+    iteration 20 without the fault. Every logged loss and grad norm equals the
+    uninterrupted run's (the second iteration after a start logs the mean of the first
+    two, as Megatron does after any start), and the iteration-60 parameters are the
+    uninterrupted run's bit for bit (bench/megatron_fault.py --resume)."""
+    result = megatron_fault.run_resume(os.path.abspath(MEGATRON_DIR), str(tmp_path), RESUME_TIMEOUT_S, gpus=1)
+    problems = megatron_fault.resume_verdict(result)
+    assert not problems, "\n".join(problems)

@@ -51,6 +51,7 @@ def doc_files() -> List[str]:
 # Docs whose option tables (rows starting `| `--flag` |`) document one tool.
 OPTION_TABLES = {
     "docs/drill.md": "reccl drill",
+    "docs/first_cluster.md": "reccl qualify",
     "docs/scale.md": "python bench/scale.py",
     "docs/simulation.md": "reccl sim",
 }

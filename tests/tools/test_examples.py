@@ -299,3 +299,25 @@ def test_megatron_launcher_policy_saves_through_megatrons_exit_path_and_resumes(
     # run into each other, so match the 64 hex digits alone
     [final] = set(re.findall(r"parameters sha256 ([0-9a-f]{64})", clean))
     assert re.findall(r"parameters sha256 ([0-9a-f]{64})", output).count(final) == 2, output
+
+
+@pytest.mark.timeout(300)
+def test_torchft_example_keeps_its_quorum_through_a_nic_and_heals_a_killed_replica():
+    """examples/torchft_reccl.py as documented: replica 1's NIC lost at step 40 (its
+    connections fail over, no quorum change), replica 1 killed at step 100 and healed
+    from replica 0; both end with the same parameters."""
+    pytest.importorskip("torchft", reason="needs torchft (pip install torchft, or the test extras)")
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, os.path.join(REPO, "examples", "torchft_reccl.py")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "[example] final parameters equal on both replicas" in done.stdout, done.stdout[-3000:]
+    found = re.findall(r"\[replica (\d)\] done: step 300, quorum ids seen \[([\d, ]+)\], failed steps "
+                       r"\[([\d, ]*)\], reccl failovers (\d+)", done.stdout)
+    finals = {r: ([int(q) for q in quorums.split(",")], [int(f) for f in failed.split(",") if f.strip()],
+                  int(failovers)) for r, quorums, failed, failovers in found}
+    assert set(finals) == {"0", "1"}, done.stdout[-3000:]
+    quorums, failed, failovers = finals["0"]
+    assert not [f for f in failed if f < 100], finals  # the lost NIC failed no step: failover, not torchft
+    assert failovers >= 1, finals                      # replica 1's lost NIC moved replica 0's ends too
+    assert len(quorums) >= 2, finals                   # replica 1 left the quorum and came back

@@ -414,3 +414,29 @@ def test_a_receiver_expecting_other_bytes_or_another_size_reports_every_message_
     if what == "size":
         assert stream.wrong[0]["size"] == 1000 and stream.wrong[0]["expected_size"] == 2000
     assert problems and problems[0].startswith("plugin stream: wrong message")
+
+
+def test_the_scheduling_probe_records_lateness_and_its_percentiles_bound_the_samples(tmp_path):
+    """The probe beside a soak: a real run writes a histogram on SIGTERM, and the
+    summary's percentiles are the upper edges of the buckets that hold them."""
+    from torch_reccl.soak.probe import BUCKET_S, LatenessHistogram, summarize
+
+    out = tmp_path / "lateness.json"
+    probe = subprocess.Popen([sys.executable, "-m", "torch_reccl.soak.probe", "--out", str(out),
+                              "--max-s", "30"], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    time.sleep(1.0)
+    probe.terminate()
+    assert probe.wait(10) == 0
+    real = summarize(json.loads(out.read_text()))
+    assert real["count"] > 50 and 0 <= real["p50_ms"] <= real["p99_ms"] <= real["max_ms"] + BUCKET_S * 1e3
+
+    histogram = LatenessHistogram()
+    for late_ms in [0.05] * 98 + [4.0, 250.0]:  # the last beyond the buckets: counted, and the max
+        histogram.add(late_ms / 1e3)
+    summary = summarize(histogram.to_json())
+    assert summary["count"] == 100
+    assert summary["p50_ms"] == pytest.approx(0.1)
+    assert summary["p99_ms"] == pytest.approx(4.1)
+    assert summary["max_ms"] == pytest.approx(250.0)
+    assert summarize(None)["count"] == 0

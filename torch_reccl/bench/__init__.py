@@ -12,6 +12,8 @@
   grey-failure job and its driver).
 - advisor_drill and megatron_fault: the runners behind bench/advisor_drill.py and
   bench/megatron_fault.py.
+- torchft_compare (with torchft_replica, its replicas and agents): Gloo against
+  reccl under torchft, for bench/torchft_fault.py and tests/pg/test_torchft.py.
 
 rank and procstat import nothing of torch_reccl, so bench/ loads them by path where
 the package must stay unimported (bench/fresh_fd_table.py, bench/thread_cpu.py).

@@ -260,6 +260,140 @@ def verdict(pair: dict, iterations: int) -> List[str]:
     return problems
 
 
+# A run stopped and resumed from its last checkpoint must be the same job: RESUME_ITERATIONS
+# iterations saved every RESUME_SAVE_INTERVAL, stopped by Megatron's --exit-interval at
+# EXIT_AT, or by the launcher's policy right after a NIC is lost for good before iteration
+# RESUME_FAULT_AT + 1 (rule "restart": exit 75 at once, resume from the checkpoint before).
+RESUME_ITERATIONS, RESUME_SAVE_INTERVAL, EXIT_AT, RESUME_FAULT_AT = 60, 20, 40, 25
+RESUME_CKPT = ["--ckpt-format", "torch", "--save-interval", str(RESUME_SAVE_INTERVAL), "--exit-signal-handler"]
+RESUME_POLICY = ["--reccl-policy", "restart"]
+GRAD_NORM_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?grad norm: ([-+0-9.eE]+)")
+# Megatron prints the loss with 7 significant digits.
+PRINTED_LOSS_RTOL = 1e-6
+
+
+def final_model(megatron_dir: str, folder: str, iteration: int) -> Optional[dict]:
+    """The model's state dict in a --ckpt-format torch checkpoint (tensors on the CPU), or
+    None. The checkpoint pickles Megatron's objects (its arguments): unpickling imports
+    megatron from the checkout."""
+    import torch
+
+    path = os.path.join(folder, f"iter_{iteration:07d}", "mp_rank_00", "model_optim_rng.pt")
+    if not os.path.exists(path):
+        return None
+    if megatron_dir not in sys.path:
+        sys.path.append(megatron_dir)
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def same_parameters(a: dict, b: dict) -> List[str]:
+    """The tensors of two model state dicts that differ (by name), bit for bit."""
+    import torch
+
+    tensors = sorted(k for k, v in a.items() if isinstance(v, torch.Tensor))
+    differ = [k for k in tensors if not isinstance(b.get(k), torch.Tensor) or not torch.equal(a[k], b[k])]
+    return differ + sorted(k for k, v in b.items() if isinstance(v, torch.Tensor) and k not in a)
+
+
+def run_resume(megatron_dir: str, out_dir: str, timeout_s: float, gpus: int,
+               log: Callable[[str], None] = print) -> dict:
+    """Megatron's checkpoint and resume, data-parallel 2: uninterrupted; stopped at
+    EXIT_AT by Megatron's own --exit-interval, then resumed; stopped by the launcher's
+    --reccl-policy after rank 0's NIC is lost for good, then resumed without the fault.
+    Each pair shares its own checkpoint folder."""
+    script = TINY_GPT + LAYOUTS["dp2"] + RESUME_CKPT + ["--train-iters", str(RESUME_ITERATIONS),
+                                                         "--global-batch-size", "4"]
+    folders = {name: os.path.join(out_dir, f"resume-{name}-ckpt") for name in ("uninterrupted", "megatron", "policy")}
+
+    def ckpt(name: str) -> List[str]:
+        return ["--save", folders[name], "--load", folders[name]]
+
+    plan = [("uninterrupted", "uninterrupted", [], []),
+            ("megatron_exit", "megatron", [], ["--exit-interval", str(EXIT_AT)]),
+            ("megatron_resume", "megatron", [], []),
+            ("policy_exit", "policy", RESUME_POLICY + ["--reccl-fault-schedule", f"h0nic0:down@step {RESUME_FAULT_AT}"],
+             []),
+            ("policy_resume", "policy", RESUME_POLICY, [])]
+    runs = {}
+    for name, folder, launcher_args, extra in plan:
+        log(f"[megatron_fault] resume-{name} ...")
+        run = run_job(megatron_dir, out_dir, f"resume-{name}", launcher_args, script + ckpt(folder) + extra,
+                      timeout_s, gpus=gpus)
+        run["losses"] = losses(run["logs"][-1])
+        run["grad_norms"] = {int(i): v for i, v in GRAD_NORM_RE.findall(run["logs"][-1])}
+        runs[name] = run
+        log(f"[megatron_fault] resume-{name}: exit codes {run['returncodes']}, {run['seconds']:.0f} s, "
+            f"iterations {min(run['losses'], default=None)}-{max(run['losses'], default=None)}")
+    models = {name: final_model(megatron_dir, folder, RESUME_ITERATIONS) for name, folder in folders.items()}
+    return {"runs": runs, "models": models}
+
+
+def logged_like(clean: Dict[int, str], run: Dict[int, str]) -> List[int]:
+    """The iterations whose logged loss is not the uninterrupted run's. Megatron does not
+    reset its loss accumulator after the first iteration a process trains (training_log's
+    ``should_reset = not is_first_iteration``), so with --log-interval 1 the second
+    iteration after any start logs the mean of the first two: in a resumed run that one
+    is compared with the mean of the uninterrupted run's two, to the printed precision."""
+    first = min(run, default=0)
+    resumed = first > min(clean, default=0)
+    differ = []
+    for i, value in run.items():
+        if resumed and i == first + 1 and first in clean and i in clean:
+            expected = (float(clean[first]) + float(clean[i])) / 2
+            if abs(float(value) - expected) > PRINTED_LOSS_RTOL * abs(expected):
+                differ.append(i)
+        elif clean.get(i) != value:
+            differ.append(i)
+    return sorted(differ)
+
+
+def resume_verdict(result: dict) -> List[str]:
+    """What is wrong with run_resume's runs (empty: all good)."""
+    runs = result["runs"]
+    problems = []
+    expected = {"uninterrupted": (0, 1, RESUME_ITERATIONS), "megatron_exit": (0, 1, EXIT_AT),
+                "megatron_resume": (0, EXIT_AT + 1, RESUME_ITERATIONS),
+                "policy_exit": (75, 1, None),  # the policy stops at the step that sees the fault
+                "policy_resume": (0, RESUME_FAULT_AT - RESUME_FAULT_AT % RESUME_SAVE_INTERVAL + 1,
+                                  RESUME_ITERATIONS)}
+    for name, run in runs.items():
+        code, first, last = expected[name]
+        if run["hung"] or any(c != code for c in run["returncodes"]):
+            problems.append(f"resume-{name}: exit codes {run['returncodes']} (hung {run['hung']}), expected "
+                            f"{code} on every rank; log tail:\n{run['logs'][-1][-3000:]}")
+            continue
+        span = (min(run["losses"], default=0), max(run["losses"], default=0))
+        if last is None and not RESUME_FAULT_AT <= span[1] < RESUME_FAULT_AT + RESUME_SAVE_INTERVAL:
+            problems.append(f"resume-{name}: stopped after iteration {span[1]}, expected soon after the fault "
+                            f"before iteration {RESUME_FAULT_AT + 1}")
+        if span[0] != first or (last is not None and span[1] != last) or len(run["losses"]) != span[1] - span[0] + 1:
+            problems.append(f"resume-{name}: iterations {span[0]}-{span[1]} logged ({len(run['losses'])} losses), "
+                            f"expected {first}-{last or 'the stop'}")
+    if problems:
+        return problems
+    clean = runs["uninterrupted"]
+    for name, run in runs.items():
+        if name == "uninterrupted":
+            continue
+        differ = logged_like(clean["losses"], run["losses"])
+        if differ:
+            problems.append(f"resume-{name}: logged loss differs from the uninterrupted run's at iterations {differ}")
+        norms = [i for i, v in run["grad_norms"].items() if clean["grad_norms"].get(i) != v]
+        if norms:
+            problems.append(f"resume-{name}: grad norm differs from the uninterrupted run's at iterations {norms}")
+    models = result["models"]
+    for name in ("uninterrupted", "megatron", "policy"):
+        if models[name] is None:
+            problems.append(f"resume-{name}: no checkpoint of iteration {RESUME_ITERATIONS}")
+    if not problems:
+        for name in ("megatron", "policy"):
+            differ = same_parameters(models["uninterrupted"], models[name])
+            if differ:
+                problems.append(f"resume-{name}: final parameters differ from the uninterrupted run's in "
+                                f"{len(differ)} tensors, e.g. {differ[:3]}")
+    return problems
+
+
 def table(pairs: List[dict]) -> str:
     def ms(value):
         return "-" if value is None else f"{value * 1e3:.1f}"
@@ -298,6 +432,11 @@ def main(argv=None) -> int:
                              "NICs), veth (a real veth down in an emulated 2-host fabric: root, pyroute2, "
                              "network namespaces); auto: veth where possible")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the result record here")
+    parser.add_argument("--resume", action="store_true",
+                        help="instead: Megatron's checkpoint and resume, uninterrupted against stopped "
+                             f"(at iteration {EXIT_AT} by --exit-interval; by --reccl-policy restart after a "
+                             "NIC lost for good) and resumed: losses, grad norms and final parameters must "
+                             "match (inject_fault)")
     args = parser.parse_args(argv)
     megatron_dir = os.path.abspath(args.megatron_dir)
     if not os.path.isfile(os.path.join(megatron_dir, "pretrain_gpt.py")):
@@ -308,6 +447,8 @@ def main(argv=None) -> int:
         wandb_dir = os.path.join(out_dir, "wandb")
         os.makedirs(wandb_dir, exist_ok=True)
     command = "python bench/megatron_fault.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.resume:
+        return resume_main(megatron_dir, out_dir, args, command)
     pairs, problems = [], []
     fabric = start_fabric(args.link)
     args.link = "veth" if fabric else "inject"
@@ -325,6 +466,24 @@ def main(argv=None) -> int:
         if fabric:
             fabric.down()
     print(table(pairs))
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    return 0 if not problems else 1
+
+
+def resume_main(megatron_dir: str, out_dir: str, args, command: str) -> int:
+    result = run_resume(megatron_dir, out_dir, args.timeout_s, args.gpus)
+    problems = resume_verdict(result)
+    for name, run in result["runs"].items():
+        print(f"{name:16s} exit {','.join(map(str, run['returncodes'])):6s} iterations "
+              f"{min(run['losses'], default='-')}-{max(run['losses'], default='-')}")
+    print("final parameters (iteration %d checkpoint) = uninterrupted: %s" % (
+        RESUME_ITERATIONS, "yes" if not problems else "see the problems"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": {"command": command}, "ok": not problems, "problems": problems,
+                       "runs": {name: {k: v for k, v in run.items() if k != "logs"}
+                                for name, run in result["runs"].items()}}, f, indent=1)
     for problem in problems:
         print(f"PROBLEM: {problem}")
     return 0 if not problems else 1

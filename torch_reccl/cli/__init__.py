@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "bench": "torch_reccl.bench.cli",
     "drill": "torch_reccl.drill.cli",
     "fabric": "torch_reccl.fabric.cli",
+    "qualify": "torch_reccl.qualify.cli",
     "sim": "torch_reccl.sim.simulator",
     "soak": "torch_reccl.soak.cli",
     "topo": "torch_reccl.cli.topo",

@@ -7,6 +7,9 @@
 - ``torch_reccl.integrations.prometheus``   an HTTP /metrics port (pip install prometheus_client)
 - ``torch_reccl.integrations.jsonl``        a JSON-lines file (no dependency)
 
+Not an event sink: ``torch_reccl.integrations.torchft`` is torchft's reconfigurable
+process group over reccl (``ProcessGroupReccl``; pip install torchft; docs/torchft.md).
+
 By default (``job_wide=None``) a sink sees the whole job when torch.distributed is
 initialised: call ``attach`` on every rank; rank 0's sink gets every rank's events
 and the others only forward theirs (see torch_reccl.events.on_event).

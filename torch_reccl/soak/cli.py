@@ -182,6 +182,7 @@ def run(args) -> int:
 
     from torch_reccl.cli.launch import terminated_by_signal, unique_fabric_name
     from torch_reccl.fabric import Fabric, FabricError
+    from torch_reccl.soak.probe import PERIOD_S as PROBE_PERIOD_S, summarize as scheduling_summary
     from torch_reccl.soak.runner import interruption_stats, process_name, resource_verdicts, run_soak
 
     fabric = Fabric(hosts=args.hosts, rails=args.rails, rate_mbit=args.rate_mbit or None,
@@ -211,6 +212,7 @@ def run(args) -> int:
         if result.replay is None or not result.replay.get("identical"):
             problems.append(f"final parameters differ from the fault-free replay: {result.replay}")
     interruptions = interruption_stats(result, spans)
+    scheduling = scheduling_summary(result.scheduling)
     applied = sum(1 for a in result.applied if a["what"] == "apply")
     done = result.done.get(0, {})
     stream = result.plugin.summary(result.t0) if result.plugin is not None else None
@@ -219,6 +221,7 @@ def run(args) -> int:
               "seed": args.seed, "schedule": [f.to_json() for f in faults], "outages": spans,
               "faults_applied": applied, "iterations": done.get("iterations"),
               "steps": done.get("steps"), "resources": resources, "interruptions": interruptions,
+              "scheduling_gaps": scheduling,
               "plugin": stream, "problems": problems, "ok": not problems, "run": result.to_json()}
     if args.json:
         with open(args.json, "w") as out:
@@ -237,6 +240,9 @@ def run(args) -> int:
         if stats["count"]:
             print(f"{kind}: {stats['count']}, interruption p50 {stats['p50_ms']:.1f} ms, "
                   f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms")
+    if scheduling["count"]:
+        print(f"the machine's scheduling gaps (a {PROBE_PERIOD_S * 1e3:g} ms sleeper's lateness): p50 "
+              f"{scheduling['p50_ms']:.1f} ms, p99 {scheduling['p99_ms']:.1f} ms, max {scheduling['max_ms']:.1f} ms")
     print(stream_line(stream))
     for who, r in resources.items():
         print(f"{process_name(who)}: RSS {r['rss_kb_warm'] / 1024:.0f} -> {r['rss_kb_end'] / 1024:.0f} MiB "

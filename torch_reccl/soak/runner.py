@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +34,7 @@ SAMPLE_EVERY_S = 10.0
 # starts and ends with
 QUIET_SAMPLE_EVERY_S = 2.0
 FINISH_TIMEOUT_S = 120.0
+PROBE_EXIT_TIMEOUT_S = 5.0  # the scheduling probe writes its histogram on SIGTERM
 # glibc returns big blocks at free() only under a fixed mmap threshold; with its
 # default (a threshold that grows) freed tensors stay in the heap and RSS ratchets
 # up with the largest message seen, which hides a real leak behind noise
@@ -162,6 +165,7 @@ class SoakResult:
     # warm-up's second half and the settle), so a count not returned is named
     inventory: Dict[Union[int, str], List[Tuple[float, dict]]] = dataclasses.field(default_factory=dict)
     plugin: Optional[StreamResult] = None  # None: run without the plugin stream
+    scheduling: Optional[dict] = None  # the probe's lateness histogram (torch_reccl/soak/probe.py)
 
     def processes(self) -> List[Union[int, str]]:
         """What the samples name: every rank, then the plugin stream's processes."""
@@ -175,7 +179,8 @@ class SoakResult:
                 "errors": self.errors, "stalls": self.stalls, "replay": self.replay,
                 "inventory": {str(who): [{"t": t, **held} for t, held in i]
                               for who, i in self.inventory.items()},
-                "plugin": self.plugin.to_json(self.t0) if self.plugin is not None else None}
+                "plugin": self.plugin.to_json(self.t0) if self.plugin is not None else None,
+                "scheduling": self.scheduling}
 
 
 def process_name(who: Union[int, str]) -> str:
@@ -403,6 +408,28 @@ def stall_problem(record: dict, stall_s: float) -> str:
             f"of {record['allowed_s']:.1f} s ({stall_s:g} s + outages in that time)")
 
 
+@contextlib.contextmanager
+def scheduling_probe(result: SoakResult, max_s: float):
+    """Runs torch_reccl.soak.probe beside the job (in this namespace: the cores are the
+    machine's) and leaves its histogram in result.scheduling."""
+    with tempfile.TemporaryDirectory(prefix="reccl-soak-probe-") as folder:
+        out = os.path.join(folder, "lateness.json")
+        probe = subprocess.Popen([sys.executable, "-m", "torch_reccl.soak.probe", "--out", out,
+                                  "--max-s", f"{max_s:.0f}"], stdin=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            probe.terminate()
+            try:
+                probe.wait(PROBE_EXIT_TIMEOUT_S)
+                with open(out) as f:
+                    result.scheduling = json.load(f)
+            except (subprocess.TimeoutExpired, OSError, ValueError) as error:
+                probe.kill()
+                probe.wait(PROBE_EXIT_TIMEOUT_S)
+                print(f"reccl soak: no scheduling probe result: {error}", file=sys.stderr)
+
+
 def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end_s: float,
              on_line=None) -> SoakResult:
     """Runs the soak job, and from its start the plugin stream (unless
@@ -417,6 +444,8 @@ def run_soak(fabric, settings: SoakSettings, faults: List[SoakFault], faults_end
     say = on_line or (lambda line: None)
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(scheduling_probe(result, settings.start_timeout_s + settings.duration_s
+                                                 + FINISH_TIMEOUT_S + STREAM_START_SLACK_S))
             job = stack.enter_context(Job(placement, worker_argv(settings), env=RANK_ENV,
                                           log_dir=settings.log_dir))
             stream_job: Optional[Job] = None

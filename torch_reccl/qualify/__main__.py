@@ -1,0 +1,5 @@
+import sys
+
+from torch_reccl.qualify.cli import main
+
+sys.exit(main())
