@@ -198,13 +198,13 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_DCR_OFFSET", "0", 0, 1000000, storeNumber<&Config::dcrOffset>,
             "CPU engine: a new channel plan starts this many collectives after the one at which "
             "the ranks agreed on the fault state (0: that same collective)"),
-    choice("RECCL_SHARES", "equal", "equal|proportional", storeShares,
-           "CPU engine: equal: every rank an equal share of a collective, DCR moves data off "
-           "the failed channels. proportional: while a host has NICs down or degraded, a large "
-           "all_reduce gives each rank a share sized by its host's usable NICs, by direct "
-           "transfers, so the other hosts absorb work the degraded one cannot carry (needs "
-           "RECCL_SPREAD=on and one rank per host, else equal; not yet faster than equal on the "
-           "emulated fabric, docs/benchmarks.md). Either way results stay bit-identical to the "
+    choice("RECCL_SHARES", "proportional", "equal|proportional", storeShares,
+           "CPU engine: proportional: while a host has NICs down or degraded, a large all_reduce "
+           "gives each rank a share sized by its host's usable NICs, by direct transfers, so the "
+           "other hosts absorb work the degraded one cannot carry (needs RECCL_SPREAD=on and one "
+           "rank per host, else equal; docs/benchmarks.md, \"One degraded host among many\"). "
+           "equal: every rank an equal share of a collective, DCR moves data off the failed "
+           "channels. Either way results stay bit-identical to the "
            "fault-free run (docs/collectives.md, \"Shares sized by usable bandwidth\")"),
     flag("RECCL_GREY", "1", storeFlag<&Config::grey>,
          "grey-failure detection: a NIC that is up but far slower than its peers under load is "

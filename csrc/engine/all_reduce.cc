@@ -12,6 +12,9 @@ namespace reccl {
 
 namespace {
 
+// Direct transfers' parts per ring chunk.
+constexpr size_t kDirectPartsPerChunk = 8;
+
 // The data phase by direct transfers in the ring's order (proportional.h):
 // `weights` the shares (empty: equal), over the channels of the plan in force.
 void proportional(Communicator& comm, const OpContext& ctx, void* out, size_t count, DataType dtype,
@@ -26,8 +29,13 @@ void proportional(Communicator& comm, const OpContext& ctx, void* out, size_t co
     pieces.push_back(sharePieces(shares, plan, c));
     largest = std::max(largest, largestRange(pieces.back()));
   }
-  // Each connection carries one piece each way per phase.
-  const size_t unit = chunkElems(comm, dtype, largest, 2);
+  // Each connection carries one piece each way per phase. The parts are an
+  // eighth of the ring's chunk: direct transfers fill and drain their pipeline
+  // once per op (a part is reduced once every peer's piece of it is in, and
+  // returned only then), which small parts hide. Measured on 4 hosts with one
+  // NIC of 4 down: 1 MiB parts kept 0.70 of fault-free, 128 KiB 0.79-0.80,
+  // 32-64 KiB 0.76-0.77 (docs/benchmarks.md).
+  const size_t unit = chunkElems(comm, dtype, largest, 2, kDirectPartsPerChunk);
   comm.forChannels(ctx, dtype, unit, [&](ChannelJob& job, SendList& sends) {
     proportionalAllreduce(job, bytesOf(out), pieces[job.channel], order, op, sends);
   });

@@ -31,7 +31,12 @@
 
 namespace reccl {
 
-enum class Lane : int { kCollective = 0, kP2p = 1 };
+// A channel's connections to a peer: kCollective carries every collective;
+// kReturn, the results that a direct all_reduce sends back while the same peer
+// is still sending on kCollective (proportional.h), so each flows on its own
+// connection and neither waits behind the other; kP2p, point-to-point ops (one
+// per pair, not per channel).
+enum class Lane : int { kCollective = 0, kP2p = 1, kReturn = 2 };
 
 class Links {
  public:
