@@ -5,9 +5,11 @@
 // segment boundaries. Rank r reduces its share, which every other rank sends it
 // directly (reduce-scatter), and sends the result directly to every other rank
 // (all-gather): it sends and receives S + (N-2) s_r in all, so a rank with a
-// small share carries little. Chunked and pipelined like the rings: a chunk of
-// the share is reduced as soon as every rank's piece of it has arrived, and
-// sent on at once.
+// small share carries little. Pipelined: every share is cut into the same
+// number of parts (so part k of every share is reduced at about the same
+// time), a part is reduced as soon as every rank's piece of it has arrived,
+// and sent back at once on the return lane (links.h), so a link carries
+// results while the reduce-scatter is still flowing on it.
 //
 // The reduction order is the fault-free ring's, element by element: each
 // element of the ring's segment j (an equal channel plan, each channel's
