@@ -69,16 +69,9 @@ export TSAN_OPTIONS="suppressions=$REPO/scripts/tsan.supp:second_deadlock_stack=
 # their own, allow for (and preload) the sanitizer's runtime.
 export TORCH_RECCL_SANITIZE=$flags
 
-# TSan maps its shadow at fixed addresses; with the kernel's randomised layout a
-# library can land there first, and the process dies at start ("failed to
-# allocate ... errno 12", 5 of ~300 processes in one run). setarch -R turns the
-# randomisation off for this process tree only.
-no_aslr=()
-[ "$kind" = thread ] && no_aslr=(setarch "$(uname -m)" -R)
-
 set +e
 (cd "$tree" && LD_PRELOAD="$preload" PYTHONPATH=$tree timeout "${SANITIZE_TIMEOUT:-3600}" \
-     "${no_aslr[@]}" python -m pytest -q -p no:cacheprovider --capture=sys "$@") 2>&1 | tee "$base/$kind-pytest.log"
+     python -m pytest -q -p no:cacheprovider --capture=sys "$@") 2>&1 | tee "$base/$kind-pytest.log"
 status=${PIPESTATUS[0]}
 set -e
 
