@@ -126,6 +126,8 @@ bool Communicator::sharesApply() const {
          !layout_->twoLevel();
 }
 
+bool Communicator::directFormLocked() const { return !shareWeights_.empty() || !plan_.equal(); }
+
 void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
   const uint64_t avoid =
       options_.rebalance ? agreement.backupChannels & allChannelsMask(plan_.channels()) : 0;
@@ -134,8 +136,10 @@ void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
   if (sharesApply()) {
     nextShares = advanceShares(shares_, agreedCapacities(agreement), seq, options_.dcrOffset);
   }
+  bool directEnds = false;
   {
     std::lock_guard<std::mutex> lock(planMutex_);
+    const bool directBefore = directFormLocked();
     if (nextShares) shareWeights_ = reccl::shareWeights(size_, nextShares->reduced);
     if (next || nextShares) {
       // Unequal shares keep every channel: a degraded host's connections
@@ -150,7 +154,11 @@ void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
     picture_.maxOpsDone = agreement.maxOpsDone;
     picture_.degradedRanks = agreement.degradedRanks;
     picture_.listed = agreement.listed;
+    directEnds = directBefore && !directFormLocked();
   }
+  // Every rank adopts the same agreement at the same op, after every rank has
+  // finished the ops before it: the direct form's connections are idle at both ends.
+  if (directEnds) links_->releaseDirect();
   if (next) {
     const uint64_t avoided = next->avoidMask & allChannelsMask(plan_.channels());
     std::string detail = avoided == 0 ? "every channel carries data"

@@ -176,8 +176,12 @@ class Communicator {
   const Layout& layoutLocked(OpKind kind, Millis timeout);
   RankFaults sampleFaults() const;
   // Records the agreement of op `seq` and switches plans where DCR and the
-  // share rule (shares.h) say so.
+  // share rule (shares.h) say so; releases the direct form's connections
+  // when it ends.
   void adoptAgreement(const Agreement& agreement, uint64_t seq);
+  // Whether a large all_reduce runs by direct transfers (all_reduce.cc):
+  // shares unequal or a DCR plan in force. planMutex_ held.
+  bool directFormLocked() const;
   // Whether shares may be unequal in this group: RECCL_SHARES, more than two
   // ranks, one rank per host (direct transfers between the ranks of a
   // two-level layout would cross each host's NICs once per rank), and the ring

@@ -376,6 +376,35 @@ void Links::close(bool orderly) {
   // Closed, not released: accepts racing with this return nothing from now on.
   for (auto& listener : listeners_) listener->close();
   if (orderly && size_ > 1) eraseKeyBounded();
+  closeAll(std::move(connections));
+}
+
+void Links::claimForDirect(const std::vector<int>& peers, int channel, Lane lane) {
+  for (int peer : peers) {
+    Link& l = link(peer, channel, lane);
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (!l.send) l.sendDirect = true;
+    if (!l.recv) l.recvDirect = true;
+  }
+}
+
+void Links::releaseDirect() {
+  std::vector<Link*> links;
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    for (auto& [key, l] : links_) links.push_back(l.get());
+  }
+  std::vector<std::shared_ptr<Connection>> connections;
+  for (Link* l : links) {
+    std::lock_guard<std::mutex> linkLock(l->mutex);
+    if (l->sendDirect && l->send) connections.push_back(std::move(l->send));
+    if (l->recvDirect && l->recv) connections.push_back(std::move(l->recv));
+    l->sendDirect = l->recvDirect = false;
+  }
+  closeAll(std::move(connections));
+}
+
+void Links::closeAll(std::vector<std::shared_ptr<Connection>> connections) {
   // Close in parallel: each close waits (bounded) for the peer's CLOSE.
   constexpr size_t kParallel = 16;
   for (size_t base = 0; base < connections.size(); base += kParallel) {

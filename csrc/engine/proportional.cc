@@ -94,8 +94,10 @@ void proportionalAllreduce(ChannelJob& job, uint8_t* buffer, const std::vector<R
     if (pieces[peer].count > 0 || own.count > 0) talkTo.push_back(peer);
   }
   if (talkTo.empty()) return;  // no data on this channel
-  job.links.dialAhead(talkTo, job.channel, Lane::kCollective);
-  job.links.dialAhead(talkTo, job.channel, Lane::kReturn);
+  for (Lane lane : {Lane::kCollective, Lane::kReturn}) {
+    job.links.claimForDirect(talkTo, job.channel, lane);
+    job.links.dialAhead(talkTo, job.channel, lane);
+  }
   auto to = [&](int peer, Lane lane) { return job.links.sender(peer, job.channel, lane); };
   auto from = [&](int peer, Lane lane) {
     return job.links.receiver(peer, job.channel, lane, job.ctx);

@@ -6,7 +6,8 @@ agreement carries for it. Then one session of 4 real ranks on 4 loopback NICs
 with RECCL_SHARES=proportional: rank 0's NIC 0 goes down, the ranks agree on
 unequal shares, and every all_reduce is bit-identical to the fault-free run of
 the same inputs, with values chosen so that another summation order changes
-the bits; after the heal, under DCR's plan with equal shares, still.
+the bits; after the heal, under DCR's plan with equal shares, still; and once
+the ring runs again, the direct transfers' connections are closed.
 """
 from __future__ import annotations
 
@@ -163,7 +164,10 @@ def rank_main(rank, size, port, result_path):
         import torch.distributed as dist
 
         import torch_reccl
-        from torch_reccl.backend import backend_info as info
+        from torch_reccl.backend import _cpu_backend, _pg_native, backend_info as info
+
+        def connections():
+            return _pg_native()._reccl_connections(_cpu_backend(None))
 
         torch.set_num_threads(1)
         dist.init_process_group("reccl", timeout=datetime.timedelta(seconds=60))
@@ -182,12 +186,14 @@ def rank_main(rank, size, port, result_path):
         free = run_all()
         out["shares_before"] = info()["shares"]
         dist.barrier()
+        out["connections_free"] = connections()  # the ring's and the barrier's
         if rank == 0:
             torch_reccl.inject_fault("lo:127.0.0.1", "down")
         dist.barrier()  # this op's agreement sees rank 0's NIC down: shares switch here
         out["shares_during"] = info()["shares"]
         faulted = run_all()
         out["same_during"] = {k: faulted[k] == free[k] for k in free}
+        out["connections_during"] = connections()
         if rank == 0:
             out["float32_sum"] = free["float32-sum"]
             torch_reccl.inject_fault("lo:127.0.0.1", "up")
@@ -196,6 +202,19 @@ def rank_main(rank, size, port, result_path):
         out["shares_after"] = info()["shares"]
         healed = run_all()
         out["same_after"] = {k: healed[k] == free[k] for k in free}
+        # DCR's plan returns to every channel once the connections have failed back
+        # (seconds) and its hold has passed; from that op on the ring runs again and
+        # the direct form's connections are closed at both ends (every rank sees the
+        # same agreed plan at the same op, so the loops end together)
+        for _ in range(400):
+            if not info()["channels_without_data"]:
+                break
+            time.sleep(0.05)
+            dist.barrier()
+        out["plan_equal_again"] = not info()["channels_without_data"]
+        healed = run_all()
+        out["same_on_the_ring_again"] = {k: healed[k] == free[k] for k in free}
+        out["connections_healed"] = connections()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - reported by the test
         out["error"] = traceback.format_exc()
@@ -249,6 +268,17 @@ def test_unequal_shares_give_the_fault_free_bits(session):
     for r in session:
         assert all(r["same_during"].values()), r["same_during"]
         assert all(r["same_after"].values()), r["same_after"]
+
+
+@pytest.mark.timeout(SESSION_TIMEOUT_S + 30)
+def test_the_direct_forms_connections_close_once_the_ring_is_back(session):
+    """Direct transfers connect every pair of ranks; once the fault heals and the
+    ring runs again, each rank is back to the connections it had fault-free."""
+    for r in session:
+        assert r["plan_equal_again"], r
+        assert all(r["same_on_the_ring_again"].values()), r["same_on_the_ring_again"]
+        assert r["connections_during"] > r["connections_free"], r
+        assert r["connections_healed"] == r["connections_free"], r
 
 
 @pytest.mark.timeout(SESSION_TIMEOUT_S + 30)
