@@ -273,8 +273,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
 def backend_info(group=None) -> Dict[str, Any]:
     """Engine facts of a reccl group's CPU backend: group (its name), global_ranks
     (the members' ranks in the job; empty for the group the job started with),
-    channels, chunk_bytes, window, ops_done, and the DCR plan in force (``plan``
-    id, ``channels_without_data``)."""
+    channels, chunk_bytes, window, ops_done, the DCR plan in force (``plan``
+    id, ``channels_without_data``) and each rank's share of a large all_reduce
+    (``shares``, by rank; None for equal shares: docs/collectives.md)."""
     return _pg_native()._reccl_backend_info(_cpu_backend(group))
 
 

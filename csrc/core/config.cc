@@ -51,6 +51,11 @@ void storeOn(Config& config, SettingValue&& value) {
   config.*Field = value.text == "on";
 }
 
+// RECCL_SHARES: proportional (true) or equal.
+void storeShares(Config& config, SettingValue&& value) {
+  config.shares = value.text == "proportional";
+}
+
 constexpr char kAlgoChoices[] = "auto|ring|halving";
 constexpr char kTransportChoices[] = "auto|tcp|ib";
 // LogLevel's values in order: the parser stores the position of the value.
@@ -193,6 +198,14 @@ constexpr SettingSpec kSettings[] = {
     integer("RECCL_DCR_OFFSET", "0", 0, 1000000, storeNumber<&Config::dcrOffset>,
             "CPU engine: a new channel plan starts this many collectives after the one at which "
             "the ranks agreed on the fault state (0: that same collective)"),
+    choice("RECCL_SHARES", "proportional", "equal|proportional", storeShares,
+           "CPU engine: proportional: while a host has NICs down or degraded, a large all_reduce "
+           "gives each rank a share sized by its host's usable NICs, by direct transfers, so the "
+           "other hosts absorb work the degraded one cannot carry (needs RECCL_SPREAD=on and one "
+           "rank per host, else equal; docs/benchmarks.md, \"One degraded host among many\"). "
+           "equal: every rank an equal share of a collective, DCR moves data off the failed "
+           "channels. Either way results stay bit-identical to the "
+           "fault-free run (docs/collectives.md, \"Shares sized by usable bandwidth\")"),
     flag("RECCL_GREY", "1", storeFlag<&Config::grey>,
          "grey-failure detection: a NIC that is up but far slower than its peers under load is "
          "marked degraded and traffic moves off it as if it were down (docs/grey_failures.md)"),

@@ -47,6 +47,7 @@ struct Config {
   bool dcr;  // RECCL_DCR: rebalance channels away from backup NICs
   int dcrPeriodMs;  // RECCL_DCR_PERIOD_MS: republish period while degraded
   int dcrOffset;  // RECCL_DCR_OFFSET: ops after the agreement a new plan starts
+  bool shares;  // RECCL_SHARES: all_reduce shards sized by each host's usable NICs
   int64_t smallBytes;  // RECCL_SMALL_BYTES: recursive doubling up to this size
   int64_t halvingBytesPerRank;  // RECCL_HALVING_BYTES_PER_RANK: auto's halving/ring crossover
   Algo algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather

@@ -2,20 +2,21 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace reccl {
 
 namespace {
 
 constexpr uint32_t kAgreementMagic = 0x41434552;  // "RECA" little-endian
-constexpr uint8_t kAgreementVersion = 1;
+constexpr uint8_t kAgreementVersion = 2;
 constexpr uint8_t kHasOdd = 1;
 constexpr uint8_t kFailed = 2;
 
 #pragma pack(push, 1)
 struct WireListed {
   int32_t rank;
-  uint32_t reserved;
+  uint32_t nics;
   uint64_t opsDone;
   uint64_t backupChannels;
   uint64_t nicsDown;
@@ -33,7 +34,7 @@ struct WireAgreement {
   uint64_t backupChannels;
   uint64_t maxOpsDone;
   uint32_t degradedRanks;
-  uint32_t reserved;
+  uint32_t reducedRanks;
   int32_t missing[kListedDegradedRanks];
   uint8_t first[kDescriptorBytes];
   uint8_t odd[kDescriptorBytes];
@@ -55,6 +56,9 @@ uint64_t pairHash(int from, int to, int size, uint64_t count) {
       mix64(static_cast<uint64_t>(from) * static_cast<uint64_t>(size) + static_cast<uint64_t>(to)) ^
       count);
 }
+
+// The listing order of degraded ranks: reduced ones first, each kind by rank.
+std::pair<bool, int> listingKey(const DegradedRank& d) { return {!d.faults.reduced(), d.rank}; }
 
 // The lowest `limit` of the union of two sorted, disjoint lists.
 template <typename T, typename Key>
@@ -82,6 +86,7 @@ Agreement Agreement::of(int rank, const OpDescriptor& op, const RankFaults& faul
   a.maxOpsDone = faults.opsDone;
   if (faults.degraded()) {
     a.degradedRanks = 1;
+    a.reducedRanks = faults.reduced() ? 1 : 0;
     a.listed.push_back({rank, faults});
   }
   return a;
@@ -114,8 +119,8 @@ void Agreement::merge(const Agreement& other) {
   backupChannels |= other.backupChannels;
   maxOpsDone = std::max(maxOpsDone, other.maxOpsDone);
   degradedRanks += other.degradedRanks;
-  listed = lowestOfBoth(listed, other.listed, kListedDegradedRanks,
-                        [](const DegradedRank& d) { return d.rank; });
+  reducedRanks += other.reducedRanks;
+  listed = lowestOfBoth(listed, other.listed, kListedDegradedRanks, listingKey);
 }
 
 void Agreement::check(const std::string& group) const {
@@ -152,13 +157,14 @@ void encodeAgreement(const Agreement& a, int groupSize, uint8_t* out) {
   wire.backupChannels = a.backupChannels;
   wire.maxOpsDone = a.maxOpsDone;
   wire.degradedRanks = a.degradedRanks;
+  wire.reducedRanks = a.reducedRanks;
   for (int i = 0; i < wire.missingCount; ++i) wire.missing[i] = a.missing[i];
   encodeDescriptor(a.first, a.firstRank, groupSize, wire.first);
   if (a.oddRank >= 0) encodeDescriptor(a.odd, a.oddRank, groupSize, wire.odd);
   for (int i = 0; i < wire.listedCount; ++i) {
     const DegradedRank& d = a.listed[i];
     wire.listed[i] = {d.rank,
-                      0,
+                      d.faults.nics,
                       d.faults.opsDone,
                       d.faults.backupChannels,
                       d.faults.nicsDown,
@@ -182,7 +188,8 @@ Agreement decodeAgreement(const uint8_t* data, size_t bytes, int groupSize) {
   auto inGroup = [&](int64_t r) { return r >= 0 && r < groupSize; };
   if (wire.listedCount > kListedDegradedRanks || wire.missingCount > kListedDegradedRanks ||
       wire.degradedRanks < wire.listedCount ||
-      wire.degradedRanks > static_cast<uint32_t>(groupSize) || !inGroup(wire.firstRank) ||
+      wire.degradedRanks > static_cast<uint32_t>(groupSize) ||
+      wire.reducedRanks > wire.degradedRanks || !inGroup(wire.firstRank) ||
       ((wire.flags & kHasOdd) != 0) != (wire.oddRank >= 0) ||
       (wire.oddRank >= 0 ? !inGroup(wire.oddRank) : wire.oddRank != -1) ||
       (wire.flags & ~(kHasOdd | kFailed)) != 0) {
@@ -205,12 +212,15 @@ Agreement decodeAgreement(const uint8_t* data, size_t bytes, int groupSize) {
   a.backupChannels = wire.backupChannels;
   a.maxOpsDone = wire.maxOpsDone;
   a.degradedRanks = wire.degradedRanks;
+  a.reducedRanks = wire.reducedRanks;
   for (int i = 0; i < wire.listedCount; ++i) {
     const WireListed& w = wire.listed[i];
-    if (!inGroup(w.rank) || (i > 0 && w.rank <= wire.listed[i - 1].rank)) {
+    DegradedRank d{w.rank, {w.opsDone, w.backupChannels, w.nicsDown, w.deviceOps, w.nics}};
+    if (!inGroup(w.rank) || w.nics > 64 ||
+        (i > 0 && listingKey(d) <= listingKey(a.listed.back()))) {
       throw ProtocolError("collective agreement lists degraded ranks out of order or range");
     }
-    a.listed.push_back({w.rank, {w.opsDone, w.backupChannels, w.nicsDown, w.deviceOps}});
+    a.listed.push_back(d);
   }
   return a;
 }

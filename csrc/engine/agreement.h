@@ -26,7 +26,10 @@ struct RankFaults {
   uint64_t backupChannels = 0;  // bit c: a path of channel c runs over a backup NIC
   uint64_t nicsDown = 0;        // bit n: local NIC n is down
   uint64_t deviceOps = 0;       // collectives issued by the group's GPU backend (NCCL)
+  uint32_t nics = 0;            // local NICs (0: not known); nicsDown counts against them
   bool degraded() const { return backupChannels != 0 || nicsDown != 0; }
+  // Some of its own NICs are unusable: its host carries less (shares.h).
+  bool reduced() const { return nicsDown != 0; }
 };
 
 struct DegradedRank {
@@ -35,7 +38,9 @@ struct DegradedRank {
 };
 
 // The degraded ranks an agreement lists by name; the rest are only counted,
-// so the state stays O(1) whatever the group size.
+// so the state stays O(1) whatever the group size. Ranks with NICs of their
+// own unusable (reduced()) are listed before ranks only on backup paths, so
+// every reduced rank is known by name while there are at most this many.
 constexpr int kListedDegradedRanks = 8;
 
 struct Agreement {
@@ -56,7 +61,10 @@ struct Agreement {
   uint64_t backupChannels = 0;  // OR over ranks
   uint64_t maxOpsDone = 0;
   uint32_t degradedRanks = 0;
-  std::vector<DegradedRank> listed;  // the lowest degraded ranks, sorted
+  uint32_t reducedRanks = 0;  // of those, ranks with NICs of their own unusable
+  // The reduced ranks by rank, then the other degraded ranks by rank; the
+  // first kListedDegradedRanks of that order.
+  std::vector<DegradedRank> listed;
 
   // A rank's own contribution.
   static Agreement of(int rank, const OpDescriptor& op, const RankFaults& faults,

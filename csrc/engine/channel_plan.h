@@ -20,21 +20,27 @@ struct Range {
 class ChannelPlan {
  public:
   explicit ChannelPlan(int channels);                       // equal shares, id 0
-  ChannelPlan(std::vector<uint32_t> weights, uint64_t id);  // a weight of 0 = no data
+  ChannelPlan(std::vector<uint64_t> weights, uint64_t id);  // a weight of 0 = no data
 
   int channels() const { return static_cast<int>(weights_.size()); }
   uint64_t id() const { return id_; }
-  uint32_t weight(int channel) const { return weights_.at(channel); }
+  uint64_t weight(int channel) const { return weights_.at(channel); }
+  // Every channel the same share (the fault-free plan's division).
+  bool equal() const { return equal_; }
 
   // [0, count) cut into one contiguous range per channel, in proportion to the
   // weights; the same on every rank for the same count.
   std::vector<Range> split(size_t count) const;
 
  private:
-  std::vector<uint32_t> weights_;
-  uint64_t total_ = 0;
+  std::vector<uint64_t> weights_;
+  bool equal_ = true;
   uint64_t id_ = 0;
 };
+
+// [0, count) cut into one contiguous range per weight, in proportion to the
+// weights (a total above 0), the same on every rank for the same inputs.
+std::vector<Range> splitByWeights(size_t count, const std::vector<uint64_t>& weights);
 
 // The longest of `ranges` (a plan's split: it sizes the chunks).
 size_t largestRange(const std::vector<Range>& ranges);

@@ -52,8 +52,9 @@ void rejectCollective(Communicator& comm, const OpDescriptor& desc, Millis timeo
 }
 
 size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegment,
-                  int segmentsPerConnection) {
-  const size_t base = std::max<size_t>(1, comm.options().chunkBytes / elementSize(dtype));
+                  int segmentsPerConnection, size_t chunksPerChunk) {
+  const size_t base =
+      std::max<size_t>(1, comm.options().chunkBytes / chunksPerChunk / elementSize(dtype));
   const size_t maxChunks =
       std::max<size_t>(1, kMessagesPerConnection / std::max(1, segmentsPerConnection));
   return std::max(base, (largestSegment + maxChunks - 1) / maxChunks);

@@ -56,11 +56,12 @@ void rejectCollective(Communicator& comm, const OpDescriptor& desc, Millis timeo
 
 // The pipelining unit, in elements, of a channel algorithm whose largest
 // segment is `largestSegment` elements and which sends `segmentsPerConnection`
-// segments over one connection: chunk_bytes, or more so that one connection
+// segments over one connection: chunk_bytes (divided by `chunksPerChunk`, for
+// an algorithm that wants finer parts), or more so that one connection
 // carries at most a few hundred messages per op (well below the transport's
 // bound on outstanding requests, so the rings never block on it).
 size_t chunkElems(const Communicator& comm, DataType dtype, size_t largestSegment,
-                  int segmentsPerConnection);
+                  int segmentsPerConnection, size_t chunksPerChunk = 1);
 
 inline uint8_t* bytesOf(void* p) { return static_cast<uint8_t*>(p); }
 inline const uint8_t* bytesOf(const void* p) { return static_cast<const uint8_t*>(p); }

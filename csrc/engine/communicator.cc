@@ -20,6 +20,7 @@ CommOptions::CommOptions(const Config& config)
       algo(config.algo),
       halvingBytesPerRank(static_cast<size_t>(config.halvingBytesPerRank)),
       rebalance(config.dcr),
+      shares(config.shares && config.spread),
       dcrOffset(static_cast<uint64_t>(config.dcrOffset)) {}
 
 Communicator::Communicator(std::shared_ptr<Transport> transport,
@@ -88,6 +89,7 @@ RankFaults Communicator::sampleFaults() const {
   RankFaults faults;
   faults.opsDone = opsDone_.load();
   faults.nicsDown = links_->nicsDown();
+  faults.nics = static_cast<uint32_t>(links_->nics());
   faults.backupChannels = links_->channelsOnBackup(faults.nicsDown);
   std::lock_guard<std::mutex> lock(planMutex_);
   if (deviceOps_) faults.deviceOps = deviceOps_();
@@ -114,37 +116,87 @@ FaultPicture Communicator::faultPicture() const {
   return picture_;
 }
 
+std::vector<uint64_t> Communicator::currentShares() const {
+  std::lock_guard<std::mutex> lock(planMutex_);
+  return shareWeights_;
+}
+
+bool Communicator::sharesApply() const {
+  return options_.shares && options_.algo != Algo::kHalving && size_ > 2 && layout_ &&
+         !layout_->twoLevel();
+}
+
+bool Communicator::directFormLocked() const { return !shareWeights_.empty() || !plan_.equal(); }
+
 void Communicator::adoptAgreement(const Agreement& agreement, uint64_t seq) {
   const uint64_t avoid =
       options_.rebalance ? agreement.backupChannels & allChannelsMask(plan_.channels()) : 0;
   std::optional<PlanProposal> next = advancePlan(plans_, avoid, seq, options_.dcrOffset);
+  std::optional<SharePlan> nextShares;
+  if (sharesApply()) {
+    nextShares = advanceShares(shares_, agreedCapacities(agreement), seq, options_.dcrOffset);
+  }
+  bool directEnds = false;
   {
     std::lock_guard<std::mutex> lock(planMutex_);
-    if (next) {
-      plan_ = planOf(*next, plan_.channels());
-      current_ = *next;
+    const bool directBefore = directFormLocked();
+    if (nextShares) shareWeights_ = reccl::shareWeights(size_, nextShares->reduced);
+    if (next || nextShares) {
+      // Unequal shares keep every channel: a degraded host's connections
+      // spread over its surviving NICs while the other hosts use all of theirs.
+      plan_ = shareWeights_.empty()
+                  ? planOf(plans_.current, plan_.channels())
+                  : ChannelPlan(std::vector<uint64_t>(plan_.channels(), 1), plans_.current.id);
+      current_ = plans_.current;
     }
     picture_.agreedAtOp = static_cast<int64_t>(seq);
     picture_.plan = plans_.pending ? *plans_.pending : plans_.current;
     picture_.maxOpsDone = agreement.maxOpsDone;
     picture_.degradedRanks = agreement.degradedRanks;
     picture_.listed = agreement.listed;
+    directEnds = directBefore && !directFormLocked();
   }
-  if (!next) return;
+  // Every rank adopts the same agreement at the same op, after every rank has
+  // finished the ops before it: the direct form's connections are idle at both ends.
+  if (directEnds) links_->releaseDirect();
+  if (next) {
+    const uint64_t avoided = next->avoidMask & allChannelsMask(plan_.channels());
+    std::string detail = avoided == 0 ? "every channel carries data"
+                                      : describeChannels(avoided) + " of " +
+                                            std::to_string(plan_.channels()) +
+                                            " carry no data (their paths run over backup NICs)";
+    if (avoided != 0 && !shareWeights_.empty()) {
+      detail += "; not in force while shares are unequal (every channel carries data)";
+    }
+    announce(seq, next->id, detail);
+  }
+  if (nextShares) {
+    std::string detail = describeShares(shareWeights_);
+    for (const RankCapacity& c : nextShares->reduced) {
+      detail += (&c == &nextShares->reduced.front() ? " (usable bandwidth: rank " : ", rank ") +
+                std::to_string(c.rank) + " " + std::to_string(c.capacity * 100 / kFullCapacity) +
+                "%";
+    }
+    if (!nextShares->reduced.empty()) detail += ")";
+    const uint64_t avoided = plans_.current.avoidMask & allChannelsMask(plan_.channels());
+    if (shareWeights_.empty() && avoided != 0) {
+      detail += "; DCR's plan in force: " + describeChannels(avoided) + " carry no data";
+    }
+    announce(seq, plan_.id(), detail);
+  }
+}
+
+void Communicator::announce(uint64_t seq, uint64_t plan, const std::string& detail) const {
   Event event;
   event.kind = EventKind::kRebalance;
   event.wallNs = wallNs();
   event.group = options_.group;
   event.op = static_cast<int64_t>(seq);
-  event.plan = static_cast<int64_t>(next->id);
-  const uint64_t avoided = next->avoidMask & allChannelsMask(plan_.channels());
-  event.detail = avoided == 0
-                     ? "every channel carries data"
-                     : describeChannels(avoided) + " of " + std::to_string(plan_.channels()) +
-                           " carry no data (their paths run over backup NICs)";
+  event.plan = static_cast<int64_t>(plan);
+  event.detail = detail;
   RECCL_LOG(kInfo, "reccl: process group '" + options_.group + "' rank " + std::to_string(rank_) +
-                       ": plan " + std::to_string(next->id) + " from op " + std::to_string(seq) +
-                       ": " + event.detail);
+                       ": plan " + std::to_string(plan) + " from op " + std::to_string(seq) + ": " +
+                       detail);
   NicHealth::instance().emit(std::move(event));
 }
 
@@ -272,7 +324,8 @@ void Communicator::run(OpDescriptor desc, Millis timeout, const RdPayload& paylo
   checkUsable();
   layoutLocked(desc.kind, timeout);
   desc.seq = seq_++;
-  desc.planId = plan_.id();
+  // The share plan's id in the high half: ranks out of step on either fail the agreement.
+  desc.planId = plan_.id() | (shares_.current.id << 32);
   desc.chunkBytes = options_.chunkBytes;
   desc.channels = static_cast<uint32_t>(plan_.channels());
   OpContext ctx(label(desc), Clock::now(), timeout, &aborted_);

@@ -49,6 +49,7 @@
 #include "engine/rebalance.h"
 #include "engine/recursive_doubling.h"
 #include "engine/rendezvous.h"
+#include "engine/shares.h"
 #include "engine/worker_pool.h"
 
 namespace reccl {
@@ -66,6 +67,7 @@ struct CommOptions {
   Algo algo;  // RECCL_ALGO: large all_reduce, reduce_scatter, all_gather (collective.h)
   size_t halvingBytesPerRank;  // auto: halving up to this x ranks (collective.h)
   bool rebalance;  // DCR
+  bool shares;  // RECCL_SHARES=proportional with RECCL_SPREAD=on (shares.h)
   uint64_t dcrOffset;  // ops between the agreement and a new plan
   std::string host = "";  // host identity (core/topology.h): equal = same host
   std::vector<int> globalRanks;  // the members' ranks in the job, for errors (empty: the same)
@@ -129,6 +131,11 @@ class Communicator {
   // Within a data phase: the plan that divides this op's data over the
   // channels (the op thread is the only writer, between ops).
   const ChannelPlan& channelPlan() const { return plan_; }
+  // Within a data phase: each rank's share weight of a large all_reduce
+  // (shares.h); empty for equal shares, always while nothing is degraded.
+  const std::vector<uint64_t>& shareWeights() const { return shareWeights_; }
+  // The share weights in force, from any thread (for tools).
+  std::vector<uint64_t> currentShares() const;
   // Within a data phase: runs fn(job, sends) for every channel with data in
   // parallel (chunks of `unit` elements), then waits for each channel's sends.
   void forChannels(const OpContext& ctx, DataType dtype, size_t unit,
@@ -168,8 +175,20 @@ class Communicator {
   // layout() with opMutex_ held.
   const Layout& layoutLocked(OpKind kind, Millis timeout);
   RankFaults sampleFaults() const;
-  // Records the agreement of op `seq` and switches plans where DCR says so.
+  // Records the agreement of op `seq` and switches plans where DCR and the
+  // share rule (shares.h) say so; releases the direct form's connections
+  // when it ends.
   void adoptAgreement(const Agreement& agreement, uint64_t seq);
+  // Whether a large all_reduce runs by direct transfers (all_reduce.cc):
+  // shares unequal or a DCR plan in force. planMutex_ held.
+  bool directFormLocked() const;
+  // Whether shares may be unequal in this group: RECCL_SHARES, more than two
+  // ranks, one rank per host (direct transfers between the ranks of a
+  // two-level layout would cross each host's NICs once per rank), and the ring
+  // not ruled out (with RECCL_ALGO=halving no all_reduce would use them).
+  bool sharesApply() const;
+  // Emits the rebalance event and log line of a plan or share switch.
+  void announce(uint64_t seq, uint64_t plan, const std::string& detail) const;
 
   const int rank_;
   const int size_;
@@ -183,6 +202,8 @@ class Communicator {
   std::shared_ptr<const Layout> layout_;  // written once under planMutex_
   ChannelPlan plan_;
   PlanState plans_;  // op thread only
+  ShareState shares_;  // op thread only
+  std::vector<uint64_t> shareWeights_;  // written by the op thread under planMutex_
   // Guards writes of plan_ (only the op thread writes it, and reads it freely)
   // and every access to picture_ and deviceOps_ from other threads.
   mutable std::mutex planMutex_;

@@ -13,7 +13,13 @@
 namespace reccl {
 
 namespace {
-std::string laneName(Lane lane) { return lane == Lane::kP2p ? "p2p" : "collective"; }
+std::string laneName(Lane lane) {
+  switch (lane) {
+    case Lane::kP2p: return "p2p";
+    case Lane::kReturn: return "return";
+    default: return "collective";
+  }
+}
 constexpr Millis kAcceptSlice(50);
 constexpr Millis kForgetBound(2000);  // deleting our key: never longer than this
 // Recording or reading gone peers, on the failure path: never longer than this.
@@ -73,7 +79,7 @@ int Links::slotOf(int channel, Lane lane) const {
   if (channel < 0 || channel >= channels_) {
     throw ConfigError("channel " + std::to_string(channel) + " out of range");
   }
-  return channel;
+  return lane == Lane::kReturn ? channels_ + 1 + channel : channel;
 }
 
 Links::Link& Links::link(int peer, int channel, Lane lane) {
@@ -339,7 +345,7 @@ uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
   std::lock_guard<std::mutex> lock(mapMutex_);
   for (const auto& [key, l] : links_) {
     const int slot = key.second;
-    if (slot >= channels_) continue;  // the p2p lane is no channel
+    if (slot >= channels_) continue;  // the p2p and return lanes: not channels of the ring
     std::unique_lock<std::mutex> linkLock(l->mutex, std::try_to_lock);
     if (!linkLock.owns_lock()) continue;  // being accepted: not failed over
     // Path 0 is the primary; -1 (between paths) counts once a backup is chosen.
@@ -370,6 +376,35 @@ void Links::close(bool orderly) {
   // Closed, not released: accepts racing with this return nothing from now on.
   for (auto& listener : listeners_) listener->close();
   if (orderly && size_ > 1) eraseKeyBounded();
+  closeAll(std::move(connections));
+}
+
+void Links::claimForDirect(const std::vector<int>& peers, int channel, Lane lane) {
+  for (int peer : peers) {
+    Link& l = link(peer, channel, lane);
+    std::lock_guard<std::mutex> lock(l.mutex);
+    if (!l.send) l.sendDirect = true;
+    if (!l.recv) l.recvDirect = true;
+  }
+}
+
+void Links::releaseDirect() {
+  std::vector<Link*> links;
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    for (auto& [key, l] : links_) links.push_back(l.get());
+  }
+  std::vector<std::shared_ptr<Connection>> connections;
+  for (Link* l : links) {
+    std::lock_guard<std::mutex> linkLock(l->mutex);
+    if (l->sendDirect && l->send) connections.push_back(std::move(l->send));
+    if (l->recvDirect && l->recv) connections.push_back(std::move(l->recv));
+    l->sendDirect = l->recvDirect = false;
+  }
+  closeAll(std::move(connections));
+}
+
+void Links::closeAll(std::vector<std::shared_ptr<Connection>> connections) {
   // Close in parallel: each close waits (bounded) for the peer's CLOSE.
   constexpr size_t kParallel = 16;
   for (size_t base = 0; base < connections.size(); base += kParallel) {

@@ -31,7 +31,12 @@
 
 namespace reccl {
 
-enum class Lane : int { kCollective = 0, kP2p = 1 };
+// A channel's connections to a peer: kCollective carries every collective;
+// kReturn, the results that a direct all_reduce sends back while the same peer
+// is still sending on kCollective (proportional.h), so each flows on its own
+// connection and neither waits behind the other; kP2p, point-to-point ops (one
+// per pair, not per channel).
+enum class Lane : int { kCollective = 0, kP2p = 1, kReturn = 2 };
 
 class Links {
  public:
@@ -46,6 +51,7 @@ class Links {
   int size() const { return size_; }
   int channels() const { return channels_; }
   int nicOf(int channel) const { return channel % nics_; }
+  int nics() const { return nics_; }
 
   // The connection to `peer`; on first use reads the peer's handles (bounded
   // by the rendezvous timeout) and dials (does not wait for it).
@@ -97,6 +103,18 @@ class Links {
   // the store did not answer within kGoneStoreBound. Never throws.
   std::vector<GoneReport> goneReports();
 
+  // Marks the connections on (channel, lane) to and from `peers` that are not
+  // made yet as the direct all_reduce's own (proportional.h). A connection of
+  // one end exists exactly when the other end's does, so both ends mark the
+  // same ones.
+  void claimForDirect(const std::vector<int>& peers, int channel, Lane lane);
+  // Closes the connections claimForDirect() marked, in parallel, each bounded
+  // by its close handshake: a healed fault leaves only the ring's behind. Every
+  // rank calls it at the op whose agreement ends the direct form, when every
+  // rank has finished the ops before it, so both ends close together (an
+  // orderly close, never a fault); the next use dials anew. Never throws.
+  void releaseDirect();
+
   // Closes every connection and listener (in parallel; each bounded by the
   // transport's close handshake). Pending requests fail and no buffer is
   // written afterwards. `orderly`: also deletes this rank's key (bounded).
@@ -108,6 +126,8 @@ class Links {
     std::mutex mutex;
     std::shared_ptr<SendConnection> send;
     std::shared_ptr<RecvConnection> recv;
+    bool sendDirect = false;  // claimForDirect() marked send / recv
+    bool recvDirect = false;
   };
   struct Peer {
     std::mutex mutex;
@@ -124,6 +144,8 @@ class Links {
   void checkOpen() const;
   // Records that `peer` connected to this rank (it has read our key).
   void noteAccepted(int peer);
+  // Closes `connections` in parallel, each bounded by its close handshake.
+  static void closeAll(std::vector<std::shared_ptr<Connection>> connections);
   // Deletes our key (once), waiting at most kForgetBound for the store.
   void eraseKeyBounded();
 

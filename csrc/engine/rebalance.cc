@@ -8,7 +8,7 @@ uint64_t allChannelsMask(int channels) {
 
 ChannelPlan planOf(const PlanProposal& proposal, int channels) {
   const uint64_t avoid = proposal.avoidMask & allChannelsMask(channels);
-  std::vector<uint32_t> weights(channels, 1);
+  std::vector<uint64_t> weights(channels, 1);
   if (avoid != allChannelsMask(channels)) {
     for (int c = 0; c < channels; ++c) {
       if (avoid & (uint64_t{1} << c)) weights[c] = 0;

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "engine/proportional.h"
+#include "engine/shares.h"
 #include "pg/process_group_reccl.h"
 #include "pg/store_rendezvous.h"
 
@@ -98,6 +100,17 @@ void bindBackendTools(py::module_& m) {
           reccl::PlanProposal plan = comm->currentPlan();
           d["plan"] = plan.id;
           d["channels_without_data"] = channelList(plan.avoidMask, comm->channels());
+          // Each rank's share of a large all_reduce (None: equal shares).
+          const std::vector<uint64_t> weights = comm->currentShares();
+          if (weights.empty()) {
+            d["shares"] = py::none();
+          } else {
+            uint64_t total = 0;
+            for (uint64_t w : weights) total += w;
+            std::vector<double> shares;
+            for (uint64_t w : weights) shares.push_back(static_cast<double>(w) / total);
+            d["shares"] = shares;
+          }
           // This rank's own state now; the group agrees on it at its next collective.
           d["channels_on_backup"] =
               channelList(comm->localFaults().backupChannels, comm->channels());
@@ -249,9 +262,54 @@ void bindEngineRules(py::module_& m) {
       py::arg("avoid_mask"), py::arg("channels"), py::arg("count"),
       "For tests: how a plan avoiding `avoid_mask` splits `count` elements over channels.");
   m.def(
+      "_share_weights",
+      [](int size, const std::vector<std::pair<int, uint32_t>>& reduced) {
+        std::vector<reccl::RankCapacity> capacities;
+        for (const auto& [rank, capacity] : reduced) capacities.push_back({rank, capacity});
+        return reccl::shareWeights(size, capacities);
+      },
+      py::arg("size"), py::arg("reduced"),
+      "For tests: share weights of `size` ranks with (rank, capacity of 4096) reduced ones; "
+      "empty for equal shares.");
+  m.def(
+      "_share_rule_run",
+      [](const std::vector<std::optional<std::vector<std::pair<int, uint32_t>>>>& agreed,
+         uint64_t offset, uint64_t riseHold) {
+        // Feeds the agreed capacities of ops 0, 1, ... to the share rule;
+        // returns, per op, the id of the plan in force and its reduced ranks.
+        reccl::ShareState state;
+        py::list out;
+        for (uint64_t seq = 0; seq < agreed.size(); ++seq) {
+          std::optional<std::vector<reccl::RankCapacity>> capacities;
+          if (agreed[seq]) {
+            capacities.emplace();
+            for (const auto& [rank, capacity] : *agreed[seq])
+              capacities->push_back({rank, capacity});
+          }
+          reccl::advanceShares(state, capacities, seq, offset, riseHold);
+          py::list reduced;
+          for (const auto& c : state.current.reduced)
+            reduced.append(py::make_tuple(c.rank, c.capacity));
+          out.append(py::make_tuple(state.current.id, reduced));
+        }
+        return out;
+      },
+      py::arg("agreed"), py::arg("offset"), py::arg("rise_hold"),
+      "For tests: the share rule over a sequence of agreed capacities (None: not known).");
+  m.def(
+      "_ring_reduction_order",
+      [](uint64_t count, int channels, int size) {
+        py::list out;
+        for (const auto& s : reccl::ringReductionOrder(count, channels, size))
+          out.append(py::make_tuple(s.elements.offset, s.elements.count, s.finalPosition));
+        return out;
+      },
+      py::arg("count"), py::arg("channels"), py::arg("size"),
+      "For tests: the fault-free ring all_reduce's segments (offset, count, final position).");
+  m.def(
       "_agreement_fold",
       [](int groupSize, const std::vector<std::tuple<uint64_t, int, uint64_t, int>>& ops,
-         const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& faults,
+         const std::vector<std::vector<uint64_t>>& faults,
          const std::vector<std::pair<int, int>>& steps,
          const std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>& rejections) {
         // Every rank's own agreement, merged as `steps` say (state[i] takes in
@@ -269,8 +327,16 @@ void bindEngineRules(py::module_& m) {
             desc.rejection = {static_cast<reccl::Rejection::Reason>(reason), argument, index, got,
                               want};
           }
-          const auto& [opsDone, backup, down] = faults.at(r);
-          states.push_back(reccl::Agreement::of(r, desc, {opsDone, backup, down, 0}, 0));
+          const std::vector<uint64_t>& f = faults.at(r);
+          if (f.size() != 3 && f.size() != 4) {
+            throw reccl::ConfigError(
+                "a rank's faults are (ops_done, backup_channels, nics_down"
+                "[, nics]), got " +
+                std::to_string(f.size()) + " values");
+          }
+          reccl::RankFaults rankFaults{f[0], f[1], f[2], 0,
+                                       f.size() == 4 ? static_cast<uint32_t>(f[3]) : 0};
+          states.push_back(reccl::Agreement::of(r, desc, rankFaults, 0));
         }
         for (const auto& [into, from] : steps) states.at(into).merge(states.at(from));
         std::vector<uint8_t> bytes(reccl::kAgreementBytes);
@@ -281,7 +347,8 @@ void bindEngineRules(py::module_& m) {
       py::arg("rejections") =
           std::map<int, std::tuple<int, std::string, int32_t, int64_t, int64_t>>{},
       "For tests: merges per-rank agreements (ops: (seq, kind, count, root); faults: "
-      "(ops_done, backup_channels, nics_down); rejections: rank -> (reason, argument, index, "
+      "(ops_done, backup_channels, nics_down[, nics]); rejections: rank -> (reason, argument, "
+      "index, "
       "got, want)) in the given order; returns the wire form.");
   m.def(
       "_agreement_decode",
@@ -303,12 +370,22 @@ void bindEngineRules(py::module_& m) {
         d["backup_channels"] = a.backupChannels;
         d["max_ops_done"] = a.maxOpsDone;
         d["degraded_ranks"] = a.degradedRanks;
+        d["reduced_ranks"] = a.reducedRanks;
         py::list listed;
         for (const auto& r : a.listed) {
-          listed.append(
-              py::make_tuple(r.rank, r.faults.opsDone, r.faults.backupChannels, r.faults.nicsDown));
+          listed.append(py::make_tuple(r.rank, r.faults.opsDone, r.faults.backupChannels,
+                                       r.faults.nicsDown, r.faults.nics));
         }
         d["listed"] = listed;
+        // The reduced ranks' capacities (shares.h), None when not all are listed.
+        std::optional<std::vector<reccl::RankCapacity>> capacities = reccl::agreedCapacities(a);
+        if (capacities) {
+          py::list out;
+          for (const auto& c : *capacities) out.append(py::make_tuple(c.rank, c.capacity));
+          d["capacities"] = out;
+        } else {
+          d["capacities"] = py::none();
+        }
         return d;
       },
       py::arg("data"), py::arg("group_size"), py::arg("group") = "g",

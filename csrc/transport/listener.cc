@@ -49,7 +49,12 @@ bool Listener::adoptPath(const HelloBody& hello, PathCandidate nics, std::shared
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = connections_.find(hello.connectionId);
-    if (it != connections_.end()) connection = it->second.lock();
+    if (it != connections_.end()) {
+      connection = it->second.lock();
+      // A late path of a connection this end has closed and let go: never a new
+      // connection, which would be accepted in place of the dialer's next one.
+      if (!connection) return false;
+    }
     if (!connection) {
       if (closed_) return false;
       // A second connection under a tag still waiting to be accepted: a member
