@@ -358,10 +358,18 @@ uint64_t Links::channelsOnBackup(uint64_t nicsDown) const {
 
 void Links::close(bool orderly) {
   if (closed_.exchange(true)) return;
+  // A sender() that gets its link's mutex after this finds the links closed.
+  std::vector<std::shared_ptr<Connection>> connections = takeConnections(false);
+  // Closed, not released: accepts racing with this return nothing from now on.
+  for (auto& listener : listeners_) listener->close();
+  if (orderly && size_ > 1) eraseKeyBounded();
+  closeAll(std::move(connections));
+}
+
+std::vector<std::shared_ptr<Connection>> Links::takeConnections(bool directOnly) {
   // Each link's mutex is taken after the map's is released: a sender() holds its
   // link's mutex while it looks up the peer's handles under the map's (the other
-  // order would deadlock). Entries are never erased, so the pointers stay valid; a
-  // sender() that gets its link's mutex after this finds the links closed.
+  // order would deadlock). Entries are never erased, so the pointers stay valid.
   std::vector<Link*> links;
   {
     std::lock_guard<std::mutex> lock(mapMutex_);
@@ -370,13 +378,11 @@ void Links::close(bool orderly) {
   std::vector<std::shared_ptr<Connection>> connections;
   for (Link* l : links) {
     std::lock_guard<std::mutex> linkLock(l->mutex);
-    if (l->send) connections.push_back(std::move(l->send));
-    if (l->recv) connections.push_back(std::move(l->recv));
+    if (l->send && (!directOnly || l->sendDirect)) connections.push_back(std::move(l->send));
+    if (l->recv && (!directOnly || l->recvDirect)) connections.push_back(std::move(l->recv));
+    l->sendDirect = l->recvDirect = false;
   }
-  // Closed, not released: accepts racing with this return nothing from now on.
-  for (auto& listener : listeners_) listener->close();
-  if (orderly && size_ > 1) eraseKeyBounded();
-  closeAll(std::move(connections));
+  return connections;
 }
 
 void Links::claimForDirect(const std::vector<int>& peers, int channel, Lane lane) {
@@ -388,21 +394,7 @@ void Links::claimForDirect(const std::vector<int>& peers, int channel, Lane lane
   }
 }
 
-void Links::releaseDirect() {
-  std::vector<Link*> links;
-  {
-    std::lock_guard<std::mutex> lock(mapMutex_);
-    for (auto& [key, l] : links_) links.push_back(l.get());
-  }
-  std::vector<std::shared_ptr<Connection>> connections;
-  for (Link* l : links) {
-    std::lock_guard<std::mutex> linkLock(l->mutex);
-    if (l->sendDirect && l->send) connections.push_back(std::move(l->send));
-    if (l->recvDirect && l->recv) connections.push_back(std::move(l->recv));
-    l->sendDirect = l->recvDirect = false;
-  }
-  closeAll(std::move(connections));
-}
+void Links::releaseDirect() { closeAll(takeConnections(true)); }
 
 void Links::closeAll(std::vector<std::shared_ptr<Connection>> connections) {
   // Close in parallel: each close waits (bounded) for the peer's CLOSE.

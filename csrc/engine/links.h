@@ -144,6 +144,9 @@ class Links {
   void checkOpen() const;
   // Records that `peer` connected to this rank (it has read our key).
   void noteAccepted(int peer);
+  // Moves every connection out of its link (directOnly: those claimForDirect()
+  // marked) and clears the marks; the links then dial or accept anew on use.
+  std::vector<std::shared_ptr<Connection>> takeConnections(bool directOnly);
   // Closes `connections` in parallel, each bounded by its close handshake.
   static void closeAll(std::vector<std::shared_ptr<Connection>> connections);
   // Deletes our key (once), waiting at most kForgetBound for the store.

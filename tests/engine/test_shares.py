@@ -12,17 +12,15 @@ the ring runs again, the direct transfers' connections are closed.
 from __future__ import annotations
 
 import datetime
-import json
-import multiprocessing
 import os
-import sys
 import time
-import traceback
 
 import numpy as np
 import pytest
 
 from torch_reccl._native import native
+
+from conftest import report_rank, run_rank_job
 
 _C = native()
 FULL = 4096  # kFullCapacity
@@ -153,13 +151,13 @@ def inputs(rank, dtype_name, count=COUNT):
     return values.astype(np.float64 if dtype_name == "float64" else np.float32)
 
 
-def rank_main(rank, size, port, result_path):
+def rank_main(rank, port, out_dir, size):
     os.environ.update({"RECCL_NICS": NICS, "RECCL_ALGO": "ring", "RECCL_CHUNK_BYTES": "65536",
                        "RECCL_SHARES": "proportional",
                        "RANK": str(rank), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"})
-    out = {"rank": rank}
-    try:
+
+    def body(out):
         import torch
         import torch.distributed as dist
 
@@ -216,43 +214,14 @@ def rank_main(rank, size, port, result_path):
         out["same_on_the_ring_again"] = {k: healed[k] == free[k] for k in free}
         out["connections_healed"] = connections()
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - reported by the test
-        out["error"] = traceback.format_exc()
-    with open(result_path, "w") as f:
-        json.dump(out, f)
-    sys.stdout.flush()
-    os._exit(0)
+
+    report_rank(out_dir, rank, body)
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    import torch.distributed as dist
-
-    tmp = tmp_path_factory.mktemp("shares")
-    size = 4
-    store = dist.TCPStore("127.0.0.1", 0, size + 1, True, timeout=datetime.timedelta(seconds=60),
-                          wait_for_workers=False)
-    ctx = multiprocessing.get_context("spawn")
-    paths = [str(tmp / f"rank{r}.json") for r in range(size)]
-    procs = [ctx.Process(target=rank_main, args=(r, size, store.port, paths[r]), daemon=True)
-             for r in range(size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + SESSION_TIMEOUT_S
-    for p in procs:
-        p.join(max(1.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    results = []
-    for r, path in enumerate(paths):
-        if not os.path.exists(path):
-            pytest.fail(f"rank {r} wrote no result within {SESSION_TIMEOUT_S} s")
-        results.append(json.load(open(path)))
-    for r in results:
-        assert "error" not in r, f"rank {r['rank']}:\n{r['error']}"
-    return results
+    return run_rank_job(tmp_path_factory.mktemp("shares"), rank_main, 4, (4,),
+                        job_timeout_s=SESSION_TIMEOUT_S, store_timeout_s=60)
 
 
 @pytest.mark.timeout(SESSION_TIMEOUT_S + 30)
